@@ -1,0 +1,30 @@
+# `make test` and `make bench` each set up .venv from nothing (or refresh it) and then run.
+# The CPU build of torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test bench bench-full report clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(VENV)/bin/flowzoo bench quick --runs runs --report reports/quick
+
+report: setup
+	$(VENV)/bin/flowzoo report runs/quick --out reports/quick
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,334 @@
+"""The Algorithm base class: one GRPO training iteration as a template.
+
+``step(prompts)`` = plan -> rollout (``collect``) -> decode + reward -> group-relative advantages -> PPO-clip update,
+returning a :class:`StepStats`. Subclasses override only what differs:
+
+* ``step_plan(batch, iteration)``: which steps are SDE / trained, the kernel and sigmas (MixGRPO's window, ...);
+* ``collect(...)``: how the batch of trajectories is produced (OP-GRPO mixes in replayed trajectories);
+* ``after_update(traj, stats)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
+* ``extra_state()`` / ``load_extra_state()``: whatever else a bit-identical resume needs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal, Sequence
+
+import torch
+
+from algorithms.advantages import combined_advantages
+from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from algorithms.rollout import initial_noise, rollout, sample_generators
+from algorithms.sde import sde_step, sigma_schedule
+from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.errors import ConfigError
+from flowzoo.schema import from_mapping
+from models.base import FlowModel
+from rewards.base import Reward
+from rewards.multi import MultiReward
+
+
+@dataclass
+class AlgorithmConfig:
+    """Hyper-parameters shared by every GRPO-style algorithm (defaults: Flow-GRPO's SD3.5 recipe)."""
+
+    group_size: int = 8  # G samples per prompt
+    num_steps: int | None = None  # T sampling steps of a training rollout; None = the model's default
+    shift: float | None = None  # sigma-schedule shift (SD3 uses 3.0); None = the model's default
+    guidance: float | None = None  # CFG scale; None = the model's default
+    kernel: Literal["flow_grpo", "dance_grpo", "cps"] = "flow_grpo"
+    noise_level: float = 0.7  # a in Flow-GRPO's std_t = a sqrt(s/(1-s)); eta for dance_grpo
+    timestep_fraction: float = 0.99  # fraction of the T steps trained (Flow-GRPO: int(10 * .99) = the first 9)
+    shared_noise: bool = False  # one initial noise per group (DanceGRPO)
+    clip_range: float = 1e-4  # PPO clip epsilon
+    adv_clip: float = 5.0
+    adv_std: Literal["group", "batch"] = "group"
+    reward_aggregation: Literal["sum", "advantage"] = "sum"
+    kl_beta: float = 0.04
+    kl_variance: Literal["step", "release"] = "step"  # "release": std without dt, as the released Flow-GRPO code
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    inner_epochs: int = 1  # passes over each rollout batch
+    minibatches: int = 1  # optimizer steps per pass
+    micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once
+
+    def __post_init__(self) -> None:
+        positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
+        for name, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"algorithm.{name} must be a positive integer, got {value}")
+        if self.group_size < 2:
+            raise ConfigError(f"algorithm.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.num_steps is not None and self.num_steps < 1:
+            raise ConfigError(f"algorithm.num_steps must be >= 1, got {self.num_steps}")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        for name in ("noise_level", "clip_range", "adv_clip", "kl_beta", "lr", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class StepStats:
+    """What one training iteration reports; ``row()`` flattens it into a metrics.csv row."""
+
+    reward_mean: float
+    reward_std: float
+    clip_frac: float
+    approx_kl: float
+    kl: float
+    ratio_mean: float
+    loss: float
+    grad_norm: float
+    nfe_sampling: int
+    nfe_training: int
+    t_sampling: float
+    t_reward: float
+    t_training: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def nfe(self) -> int:
+        return self.nfe_sampling + self.nfe_training
+
+    def row(self) -> dict[str, float]:
+        values = asdict(self)
+        extra = values.pop("extra")
+        values["nfe_step"] = self.nfe
+        values.update(extra)
+        return values
+
+
+class Algorithm:
+    """A GRPO-style algorithm; see the module docstring for the template and the hooks."""
+
+    name: ClassVar[str] = "base"
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    #: config overrides that define a named preset of a class (e.g. an ablation), applied under the user's config
+    preset: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0):
+        if isinstance(config, AlgorithmConfig):
+            self.config = config
+        else:
+            self.config = from_mapping(self.Config, {**self.preset, **(config or {})}, where="algorithm")
+        self.model = model
+        self.reward = reward
+        self.seed = seed
+        self.iteration = 0
+        self.optimizer = torch.optim.AdamW(
+            model.trainable_parameters(),
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
+            eps=self.config.adam_eps,
+        )
+        self.num_steps = self.config.num_steps or model.default_num_steps
+        shift = model.default_shift if self.config.shift is None else self.config.shift
+        self.sigmas = sigma_schedule(self.num_steps, shift)
+        self.update_generator = torch.Generator().manual_seed(seed + 7919)
+
+    # ---- hooks ----------------------------------------------------------------------------------------------
+    def step_plan(self, batch: int) -> StepPlan:
+        """Flow-GRPO's plan: SDE at every step, train the first int(T * timestep_fraction) steps of every sample."""
+        trained = max(1, int(self.num_steps * self.config.timestep_fraction))
+        train = torch.zeros(batch, self.num_steps, dtype=torch.bool)
+        train[:, :trained] = True
+        return StepPlan(
+            self.sigmas, torch.ones(self.num_steps, dtype=torch.bool), train, self.config.kernel, self.config.noise_level
+        )
+
+    def collect(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
+        """Roll out G fresh samples for each prompt."""
+        return self.fresh_rollout(prompts, metadata)
+
+    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
+        """Called after the optimizer step of each iteration."""
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # ---- the template ---------------------------------------------------------------------------------------
+    def step(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> StepStats:
+        """One training iteration on ``prompts`` (one group of G samples per prompt)."""
+        metadata = list(metadata) if metadata is not None else [{} for _ in prompts]
+        self.model.nfe = 0
+        t0 = time.perf_counter()
+        traj = self.collect(list(prompts), metadata)
+        nfe_sampling = self.model.nfe
+        t1 = time.perf_counter()
+        if traj.rewards is None:
+            self.score(traj)
+        advantages = self.advantages(traj)
+        t2 = time.perf_counter()
+        self.model.nfe = 0
+        update = self.update(traj, advantages)
+        t3 = time.perf_counter()
+        stats = StepStats(
+            reward_mean=float(traj.rewards.mean()),
+            reward_std=float(traj.rewards.std(unbiased=False)),
+            nfe_sampling=nfe_sampling,
+            nfe_training=self.model.nfe,
+            t_sampling=t1 - t0,
+            t_reward=t2 - t1,
+            t_training=t3 - t2,
+            **update,
+        )
+        for name, values in traj.reward_components.items():
+            stats.extra[f"reward/{name}"] = float(values.mean())
+        if traj.off_policy.any():
+            stats.extra["off_policy_frac"] = float(traj.off_policy.float().mean())
+        self.after_update(traj, stats)
+        self.iteration += 1
+        return stats
+
+    def fresh_rollout(
+        self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None
+    ) -> Trajectory:
+        """G on-policy samples for each prompt, sample j of prompt i seeded by (seed, iteration, i, j).
+
+        ``group_size`` overrides G (OP-GRPO rolls out G - k fresh samples for groups that get k replayed ones)."""
+        g = self.config.group_size if group_size is None else group_size
+        batch = len(prompts) * g
+        rep_prompts = [p for p in prompts for _ in range(g)]
+        rep_meta = [m for m in metadata for _ in range(g)]
+        cond = self.model.encode(list(prompts), list(metadata)).repeat_interleave(g)
+        gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
+        x1 = initial_noise(self.model, gens, g, self.config.shared_noise)
+        plan = self.step_plan(batch)
+        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance)
+        group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)
+        return Trajectory(
+            prompts=rep_prompts,
+            metadata=rep_meta,
+            cond=cond,
+            latents=latents,
+            log_probs=log_probs,
+            sigmas=plan.sigmas,
+            sde=plan.sde,
+            train=plan.train,
+            group=group,
+            kind=plan.kind,
+            noise_level=plan.noise_level,
+            guidance=self.config.guidance,
+        )
+
+    @torch.no_grad()
+    def score(self, traj: Trajectory) -> None:
+        """Decode the final latents and score them; fills ``samples``, ``rewards`` and ``reward_components``."""
+        traj.samples = self.model.decode(traj.final)
+        out = self.reward(traj.samples, traj.prompts, traj.metadata)
+        traj.rewards = out.score
+        traj.reward_components = dict(out.components)
+
+    def advantages(self, traj: Trajectory) -> torch.Tensor:
+        weights = self.reward.weights if isinstance(self.reward, MultiReward) else None
+        return combined_advantages(
+            traj.rewards,
+            traj.reward_components,
+            weights,
+            traj.group,
+            aggregation=self.config.reward_aggregation,
+            std_mode=self.config.adv_std,
+            clip=self.config.adv_clip,
+        )
+
+    def _step_terms(self, traj: Trajectory, rows: torch.Tensor, t: int) -> tuple[Any, torch.Tensor]:
+        """Recompute the log-prob of transition t for samples ``rows`` under the current parameters (with grad),
+        and the KL to the reference policy at that step."""
+        cfg = self.config
+        x = traj.latents[rows, t]
+        sigma = traj.sigmas[t].expand(len(rows))
+        sigma_next = traj.sigmas[t + 1].expand(len(rows))
+        cond = traj.cond.index(rows)
+        v = self.model.velocity(x, sigma, cond, traj.guidance)
+        out = sde_step(
+            x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level, prev_sample=traj.latents[rows, t + 1]
+        )
+        kl = torch.zeros(len(rows))
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), self.model.reference():
+                v_ref = self.model.velocity(x, sigma, cond, traj.guidance)
+            ref = sde_step(x, v_ref, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level, prev_sample=out.prev_sample)
+            kl = gaussian_mean_kl(out.mean, ref.mean, kl_std(out.std, sigma, sigma_next, cfg.kl_variance))
+        return out, kl
+
+    def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
+        """PPO-clip epochs over the rollout batch; each sample's loss is scaled by exp(traj.log_weight)."""
+        cfg = self.config
+        batch = len(traj)
+        weight = torch.exp(traj.log_weight).float()
+        sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
+        off_pairs = torch.zeros(2)  # [clipped, total] over off-policy samples
+        grad_norms = []
+        for _ in range(cfg.inner_epochs):
+            perm = torch.randperm(batch, generator=self.update_generator)
+            for minibatch in perm.chunk(cfg.minibatches):
+                minibatch = minibatch.sort().values
+                pairs = int(traj.train[minibatch].sum())
+                if pairs == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                for t in range(traj.num_steps):
+                    rows_t = minibatch[traj.train[minibatch, t]]
+                    for rows in rows_t.split(cfg.micro_batch or max(len(rows_t), 1)):
+                        if len(rows) == 0:
+                            continue
+                        out, kl = self._step_terms(traj, rows, t)
+                        old = traj.log_probs[rows, t]
+                        terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
+                        per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
+                        (per_sample.sum() / pairs).backward()
+                        with torch.no_grad():
+                            sums["clipped"] += float(terms.clipped.sum())
+                            sums["approx_kl"] += float(approx_kl(out.log_prob, old)) * len(rows)
+                            sums["kl"] += float(kl.sum())
+                            sums["ratio"] += float(terms.ratio.sum())
+                            sums["loss"] += float(per_sample.sum())
+                            sums["pairs"] += len(rows)
+                            off = traj.off_policy[rows]
+                            off_pairs += torch.tensor([float(terms.clipped[off].sum()), float(off.sum())])
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
+                self.optimizer.step()
+        n = max(sums["pairs"], 1)
+        result = {
+            "clip_frac": sums["clipped"] / n,
+            "approx_kl": sums["approx_kl"] / n,
+            "kl": sums["kl"] / n,
+            "ratio_mean": sums["ratio"] / n,
+            "loss": sums["loss"] / n,
+            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "extra": {},
+        }
+        if off_pairs[1] > 0:
+            on_total = sums["pairs"] - float(off_pairs[1])
+            result["extra"]["clip_frac_off"] = float(off_pairs[0] / off_pairs[1])
+            result["extra"]["clip_frac_on"] = (sums["clipped"] - float(off_pairs[0])) / max(on_total, 1.0)
+        return result
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "model": self.model.trainable_state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "update_generator": self.update_generator.get_state(),
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
+        self.model.load_trainable_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.update_generator.set_state(state["update_generator"])
+        self.load_extra_state(state["extra"])
+

@@ -1,0 +1,56 @@
+"""The loss math of GRPO-style training, as pure functions.
+
+PPO-clip (Schulman et al. 2017) per (sample, step): ``max(-A r, -A clip(r, 1 - eps, 1 + eps))`` with
+``r = exp(log pi_theta - log pi_old)``. KL to the frozen reference between two Gaussians of equal std:
+``||mu_theta - mu_ref||^2 / (2 std^2)`` (averaged over latent dims, as Flow-GRPO does). OP-GRPO's sequence-level
+importance weight ``w = prod_t p_old / p_off = exp(sum_t (log p_old - log p_off))`` over the reused steps.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+KL_VARIANCES = ("step", "release")
+
+
+class PPOTerms(NamedTuple):
+    loss: torch.Tensor  # [N] per-element clipped surrogate loss (to minimise)
+    ratio: torch.Tensor  # [N] pi_theta / pi_old
+    clipped: torch.Tensor  # [N] bool: |ratio - 1| > clip_range
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> PPOTerms:
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return PPOTerms(torch.maximum(unclipped, clipped), ratio, (ratio - 1.0).abs().detach() > clip_range)
+
+
+def approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """0.5 E[(log pi_theta - log pi_old)^2], the k2 estimator logged by Flow-GRPO."""
+    return 0.5 * ((log_prob - old_log_prob) ** 2).mean()
+
+
+def kl_std(step_std: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor, variance: str) -> torch.Tensor:
+    """The std used in the KL term: the step's true std, or (``release``) the released Flow-GRPO code's std_t,
+    which omits the sqrt(-dt) factor of the step (so its KL is larger by 1/(-dt))."""
+    if variance == "step":
+        return step_std
+    if variance == "release":
+        return step_std / torch.sqrt(sigma - sigma_next)
+    raise ValueError(f"unknown kl_variance {variance!r}; known: {', '.join(KL_VARIANCES)}")
+
+
+def gaussian_mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, std^2) || N(ref_mean, std^2)) per sample [B], averaged over the non-batch dims."""
+    dims = tuple(range(1, mean.dim()))
+    return ((mean - ref_mean) ** 2).mean(dim=dims) / (2 * std**2)
+
+
+def sequence_log_weight(log_p_old: torch.Tensor, log_p_off: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+    """log w = sum over reused steps of (log p_old - log p_off), per sample [B] (OP-GRPO, seeds/000 sec. 2B)."""
+    return ((log_p_old - log_p_off) * reused.to(log_p_old.dtype)).sum(dim=1)

@@ -1,0 +1,90 @@
+"""Sampling trajectories from a FlowModel under a StepPlan, and deterministic ODE sampling for evaluation."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from algorithms.sde import dpm_solver_pp_2m_step, euler_step, sde_step
+from algorithms.trajectory import StepPlan
+from models.base import Condition, FlowModel
+
+
+def sample_generators(seed: int, *keys: int, count: int) -> list[torch.Generator]:
+    """``count`` independent generators, a pure function of ``(seed, *keys, index)``.
+
+    Used so that sample i of iteration k always sees the same noise for a given run seed, whatever the batch
+    layout, and different samples never share a stream.
+    """
+    states = np.random.SeedSequence([seed, *keys]).spawn(count)
+    return [torch.Generator().manual_seed(int(s.generate_state(1, dtype=np.uint64)[0] >> 1)) for s in states]
+
+
+@torch.no_grad()
+def initial_noise(
+    model: FlowModel, generators: Sequence[torch.Generator], group_size: int = 1, shared: bool = False
+) -> torch.Tensor:
+    """Initial latents; with ``shared`` every group of ``group_size`` consecutive samples gets the noise of the
+    group's first generator (DanceGRPO's one-noise-per-prompt)."""
+    if not shared:
+        return model.initial_noise(generators)
+    if len(generators) % group_size:
+        raise ValueError(f"{len(generators)} samples do not split into groups of {group_size}")
+    return model.initial_noise(list(generators)[::group_size]).repeat_interleave(group_size, dim=0)
+
+
+def rollout(
+    model: FlowModel,
+    cond: Condition,
+    plan: StepPlan,
+    x: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    guidance: float | None = None,
+    start_step: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the plan's steps ``start_step .. T-1`` from state ``x`` (the latent at ``plan.sigmas[start_step]``).
+
+    Returns ``latents`` [B, T+1, ...] (entries before ``start_step`` are zeros: the caller owns them) and
+    behaviour ``log_probs`` [B, T] (0 on ODE steps and before ``start_step``). No gradients are kept.
+    ODE steps marked in ``plan.dpm_solver`` use DPM-Solver++ 2M, whose history is the data prediction
+    ``x - sigma v`` of the previous step whatever its kind (as MixGRPO-Flash's reference feeds its solver state during
+    the SDE window); the first step after ``start_step`` has no history.
+    """
+    batch = x.shape[0]
+    num_steps = plan.num_steps
+    latents = torch.zeros((batch, num_steps + 1, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
+    latents[:, start_step] = x
+    prev_x0 = prev_sigma = None
+    with torch.no_grad():
+        for t in range(start_step, num_steps):
+            sigma = plan.sigmas[t].expand(batch)
+            sigma_next = plan.sigmas[t + 1].expand(batch)
+            v = model.velocity(x, sigma, cond, guidance)
+            x0 = x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
+            if plan.sde[t]:
+                out = sde_step(
+                    x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators)
+                )
+                x, log_probs[:, t] = out.prev_sample, out.log_prob
+            elif plan.dpm_solver is not None and plan.dpm_solver[t]:
+                x = dpm_solver_pp_2m_step(x, v, sigma, sigma_next, prev_x0, prev_sigma)
+            else:
+                x = euler_step(x, v, sigma, sigma_next)
+            prev_x0, prev_sigma = x0, sigma
+            latents[:, t + 1] = x
+    return latents, log_probs
+
+
+@torch.no_grad()
+def sample_ode(
+    model: FlowModel, cond: Condition, sigmas: torch.Tensor, x: torch.Tensor, guidance: float | None = None
+) -> torch.Tensor:
+    """Deterministic Euler sampling of the probability-flow ODE (used for evaluation)."""
+    batch = x.shape[0]
+    for t in range(sigmas.shape[0] - 1):
+        v = model.velocity(x, sigmas[t].expand(batch), cond, guidance)
+        x = euler_step(x, v, sigmas[t].expand(batch), sigmas[t + 1].expand(batch))
+    return x

@@ -1,0 +1,198 @@
+"""Per-step transition kernels of the denoising process seen as a stochastic policy.
+
+Conventions: ``sigma`` goes from 1 (noise) to 0 (data), ``x_sigma = (1 - sigma) x0 + sigma eps``, the model's
+velocity is ``v = eps - x0`` and the deterministic (ODE) Euler step is ``x + v (sigma_next - sigma)``.
+
+Every kernel returns ``StepOutput(prev_sample, log_prob, mean, std)``. ``log_prob`` is the Gaussian log-density of
+``prev_sample`` under ``N(mean, std^2)`` *averaged* over the non-batch dimensions (the reference implementations of
+Flow-GRPO and DanceGRPO do this; ``reduction="sum"`` gives the true joint log-density). All math runs in float32.
+
+Sources of the formulas:
+* ``flow_grpo``: Liu et al., "Flow-GRPO: Training Flow Matching Models via Online RL" (2025), the SDE whose marginals
+  match the flow ODE, eq. (9)-(12); std_t = a * sqrt(sigma / (1 - sigma)).
+* ``dance_grpo``: Xue et al., "DanceGRPO" (2025): Euler step plus a score term -0.5 eta^2 * score * dt,
+  score = -(x - (1 - sigma) x0) / sigma^2, std = eta sqrt(-dt).
+* ``cps``: Coefficients-Preserving Sampling (Wang & Yu, 2025), as in Flow-GRPO's ``sde_type="cps"``:
+  std = sigma_next sin(a pi / 2); mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) x1; its log_prob keeps only
+  the quadratic term (constants and the variance dropped), as in the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+KINDS = ("flow_grpo", "dance_grpo", "cps")
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class StepOutput(NamedTuple):
+    prev_sample: torch.Tensor  # [B, ...] the next (less noisy) latent
+    log_prob: torch.Tensor  # [B] log-density of prev_sample, averaged (or summed) over non-batch dims
+    mean: torch.Tensor  # [B, ...] mean of the transition
+    std: torch.Tensor  # [B] standard deviation of the transition (0 for a deterministic step)
+
+
+def _bcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, 1, 1, ...] to broadcast against ``like``."""
+    return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))
+
+
+def _reduce(t: torch.Tensor, reduction: str) -> torch.Tensor:
+    dims = tuple(range(1, t.dim()))
+    if reduction == "mean":
+        return t.mean(dim=dims)
+    if reduction == "sum":
+        return t.sum(dim=dims)
+    raise ValueError(f"unknown reduction {reduction!r}; known: mean, sum")
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """log N(x; mean, std^2) per element, reduced over non-batch dims. ``std`` is [B] and must be > 0."""
+    s = _bcast(std, x)
+    elem = -((x - mean) ** 2) / (2 * s**2) - torch.log(s) - _LOG_SQRT_2PI
+    return _reduce(elem, reduction)
+
+
+def _noise(like: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
+    """Standard normal noise shaped like ``like``; a list of generators draws each sample from its own."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != like.shape[0]:
+            raise ValueError(f"got {len(generator)} generators for a batch of {like.shape[0]}")
+        return torch.stack(
+            [torch.randn(like.shape[1:], generator=g, dtype=torch.float32) for g in generator]
+        ).to(like.device)
+    return torch.randn(like.shape, generator=generator, dtype=torch.float32).to(like.device)
+
+
+def flow_grpo_std(sigma: torch.Tensor, sigma_next: torch.Tensor, noise_level: float) -> torch.Tensor:
+    """Flow-GRPO's diffusion coefficient std_t = a sqrt(s / (1 - s)); at s == 1 the denominator uses 1 - sigma_next."""
+    denom = 1 - torch.where(sigma >= 1, sigma_next, sigma)
+    return noise_level * torch.sqrt(sigma / denom)
+
+
+def sde_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    *,
+    kind: str = "flow_grpo",
+    noise_level: float = 0.7,
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    reduction: str = "mean",
+) -> StepOutput:
+    """One stochastic denoising step from ``sigma`` to ``sigma_next`` (both [B], ``sigma_next < sigma``).
+
+    With ``prev_sample`` given, it is scored instead of sampled (used to recompute log-probs in the update).
+    A step with zero noise is deterministic: ``prev_sample = mean`` and ``log_prob`` is 0.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown SDE kind {kind!r}; known: {', '.join(KINDS)}")
+    out_dtype = x.dtype
+    x = x.float()
+    v = v.float()
+    sigma = sigma.float().reshape(-1).expand(x.shape[0])
+    sigma_next = sigma_next.float().reshape(-1).expand(x.shape[0])
+    s, s_next = _bcast(sigma, x), _bcast(sigma_next, x)
+    dt = s_next - s  # negative
+
+    if kind == "flow_grpo":
+        std_t = _bcast(flow_grpo_std(sigma, sigma_next, noise_level), x)
+        mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
+        std = (std_t * torch.sqrt(-dt)).reshape(-1)
+    elif kind == "dance_grpo":
+        x0 = x - s * v
+        score = -(x - (1 - s) * x0) / s**2
+        mean = x + dt * v + (-0.5 * noise_level**2 * score) * dt
+        std = (noise_level * torch.sqrt(-dt)).reshape(-1)
+    else:  # cps
+        x0 = x - s * v
+        x1 = x + (1 - s) * v
+        std_b = s_next * math.sin(noise_level * math.pi / 2)
+        mean = (1 - s_next) * x0 + torch.sqrt(s_next**2 - std_b**2) * x1
+        std = std_b.reshape(-1)
+
+    deterministic = bool((std == 0).all())
+    if prev_sample is None:
+        prev_sample = mean if deterministic else mean + _bcast(std, x) * _noise(x, generator)
+    prev_sample = prev_sample.float()
+
+    if deterministic:
+        log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
+    elif kind == "cps":
+        log_prob = _reduce(-((prev_sample.detach() - mean) ** 2), reduction)
+    else:
+        log_prob = gaussian_log_prob(prev_sample.detach(), mean, std, reduction)
+    return StepOutput(prev_sample.to(out_dtype), log_prob, mean, std)
+
+
+def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
+    """The probability-flow ODE step ``x + v (sigma_next - sigma)``."""
+    dt = _bcast(sigma_next.float().reshape(-1).expand(x.shape[0]) - sigma.float().reshape(-1).expand(x.shape[0]), x)
+    return (x.float() + v.float() * dt).to(x.dtype)
+
+
+def sigma_schedule(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """The ``num_steps + 1`` sigmas (1 -> 0) of SD3's FlowMatchEulerDiscreteScheduler with a static ``shift``.
+
+    As diffusers does: sigma_min is the shifted 1/num_train_timesteps, the grid runs linearly from 1 to sigma_min,
+    the shift s' = shift s / (1 + (shift - 1) s) is applied to the grid, and a final 0 is appended.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+
+    def shifted(s: torch.Tensor | float):
+        return shift * s / (1 + (shift - 1) * s)
+
+    sigma_min = shifted(1.0 / num_train_timesteps)
+    grid = torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)
+    return torch.cat([shifted(grid), torch.zeros(1, dtype=torch.float64)]).float()
+
+
+def dpm_solver_pp_2m_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    prev_x0: torch.Tensor | None = None,
+    prev_sigma: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One deterministic step of multistep DPM-Solver++ (2M, data-prediction form) from ``sigma`` to ``sigma_next``.
+
+    Lu et al., "DPM-Solver++: Fast Solver for Guided Sampling of Diffusion Probabilistic Models" (arXiv 2211.01095),
+    Algorithm 2, with the rectified-flow parameterisation alpha_t = 1 - sigma_t (as diffusers'
+    ``DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction")``):
+
+    * data prediction ``x0 = x - sigma v``; half log-SNR ``lambda = log(alpha / sigma)``; ``h = lambda_next - lambda``;
+    * first order (DDIM): ``x_next = (s_next / s) x + alpha_next (1 - e^{-h}) x0``;
+    * second order (midpoint form, the diffusers default ``solver_type="midpoint"``) when the data prediction
+      ``prev_x0`` at the previous point ``prev_sigma`` is given: with ``r = h_prev / h``,
+      ``D1 = (x0 - prev_x0) / r`` and ``x_next += 0.5 alpha_next (1 - e^{-h}) D1``.
+
+    The step falls back to first order without a history and on the final step to ``sigma_next == 0`` (where
+    lambda is infinite; diffusers does the same with ``final_sigmas_type="zero"``). ``alpha (1 - e^{-h})`` is
+    written as ``alpha_next - alpha s_next / s`` so that sigma = 1 (alpha = 0) needs no logarithm.
+    """
+    out_dtype = x.dtype
+    batch = x.shape[0]
+    s = sigma.double().reshape(-1).expand(batch)
+    s_next = sigma_next.double().reshape(-1).expand(batch)
+    alpha, alpha_next = 1 - s, 1 - s_next
+    x32 = x.float()
+    x0 = x32 - _bcast(s.float(), x32) * v.float()
+    ddim = alpha_next - alpha * s_next / s  # alpha_next (1 - e^{-h})
+    x_next = _bcast((s_next / s).float(), x32) * x32 + _bcast(ddim.float(), x32) * x0
+    if prev_x0 is not None and prev_sigma is not None and bool((s_next > 0).all()):
+        s_prev = prev_sigma.double().reshape(-1).expand(batch)
+        lam = torch.log(alpha) - torch.log(s)
+        h = torch.log(alpha_next) - torch.log(s_next) - lam
+        h_prev = lam - (torch.log(1 - s_prev) - torch.log(s_prev))  # +inf when prev_sigma == 1: no correction
+        correction = 0.5 * ddim * h / h_prev
+        x_next = x_next + _bcast(correction.float(), x32) * (x0 - prev_x0.float())
+    return x_next.to(out_dtype)

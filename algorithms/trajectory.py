@@ -1,0 +1,146 @@
+"""The Trajectory batch: everything one rollout produced that the update (or a replay buffer) needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+import torch
+
+from models.base import Condition
+
+
+@dataclass
+class StepPlan:
+    """What a rollout does at each of its T steps.
+
+    ``sigmas`` [T+1] (1 -> 0); ``sde`` [T] which steps are stochastic (the rest are deterministic ODE steps);
+    ``train`` [B, T] which (sample, step) transitions the update trains on (only stochastic steps can be trained).
+    ``dpm_solver`` [T] (optional) which deterministic steps use DPM-Solver++ 2M instead of the Euler step
+    (MixGRPO-Flash's compressed tail); ``None`` means Euler on every ODE step.
+    """
+
+    sigmas: torch.Tensor
+    sde: torch.Tensor
+    train: torch.Tensor
+    kind: str = "flow_grpo"
+    noise_level: float = 0.7
+    dpm_solver: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        num_steps = self.sigmas.shape[0] - 1
+        if self.sde.shape != (num_steps,):
+            raise ValueError(f"sde mask has shape {tuple(self.sde.shape)}, expected ({num_steps},)")
+        if self.train.dim() != 2 or self.train.shape[1] != num_steps:
+            raise ValueError(f"train mask has shape {tuple(self.train.shape)}, expected (B, {num_steps})")
+        if (self.train & ~self.sde).any():
+            raise ValueError("the plan trains a deterministic (ODE) step; only SDE steps have a log-probability")
+        if self.dpm_solver is not None:
+            if self.dpm_solver.shape != (num_steps,):
+                raise ValueError(f"dpm_solver mask has shape {tuple(self.dpm_solver.shape)}, expected ({num_steps},)")
+            if (self.dpm_solver & self.sde).any():
+                raise ValueError("the plan solves an SDE step with DPM-Solver++; the solver is for ODE steps only")
+
+    @property
+    def num_steps(self) -> int:
+        return self.sde.shape[0]
+
+
+@dataclass
+class Trajectory:
+    """A batch of B denoising trajectories of T steps.
+
+    ``latents[:, t]`` is the state at ``sigmas[t]``: index 0 is the initial noise, index T the final sample.
+    ``log_probs[:, t]`` is the behaviour policy's log-density of the transition t -> t+1 (0 on ODE steps).
+    ``group`` gives each sample's group id (samples of one prompt); advantages are relative within a group.
+    """
+
+    prompts: list[str]
+    metadata: list[dict]
+    cond: Condition
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    sigmas: torch.Tensor
+    sde: torch.Tensor
+    train: torch.Tensor
+    group: torch.Tensor
+    kind: str = "flow_grpo"
+    noise_level: float = 0.7
+    guidance: float | None = None
+    #: filled after decoding and scoring
+    samples: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    reward_components: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: OP-GRPO: which samples reuse stored (off-policy) steps, and the log of their sequence weight
+    off_policy: torch.Tensor | None = None
+    log_weight: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        b = len(self.prompts)
+        if self.off_policy is None:
+            self.off_policy = torch.zeros(b, dtype=torch.bool)
+        if self.log_weight is None:
+            self.log_weight = torch.zeros(b, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_steps(self) -> int:
+        return self.sigmas.shape[0] - 1
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.latents[:, -1]
+
+    def select(self, idx: torch.Tensor | Sequence[int]) -> "Trajectory":
+        """The sub-batch of the given sample indices."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        items = idx.tolist()
+        per_sample = {"latents", "log_probs", "train", "group", "samples", "rewards", "off_policy", "log_weight"}
+        kwargs = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("prompts", "metadata"):
+                value = [value[i] for i in items]
+            elif f.name == "cond":
+                value = value.index(idx)
+            elif f.name == "reward_components":
+                value = {k: v[idx] for k, v in value.items()}
+            elif f.name in per_sample and value is not None:
+                value = value[idx]
+            kwargs[f.name] = value
+        return Trajectory(**kwargs)
+
+    @staticmethod
+    def cat(parts: Sequence["Trajectory"]) -> "Trajectory":
+        """Concatenate batches that share sigmas, SDE mask and kernel (e.g. fresh and replayed samples)."""
+        first = parts[0]
+        for p in parts[1:]:
+            if not torch.equal(p.sigmas, first.sigmas) or not torch.equal(p.sde, first.sde) or p.kind != first.kind:
+                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps or kernels")
+
+        def cat_opt(name: str):
+            values = [getattr(p, name) for p in parts]
+            return None if any(v is None for v in values) else torch.cat(values)
+
+        keys = set.intersection(*[set(p.reward_components) for p in parts]) if parts else set()
+        return Trajectory(
+            prompts=[q for p in parts for q in p.prompts],
+            metadata=[m for p in parts for m in p.metadata],
+            cond=Condition.cat([p.cond for p in parts]),
+            latents=torch.cat([p.latents for p in parts]),
+            log_probs=torch.cat([p.log_probs for p in parts]),
+            sigmas=first.sigmas,
+            sde=first.sde,
+            train=torch.cat([p.train for p in parts]),
+            group=torch.cat([p.group for p in parts]),
+            kind=first.kind,
+            noise_level=first.noise_level,
+            guidance=first.guidance,
+            samples=cat_opt("samples"),
+            rewards=cat_opt("rewards"),
+            reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in sorted(keys)},
+            off_policy=cat_opt("off_policy"),
+            log_weight=cat_opt("log_weight"),
+        )

@@ -1,0 +1,116 @@
+"""The ``flowzoo`` command line (also ``python -m benchmark``).
+
+    flowzoo train CONFIG [key=value ...]     one run
+    flowzoo bench SUITE [--runs DIR] [--workers N] [key=value ...]
+    flowzoo report RUNS_DIR --out DIR
+    flowzoo list
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from flowzoo.errors import ConfigError
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from benchmark.config import load_config
+    from benchmark.runner import train
+
+    config = load_config(args.config, args.overrides)
+    run_dir = train(config, progress=not args.quiet)
+    print(f"run written to {run_dir}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from benchmark.suite import load_suite, run_suite
+
+    suite = load_suite(args.suite)
+    failures = run_suite(suite, Path(args.runs), args.workers, args.overrides)
+    for failure in failures:
+        print(f"failed: {failure}", file=sys.stderr)
+    if args.report:
+        from benchmark.report import write_report
+
+        out = write_report(Path(args.runs) / suite.name, Path(args.report))
+        print(f"report written to {out}")
+    return 1 if failures else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from benchmark.report import write_report
+
+    out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline)
+    print(f"report written to {out}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import algorithms
+    import models
+    import rewards
+    from benchmark.suite import suite_names
+
+    for title, names in (
+        ("algorithms", algorithms.names()),
+        ("models", models.names()),
+        ("rewards", rewards.names()),
+        ("suites", suite_names()),
+    ):
+        print(f"{title}: {', '.join(names)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowzoo", description="FlowZoo: RL post-training benchmarks for flow models")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one run from a config file")
+    t.add_argument("config", help="YAML config (see benchmark/configs/)")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=_cmd_train)
+
+    b = sub.add_parser("bench", help="run a suite (grid of algorithm x task x seed)")
+    b.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
+    b.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
+    b.add_argument("--runs", default="runs", help="directory of run directories (default: runs)")
+    b.add_argument("--workers", type=int, default=None, help="parallel runs (default: number of CPUs)")
+    b.add_argument("--report", default=None, metavar="DIR", help="write the report into DIR when done")
+    b.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("report", help="write tables and figures from a directory of runs")
+    r.add_argument("runs_dir")
+    r.add_argument("--out", required=True)
+    r.add_argument("--baseline", default="flow_grpo")
+    r.set_defaults(func=_cmd_report)
+
+    ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
+    ls.set_defaults(func=_cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    # overrides may come after options (`train c.yaml --quiet train.steps=3`): collect the leftover key=value words
+    args, extra = p.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"flowzoo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flowzoo: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

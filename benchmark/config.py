@@ -1,0 +1,175 @@
+"""The experiment config: YAML + a typed schema + ``key=value`` overrides, validated before any work.
+
+A config names a task (model + reward + prompts), an algorithm with its hyper-parameters, a seed and the training
+budget. ``load_config`` returns a fully resolved :class:`ExperimentConfig`; ``resolved_dict`` is what a run directory
+stores as ``config.yaml``. Every problem is a :class:`ConfigError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+import algorithms
+import models
+import rewards
+from algorithms.base import AlgorithmConfig
+from flowzoo.errors import ConfigError
+from flowzoo.schema import from_mapping, to_mapping
+
+
+@dataclass
+class ModelSection:
+    name: str = "toy2d"
+    args: dict = field(default_factory=dict)  # constructor kwargs of the model class
+
+
+@dataclass
+class PromptSection:
+    source: str = "toy2d"  # see benchmark.prompts.SOURCES
+    train: str | None = None  # file of training prompts (file sources)
+    test: str | None = None  # file of held-out evaluation prompts (file sources)
+
+
+@dataclass
+class TrainSection:
+    steps: int = 30  # training iterations
+    prompts_per_step: int = 8  # groups per iteration (each of algorithm.group_size samples)
+    eval_every: int = 10  # evaluate every N iterations (and before the first); 0 = only before and at the end
+    eval_prompts: int | None = None  # held-out prompts per evaluation; None = all of them
+    eval_samples_per_prompt: int = 16
+    eval_num_steps: int | None = None  # ODE steps at evaluation; None = the model's default
+    eval_seed: int = 12345  # the evaluation noise is the same at every evaluation and for every run
+    checkpoint_every: int = 10  # 0 = only at the end
+    save_samples: bool = True  # write samples/step_N.png at evaluations
+    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "eval_samples_per_prompt"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("eval_prompts", "eval_num_steps", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"train.{name} must be a positive integer or null, got {value}")
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "toy2d_mode"  # a label: runs of the same task are compared in reports
+    seed: int = 0
+    algorithm: dict = field(default_factory=lambda: {"name": "flow_grpo"})  # name + hyper-parameters
+    model: ModelSection = field(default_factory=ModelSection)
+    reward: str | dict = "toy_mode"  # a reward name, or {name: weight}
+    reward_args: dict = field(default_factory=dict)  # {reward name: constructor kwargs}
+    prompts: PromptSection = field(default_factory=PromptSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    run_dir: str | None = None  # None = runs/<task>/<algorithm>/s<seed>
+
+    @property
+    def algorithm_name(self) -> str:
+        return self.algorithm["name"]
+
+    def algorithm_config(self) -> AlgorithmConfig:
+        cls = algorithms.get(self.algorithm_name)
+        params = {k: v for k, v in self.algorithm.items() if k != "name"}
+        return from_mapping(cls.Config, {**cls.preset, **params}, where="algorithm")
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir:
+            return Path(self.run_dir)
+        return Path("runs") / self.task / self.algorithm_name / f"s{self.seed}"
+
+
+def _check_kwargs(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> None:
+    """Fail if ``kwargs`` are not constructor parameters of ``target``."""
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [p for p in params if p != "self"]
+    for key in kwargs:
+        if key not in valid:
+            raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"bad override {text!r}; expected key=value, e.g. train.steps=10")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"bad override {text!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    return data
+
+
+def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate a config mapping completely (names, arguments, values) without building anything heavy."""
+    from benchmark.prompts import check_source
+
+    data = dict(data)
+    algo = data.get("algorithm", {"name": "flow_grpo"})
+    if isinstance(algo, str):
+        algo = {"name": algo}
+    if not isinstance(algo, Mapping) or "name" not in algo:
+        raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
+    data["algorithm"] = dict(algo)
+    config = from_mapping(ExperimentConfig, data)
+    alg_config = config.algorithm_config()  # validates the name and every hyper-parameter
+    config.algorithm = {"name": config.algorithm_name, **to_mapping(alg_config)}
+
+    _check_kwargs("model", config.model.name, models.get(config.model.name), config.model.args)
+    reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
+    for name in reward_names:
+        rewards.get(name)
+    for name, kwargs in config.reward_args.items():
+        if name not in reward_names:
+            raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
+        _check_kwargs("reward", name, rewards.get(name), kwargs or {})
+    check_source(config.prompts)
+    return config
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    data = read_yaml(path) if path is not None else {}
+    return build_config(apply_overrides(data, overrides))
+
+
+def resolved_dict(config: ExperimentConfig) -> dict:
+    return to_mapping(config)

@@ -1,0 +1,194 @@
+"""One training run: the loop, evaluation, checkpoint/resume and logging into a run directory.
+
+A run directory holds ``config.yaml`` (fully resolved), ``metrics.csv`` (one row per training step plus the step-0
+evaluation), ``checkpoint.pt`` (everything a resume needs), ``samples/step_N.png`` and, once finished, ``done.json``.
+Every file is written atomically. A killed run restarts from its last checkpoint and, because all randomness is
+derived from (seed, iteration), produces the same metrics as an uninterrupted run (except wall-clock columns).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+import algorithms
+import models
+import rewards
+from algorithms.rollout import sample_generators, sample_ode
+from algorithms.sde import sigma_schedule
+from benchmark.config import ExperimentConfig, resolved_dict
+from benchmark.prompts import Prompts, load_prompts
+from benchmark.samples import save_samples
+from flowzoo.errors import ConfigError
+from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text
+
+#: leading metrics.csv columns (the contract); the rest follow in the order they first appear
+LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
+#: columns that measure time, and so differ between otherwise identical runs
+TIMING_COLUMNS = ["wall_s", "t_sampling", "t_reward", "t_training", "t_eval"]
+
+
+def prompt_batch(prompts: Prompts, seed: int, step: int, count: int) -> Prompts:
+    """The prompts of training step ``step``: a seeded shuffle of enough copies of the prompt list."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, step, 17]))
+    copies = math.ceil(count / len(prompts))
+    order = rng.permutation(len(prompts) * copies)[:count] % len(prompts)
+    return [prompts[i] for i in order]
+
+
+def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    for column in LEADING_COLUMNS:
+        if column not in frame:
+            frame[column] = np.nan
+    rest = [c for c in frame.columns if c not in LEADING_COLUMNS]
+    return frame[LEADING_COLUMNS + rest]
+
+
+def is_finished(run_dir: Path, config: ExperimentConfig) -> bool:
+    """A run is finished when ``done.json`` exists and its config is the one asked for."""
+    return (run_dir / "done.json").is_file() and _same_config(run_dir, config)
+
+
+def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
+    wanted = resolved_dict(config)
+    if stored is None:
+        return False
+    stored.pop("run_dir", None)
+    wanted.pop("run_dir", None)
+    return stored == wanted
+
+
+class Runner:
+    """Trains one algorithm on one task for ``config.train.steps`` iterations in ``run_dir``."""
+
+    def __init__(self, config: ExperimentConfig, progress: bool = True):
+        self.config = config
+        self.run_dir = config.resolved_run_dir()
+        self.progress = progress
+
+    # ---- building -------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        cfg = self.config
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.seed)
+        self.model = models.get(cfg.model.name)(**cfg.model.args)
+        self.reward = rewards.build(cfg.reward, cfg.reward_args)
+        if self.model.sample_kind not in self.reward.accepts:
+            raise ConfigError(
+                f"reward {cfg.reward!r} scores {', '.join(self.reward.accepts)} samples but model "
+                f"{cfg.model.name!r} makes {self.model.sample_kind} samples"
+            )
+        alg_cls = algorithms.get(cfg.algorithm_name)
+        self.algorithm = alg_cls(self.model, self.reward, cfg.algorithm_config(), seed=cfg.seed)
+        self.train_prompts, eval_prompts = load_prompts(cfg.prompts)
+        self.eval_prompts = eval_prompts[: cfg.train.eval_prompts] if cfg.train.eval_prompts else eval_prompts
+        eval_steps = cfg.train.eval_num_steps or self.model.default_eval_num_steps
+        shift = self.algorithm.config.shift if self.algorithm.config.shift is not None else self.model.default_shift
+        self.eval_sigmas = sigma_schedule(eval_steps, shift)
+
+    # ---- evaluation -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time."""
+        cfg = self.config
+        n = cfg.train.eval_samples_per_prompt
+        prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
+        metadata = [m for _, m in self.eval_prompts for _ in range(n)]
+        generators = sample_generators(cfg.train.eval_seed, count=len(prompts))
+        nfe_before = self.model.nfe
+        scores, samples = [], []
+        chunk = 256
+        for start in range(0, len(prompts), chunk):
+            sl = slice(start, start + chunk)
+            cond = self.model.encode(prompts[sl], metadata[sl])
+            x1 = self.model.initial_noise(generators[sl])
+            x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
+            decoded = self.model.decode(x0)
+            scores.append(self.reward(decoded, prompts[sl], metadata[sl]).score)
+            samples.append(decoded.cpu())
+        self.model.nfe = nfe_before
+        if cfg.train.save_samples:
+            save_samples(torch.cat(samples), self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts)
+        return float(torch.cat(scores).mean())
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+    def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:
+        state = {"step": step, "algorithm": self.algorithm.state_dict(), "rows": rows, "wall_s": wall_s, "nfe": nfe}
+        atomic_torch_save(state, self.run_dir / "checkpoint.pt")
+
+    def _write_metrics(self, rows: list[dict]) -> None:
+        frame = metrics_frame(rows)
+        atomic_write(self.run_dir / "metrics.csv", lambda f: frame.to_csv(f, index=False))
+
+    def run(self) -> Path:
+        cfg = self.config
+        run_dir = self.run_dir
+        if (run_dir / "config.yaml").is_file() and not _same_config(run_dir, cfg):
+            raise ConfigError(f"run directory {run_dir} holds a run of a different config; choose another run_dir")
+        if is_finished(run_dir, cfg):
+            return run_dir
+        self.build()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
+
+        start, rows, wall_s, nfe = 0, [], 0.0, 0
+        checkpoint = run_dir / "checkpoint.pt"
+        if checkpoint.is_file():
+            state = torch.load(checkpoint, weights_only=False)
+            self.algorithm.load_state_dict(state["algorithm"])
+            start, rows, wall_s, nfe = state["step"], state["rows"], state["wall_s"], state["nfe"]
+        else:
+            t0 = time.perf_counter()
+            eval_reward = self.evaluate(0)
+            rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, "eval_reward": eval_reward, "t_eval": time.perf_counter() - t0})
+            self._write_metrics(rows)
+
+        bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
+                   disable=not self.progress, dynamic_ncols=True)
+        for step in range(start + 1, cfg.train.steps + 1):
+            batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
+            t0 = time.perf_counter()
+            stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
+            wall_s += time.perf_counter() - t0
+            nfe += stats.nfe
+            row = {"step": step, "nfe": nfe, "wall_s": wall_s, **stats.row()}
+            last = step == cfg.train.steps
+            if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+                t0 = time.perf_counter()
+                row["eval_reward"] = self.evaluate(step)
+                row["t_eval"] = time.perf_counter() - t0
+            rows.append(row)
+            self._write_metrics(rows)
+            if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+                self._checkpoint(step, rows, wall_s, nfe)
+            bar.update(1)
+            postfix = {"reward": f"{stats.reward_mean:.3f}"}
+            evals = [r["eval_reward"] for r in rows if "eval_reward" in r]
+            postfix["eval"] = f"{evals[-1]:.3f}"
+            bar.set_postfix(postfix)
+        bar.close()
+        summary = {
+            "steps": cfg.train.steps,
+            "eval_reward_initial": rows[0].get("eval_reward"),
+            "eval_reward_final": rows[-1].get("eval_reward"),
+            "nfe": nfe,
+            "wall_s": wall_s,
+        }
+        atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
+        return run_dir
+
+
+def train(config: ExperimentConfig, progress: bool = True) -> Path:
+    return Runner(config, progress=progress).run()

@@ -1,0 +1,136 @@
+"""Suites: grids of algorithm x task x seed, run in parallel worker processes, finished runs skipped.
+
+A suite YAML (``benchmark/suites/*.yaml``) holds ``name``, ``seeds``, ``algorithms``, ``defaults`` (config keys for
+every run) and ``tasks`` (task name -> config keys: model, reward, prompts, train, ...). Per-algorithm
+hyper-parameters come from ``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style): a mapping from a
+task name, a model name or ``default`` to algorithm keys; the most specific entry wins.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+import algorithms
+from benchmark.config import ExperimentConfig, apply_overrides, build_config, read_yaml
+from benchmark.runner import is_finished, train
+from flowzoo.errors import ConfigError
+from flowzoo.schema import from_mapping
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SUITES_DIR = PACKAGE_DIR / "suites"
+HYPERPARAMS_DIR = PACKAGE_DIR / "hyperparams"
+
+
+@dataclass
+class Suite:
+    name: str
+    tasks: dict
+    algorithms: list[str] = field(default_factory=lambda: ["flow_grpo"])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    defaults: dict = field(default_factory=dict)
+    description: str = ""
+    #: algorithms to run only on some tasks: {algorithm: [task, ...]}; others run everywhere
+    only_tasks: dict = field(default_factory=dict)
+
+
+def suite_names() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+
+
+def load_suite(name_or_path: str) -> Suite:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = SUITES_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown suite {name_or_path!r}; known: {', '.join(suite_names())} (or a path to a YAML file)")
+    suite = from_mapping(Suite, read_yaml(path), where=f"suite {path.name}")
+    for alg in suite.algorithms:
+        algorithms.get(alg)
+    for alg, tasks in suite.only_tasks.items():
+        unknown = set(tasks) - set(suite.tasks)
+        if unknown:
+            raise ConfigError(f"suite {suite.name}: only_tasks.{alg} names unknown tasks {sorted(unknown)}; tasks: {', '.join(suite.tasks)}")
+    return suite
+
+
+def hyperparams(algorithm: str, task: str, model: str) -> dict[str, Any]:
+    """The algorithm's tuned keys for this task: ``default`` < model name < task name."""
+    path = HYPERPARAMS_DIR / f"{algorithm}.yaml"
+    if not path.is_file():
+        base = algorithms.get(algorithm).__mro__[1]  # presets inherit their base algorithm's file
+        path = HYPERPARAMS_DIR / f"{getattr(base, 'name', '')}.yaml"
+    table = read_yaml(path) if path.is_file() else {}
+    merged: dict[str, Any] = {}
+    for key in ("default", model, task):
+        merged.update(table.get(key) or {})
+    return merged
+
+
+def _deep_update(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
+    """Every run of the suite as a validated config (fails before any work if one is bad)."""
+    configs = []
+    for task, task_cfg in suite.tasks.items():
+        for alg in suite.algorithms:
+            if alg in suite.only_tasks and task not in suite.only_tasks[alg]:
+                continue
+            for seed in suite.seeds:
+                data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg or {}))
+                model = (data.get("model") or {}).get("name", "toy2d")
+                data["algorithm"] = {"name": alg, **hyperparams(alg, task, model)}
+                data.update(task=task, seed=seed, run_dir=str(runs_dir / suite.name / task / alg / f"s{seed}"))
+                configs.append(build_config(apply_overrides(data, list(overrides))))
+    return configs
+
+
+def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
+    try:
+        train(config, progress=False)
+        return str(config.resolved_run_dir()), None
+    except Exception:  # reported by the parent; other runs go on
+        return str(config.resolved_run_dir()), traceback.format_exc()
+
+
+def run_suite(suite: Suite, runs_dir: Path, workers: int | None = None, overrides: list[str] = ()) -> list[str]:
+    """Run every unfinished run of the suite; returns the failures' messages."""
+    configs = expand(suite, runs_dir, overrides)
+    todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    if workers > 1:
+        for c in todo:
+            c.train.threads = c.train.threads or 1
+    print(f"suite {suite.name}: {len(configs)} runs, {len(configs) - len(todo)} finished, {len(todo)} to run "
+          f"with {workers} worker(s) into {runs_dir / suite.name}")
+    failures = []
+    bar = tqdm(total=len(todo), desc=f"suite {suite.name}", unit="run")
+    if workers == 1:
+        results = (_run_one(c) for c in todo)
+        for run_dir, error in results:
+            if error:
+                failures.append(f"{run_dir}: {error}")
+            bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for future in as_completed([pool.submit(_run_one, c) for c in todo]):
+                run_dir, error = future.result()
+                if error:
+                    failures.append(f"{run_dir}: {error}")
+                bar.update(1)
+    bar.close()
+    return failures

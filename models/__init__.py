@@ -1,0 +1,19 @@
+"""Model registry: ``models.get(name)`` returns a FlowModel class, ``models.names()`` lists them.
+
+Modules that need heavy libraries (diffusers, transformers) import them inside the adapter, so that importing
+``models`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from flowzoo.registry import Registry
+from models.base import Condition, FlowModel
+
+REGISTRY: Registry[type[FlowModel]] = Registry("model")
+register = REGISTRY.register
+get = REGISTRY.get
+names = REGISTRY.names
+
+from models import toy2d  # noqa: E402,F401
+
+__all__ = ["Condition", "FlowModel", "REGISTRY", "register", "get", "names"]

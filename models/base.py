@@ -1,0 +1,126 @@
+"""The FlowModel interface every algorithm talks to.
+
+Conventions (shared by every tier and by ``algorithms.sde``):
+
+* ``sigma`` runs from 1 (pure noise) to 0 (clean data); ``x_sigma = (1 - sigma) * x0 + sigma * noise``.
+* The velocity is ``v = dx/dsigma = noise - x0``; an Euler step is ``x_next = x + v * (sigma_next - sigma)``.
+* ``velocity()`` applies classifier-free guidance and counts network evaluations (``nfe``): one per sample
+  per forward pass, so a CFG step on B samples adds 2 * B.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterator, Sequence
+
+import torch
+
+
+@dataclass
+class Condition:
+    """Batch-first conditioning tensors of one batch of prompts (text embeddings, class ids, ...)."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def index(self, idx: torch.Tensor | slice | Sequence[int]) -> "Condition":
+        if not isinstance(idx, (slice, torch.Tensor)):
+            idx = torch.as_tensor(list(idx), dtype=torch.long)
+        return Condition({k: v[idx] for k, v in self.tensors.items()})
+
+    def repeat_interleave(self, n: int) -> "Condition":
+        return Condition({k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()})
+
+    @staticmethod
+    def cat(conds: Sequence["Condition"]) -> "Condition":
+        keys = conds[0].tensors.keys()
+        return Condition({k: torch.cat([c.tensors[k] for c in conds]) for k in keys})
+
+    def to(self, device: torch.device | str) -> "Condition":
+        return Condition({k: v.to(device) for k, v in self.tensors.items()})
+
+
+class FlowModel:
+    """A conditional flow-matching generator seen as a policy over denoising steps.
+
+    Adapters implement ``encode``, ``null_condition``, ``predict``, ``decode``, ``latent_shape``,
+    ``trainable_parameters``, ``reference`` and the trainable state dict; the base class adds CFG,
+    NFE counting and per-sample initial noise.
+    """
+
+    name: ClassVar[str] = "base"
+    #: what ``decode`` returns: "points" [B, D], "image" [B, C, H, W] or "video" [B, F, C, H, W], in [0, 1] for media
+    sample_kind: ClassVar[str] = "points"
+    default_guidance: float = 1.0
+    default_shift: float = 1.0
+    default_num_steps: int = 10
+    default_eval_num_steps: int = 20
+
+    device: torch.device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.nfe = 0
+
+    # ---- to implement ---------------------------------------------------------------------------------------
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
+        raise NotImplementedError
+
+    def null_condition(self, n: int) -> Condition:
+        """The unconditional ("empty prompt") condition for CFG."""
+        raise NotImplementedError
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
+        """One network evaluation without guidance: velocity for each sample of ``x`` at ``sigma`` [B]."""
+        raise NotImplementedError
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """Within this context ``predict`` uses the frozen reference policy (e.g. the LoRA adapter disabled)."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    # ---- shared ---------------------------------------------------------------------------------------------
+    def velocity(
+        self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition, guidance: float | None = None
+    ) -> torch.Tensor:
+        """Guided velocity ``v_u + g * (v_c - v_u)``; ``g == 1`` makes a single conditional pass."""
+        g = self.default_guidance if guidance is None else float(guidance)
+        batch = x.shape[0]
+        if sigma.dim() == 0:
+            sigma = sigma.expand(batch)
+        if g == 1.0:
+            self.nfe += batch
+            return self.predict(x, sigma, cond)
+        both = Condition.cat([cond, self.null_condition(batch)])
+        v = self.predict(torch.cat([x, x]), torch.cat([sigma, sigma]), both)
+        self.nfe += 2 * batch
+        v_cond, v_uncond = v.chunk(2)
+        return v_uncond + g * (v_cond - v_uncond)
+
+    def cfg_factor(self, guidance: float | None = None) -> int:
+        g = self.default_guidance if guidance is None else float(guidance)
+        return 1 if g == 1.0 else 2
+
+    def initial_noise(self, generators: Sequence[torch.Generator]) -> torch.Tensor:
+        """One standard-normal latent per generator, so each sample's noise depends only on its own seed."""
+        noise = [torch.randn(self.latent_shape, generator=g, dtype=torch.float32) for g in generators]
+        return torch.stack(noise).to(self.device)

@@ -1,0 +1,172 @@
+"""The toy tier: a class-conditioned flow on R^2 that pretrains in seconds on the CPU.
+
+Data: 8 Gaussian modes (std 0.25) on a circle of radius 2. Class c owns modes 2c (weight 0.8) and 2c + 1 (weight
+0.2). Rewards (``rewards/toy.py``) ask for the minority mode (``toy_mode``, dense; the base model scores ~0.2) or for
+a small disc just outside it (``toy_target``, sparse; the base model succeeds in a few percent of samples), so RL has
+to move probability mass the pretrained model rarely puts there.
+
+The velocity field is an MLP on (x, sigma features, class embedding); class dropout during pretraining gives an
+unconditional model for CFG. "Fine-tuning" is full fine-tuning of the MLP; the reference policy is a frozen copy of
+the pretrained weights. Pretraining is deterministic given its seed and memoised per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from flowzoo.errors import ConfigError
+from models import register
+from models.base import Condition, FlowModel
+
+NUM_CLASSES = 4
+RADIUS = 2.0
+MODE_STD = 0.25
+MAJORITY_WEIGHT = 0.8
+HARD_TARGET_RADIUS = 2.4  # the sparse target sits 0.4 (1.6 std) outside the minority mode
+HARD_TARGET_SIZE = 0.3
+
+
+def mode_center(mode: int) -> tuple[float, float]:
+    angle = 2 * math.pi * mode / (2 * NUM_CLASSES)
+    return (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
+
+
+def class_metadata(c: int) -> dict:
+    """The prompt metadata of class c: where its rewards' targets are."""
+    angle = 2 * math.pi * (2 * c + 1) / (2 * NUM_CLASSES)
+    return {
+        "class": c,
+        "mode_target": list(mode_center(2 * c + 1)),
+        "hard_target": [HARD_TARGET_RADIUS * math.cos(angle), HARD_TARGET_RADIUS * math.sin(angle)],
+        "hard_radius": HARD_TARGET_SIZE,
+    }
+
+
+def prompt_set() -> list[tuple[str, dict]]:
+    """The toy tier's prompts ("class 0" .. "class 3") with their metadata. Training and evaluation share them;
+    evaluation uses fixed noise seeds instead of held-out prompts."""
+    return [(f"class {c}", class_metadata(c)) for c in range(NUM_CLASSES)]
+
+
+def sample_data(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """n points of the data distribution and their classes."""
+    classes = torch.randint(0, NUM_CLASSES, (n,), generator=generator)
+    minority = torch.rand(n, generator=generator) > MAJORITY_WEIGHT
+    modes = 2 * classes + minority.long()
+    centers = torch.tensor([mode_center(m) for m in range(2 * NUM_CLASSES)])[modes]
+    return centers + MODE_STD * torch.randn(n, 2, generator=generator), classes
+
+
+class VelocityMLP(nn.Module):
+    def __init__(self, hidden: int = 128, layers: int = 3, num_classes: int = NUM_CLASSES, frequencies: int = 8):
+        super().__init__()
+        self.frequencies = frequencies
+        self.embed = nn.Embedding(num_classes + 1, 32)  # the last id is the null class (CFG)
+        dims = [2 + 2 * frequencies + 1 + 32] + [hidden] * layers
+        blocks: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:]):
+            blocks += [nn.Linear(a, b), nn.SiLU()]
+        self.body = nn.Sequential(*blocks, nn.Linear(hidden, 2))
+
+    def forward(self, x: torch.Tensor, sigma: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        k = torch.arange(1, self.frequencies + 1, dtype=x.dtype, device=x.device)
+        phase = math.pi * sigma[:, None] * k
+        features = torch.cat([x, sigma[:, None], phase.sin(), phase.cos(), self.embed(classes)], dim=1)
+        return self.body(features)
+
+
+_PRETRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
+
+
+def pretrain(
+    hidden: int = 128, layers: int = 3, steps: int = 1500, batch: int = 256, lr: float = 3e-3, seed: int = 0,
+    cond_dropout: float = 0.1,
+) -> VelocityMLP:
+    """Rectified-flow pretraining: sigma ~ U(0, 1), x_s = (1 - s) x0 + s eps, regress v = eps - x0."""
+    key = (hidden, layers, steps, batch, lr, seed, cond_dropout)
+    net = VelocityMLP(hidden, layers)
+    if key not in _PRETRAINED:
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        net = VelocityMLP(hidden, layers)
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        for _ in range(steps):
+            x0, classes = sample_data(batch, gen)
+            eps = torch.randn(batch, 2, generator=gen)
+            sigma = torch.rand(batch, generator=gen)
+            drop = torch.rand(batch, generator=gen) < cond_dropout
+            classes = torch.where(drop, torch.full_like(classes, NUM_CLASSES), classes)
+            x = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
+            loss = ((net(x, sigma, classes) - (eps - x0)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        _PRETRAINED[key] = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    net.load_state_dict(_PRETRAINED[key])
+    return net
+
+
+@register("toy2d")
+class Toy2DModel(FlowModel):
+    name = "toy2d"
+    sample_kind = "points"
+    default_guidance = 1.0
+    default_shift = 1.0
+    default_num_steps = 10
+    default_eval_num_steps = 20
+
+    def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0):
+        super().__init__()
+        if pretrain_steps < 0:
+            raise ConfigError(f"model.pretrain_steps must be >= 0, got {pretrain_steps}")
+        self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed)
+        self.ref_net = copy.deepcopy(self.net).requires_grad_(False)
+        self._active = self.net
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return (2,)
+
+    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
+        classes = []
+        for prompt in prompts:
+            name, _, idx = prompt.partition(" ")
+            if name != "class" or not idx.isdigit() or int(idx) >= NUM_CLASSES:
+                valid = ", ".join(f"'class {c}'" for c in range(NUM_CLASSES))
+                raise ConfigError(f"toy2d: unknown prompt {prompt!r}; valid: {valid}")
+            classes.append(int(idx))
+        return Condition({"class": torch.tensor(classes, dtype=torch.long)})
+
+    def null_condition(self, n: int) -> Condition:
+        return Condition({"class": torch.full((n,), NUM_CLASSES, dtype=torch.long)})
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
+        return self._active(x.float(), sigma.float(), cond.tensors["class"])
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        return x0.float()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.net.parameters())
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        self._active = self.ref_net
+        try:
+            yield
+        finally:
+            self._active = self.net
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.net.load_state_dict(state)

@@ -1,0 +1,54 @@
+"""Reward registry.
+
+``rewards.get(name)`` returns a reward class, ``rewards.names()`` lists them, ``rewards.build(spec)`` makes the
+reward a config asks for: a name, or a mapping ``{name: weight}`` combined by :class:`MultiReward`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from flowzoo.errors import ConfigError
+from flowzoo.registry import Registry
+from rewards.base import Reward, RewardOutput
+from rewards.multi import MultiReward
+
+REGISTRY: Registry[type[Reward]] = Registry("reward")
+register = REGISTRY.register
+get = REGISTRY.get
+names = REGISTRY.names
+
+# Each module registers its rewards on import; heavy libraries are imported inside the rewards that use them.
+from rewards import toy  # noqa: E402,F401
+from rewards import ocr  # noqa: E402,F401
+from rewards import jpeg  # noqa: E402,F401
+from rewards import clip_family  # noqa: E402,F401
+from rewards import imagereward  # noqa: E402,F401
+from rewards import unifiedreward  # noqa: E402,F401
+from rewards import geneval  # noqa: E402,F401
+
+
+def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]] | None = None) -> Reward:
+    """The reward of a config: ``"name"`` or ``{"name": weight, ...}``; ``args[name]`` are constructor kwargs."""
+    args = dict(args or {})
+    weights = {spec: 1.0} if isinstance(spec, str) else dict(spec)
+    if not weights:
+        raise ConfigError("reward: give a reward name or a mapping {name: weight}")
+    unused = set(args) - set(weights)
+    if unused:
+        raise ConfigError(f"reward_args names {sorted(unused)}, which are not rewards of this config {sorted(weights)}")
+    built: dict[str, Reward] = {}
+    for name, weight in weights.items():
+        cls = get(name)
+        if not isinstance(weight, (int, float)):
+            raise ConfigError(f"reward weight of {name!r} must be a number, got {weight!r}")
+        try:
+            built[name] = cls(**args.get(name, {}))
+        except TypeError as e:
+            raise ConfigError(f"reward {name!r}: bad arguments {args.get(name)}: {e}") from None
+    if isinstance(spec, str):
+        return built[spec]
+    return MultiReward(built, weights)
+
+
+__all__ = ["Reward", "RewardOutput", "MultiReward", "REGISTRY", "register", "get", "names", "build"]

@@ -1,0 +1,50 @@
+"""The Reward interface: score a batch of samples with their prompts and metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Sequence
+
+import torch
+
+
+@dataclass
+class RewardOutput:
+    """Per-sample scores [B] (float32, higher is better) and named sub-scores, each [B]."""
+
+    score: torch.Tensor
+    components: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Reward:
+    """A reward model. Subclasses set ``name`` and implement ``score``.
+
+    ``samples`` are what ``FlowModel.decode`` returns: points [B, D], images [B, C, H, W] or videos
+    [B, F, C, H, W] in [0, 1]. A reward that cannot score raises (naming itself and the cause); it never
+    silently returns zeros.
+    """
+
+    name: ClassVar[str] = "base"
+    #: sample kinds this reward accepts ("points", "image", "video")
+    accepts: ClassVar[tuple[str, ...]] = ("image",)
+
+    def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
+        raise NotImplementedError
+
+    def __call__(
+        self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict] | None = None
+    ) -> RewardOutput:
+        if metadata is None:
+            metadata = [{} for _ in prompts]
+        if len(prompts) != samples.shape[0] or len(metadata) != samples.shape[0]:
+            raise ValueError(
+                f"reward {self.name!r}: got {samples.shape[0]} samples, {len(prompts)} prompts, "
+                f"{len(metadata)} metadata entries"
+            )
+        out = self.score(samples, prompts, metadata)
+        out.score = out.score.detach().to(torch.float32).cpu()
+        if out.score.shape != (samples.shape[0],):
+            raise ValueError(f"reward {self.name!r} returned scores of shape {tuple(out.score.shape)}")
+        if not torch.isfinite(out.score).all():
+            raise ValueError(f"reward {self.name!r} returned non-finite scores: {out.score.tolist()}")
+        return out

@@ -1,0 +1,45 @@
+"""Programmatic rewards of the toy 2-D tier. Targets come from the prompt metadata (see ``models/toy2d.py``)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rewards import register
+from rewards.base import Reward, RewardOutput
+
+
+def _targets(metadata: Sequence[dict], key: str, reward: str) -> torch.Tensor:
+    try:
+        return torch.tensor([m[key] for m in metadata], dtype=torch.float32)
+    except KeyError:
+        raise ValueError(f"reward {reward!r} needs prompt metadata {key!r} (the toy2d prompt set provides it)") from None
+
+
+@register("toy_mode")
+class ToyModeReward(Reward):
+    """Dense: exp(-d^2 / (2 scale^2)) with d the distance to the class's minority mode."""
+
+    name = "toy_mode"
+    accepts = ("points",)
+
+    def __init__(self, scale: float = 0.5):
+        self.scale = float(scale)
+
+    def score(self, samples, prompts, metadata) -> RewardOutput:
+        d2 = ((samples.float() - _targets(metadata, "mode_target", self.name)) ** 2).sum(dim=1)
+        return RewardOutput(torch.exp(-d2 / (2 * self.scale**2)))
+
+
+@register("toy_target")
+class ToyTargetReward(Reward):
+    """Sparse: 1 inside a small disc just outside the minority mode, else 0 (the base model rarely succeeds)."""
+
+    name = "toy_target"
+    accepts = ("points",)
+
+    def score(self, samples, prompts, metadata) -> RewardOutput:
+        d = ((samples.float() - _targets(metadata, "hard_target", self.name)) ** 2).sum(dim=1).sqrt()
+        radius = torch.tensor([m.get("hard_radius", 0.3) for m in metadata], dtype=torch.float32)
+        return RewardOutput((d < radius).float())

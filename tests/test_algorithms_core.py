@@ -1,0 +1,192 @@
+"""The GRPO core: advantages, losses, rollout and the Flow-GRPO update on the toy tier."""
+
+import math
+
+import pytest
+import torch
+
+import algorithms
+import rewards
+from algorithms.advantages import combined_advantages, group_advantages
+from algorithms.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
+from algorithms.rollout import initial_noise, sample_generators
+from flowzoo.errors import ConfigError
+
+TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
+
+
+def test_group_advantages_formula_with_group_std():
+    r = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 13.0])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    adv = group_advantages(r, g, "group", eps=1e-4, clip=100)
+    for idx in ([0, 1, 2], [3, 4, 5]):
+        rg = r[idx]
+        expected = (rg - rg.mean()) / (rg.std(unbiased=False) + 1e-4)
+        torch.testing.assert_close(adv[idx], expected)
+
+
+def test_group_advantages_batch_std_and_clip():
+    r = torch.tensor([0.0, 0.0, 0.0, 100.0, 0.0, 1.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    adv = group_advantages(r, g, "batch", eps=1e-4, clip=1.5)
+    std = r.std(unbiased=False)
+    expected = torch.tensor([-25, -25, -25, 75, -0.5, 0.5]) / (std + 1e-4)
+    torch.testing.assert_close(adv, expected.clamp(-1.5, 1.5))
+    assert adv.abs().max() == 1.5
+
+
+def test_constant_group_gives_zero_advantage():
+    adv = group_advantages(torch.tensor([0.5, 0.5, 0.5]), torch.zeros(3, dtype=torch.long))
+    assert torch.equal(adv, torch.zeros(3))
+
+
+def test_advantage_aggregation_normalises_each_reward():
+    g = torch.tensor([0, 0, 1, 1])
+    comps = {"a": torch.tensor([0.0, 1.0, 0.0, 1.0]), "b": torch.tensor([0.0, 100.0, 5.0, 0.0])}
+    w = {"a": 1.0, "b": 0.5}
+    total = comps["a"] + 0.5 * comps["b"]
+    per = combined_advantages(total, comps, w, g, aggregation="advantage", clip=100)
+    expected = group_advantages(comps["a"], g, clip=100) + 0.5 * group_advantages(comps["b"], g, clip=100)
+    torch.testing.assert_close(per, expected)
+    summed = combined_advantages(total, comps, w, g, aggregation="sum", clip=100)
+    torch.testing.assert_close(summed, group_advantages(total, g, clip=100))
+    assert not torch.allclose(per, summed)
+
+
+def test_ppo_clip_loss_formula():
+    logp = torch.tensor([0.0, 0.5, -0.5, 0.05])
+    old = torch.zeros(4)
+    adv = torch.tensor([1.0, 1.0, -1.0, -2.0])
+    terms = ppo_clip_loss(logp, old, adv, clip_range=0.2)
+    ratio = logp.exp()
+    expected = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    torch.testing.assert_close(terms.loss, expected)
+    assert terms.clipped.tolist() == [False, True, True, False]
+    # positive advantage above the clip: gradient is zero
+    lp = torch.tensor([0.5], requires_grad=True)
+    ppo_clip_loss(lp, torch.zeros(1), torch.ones(1), 0.2).loss.sum().backward()
+    assert lp.grad.item() == 0.0
+
+
+def test_kl_uses_step_variance_or_release_variance():
+    mean, ref = torch.ones(2, 3), torch.zeros(2, 3)
+    std = torch.tensor([0.1, 0.2])
+    torch.testing.assert_close(gaussian_mean_kl(mean, ref, std), 1 / (2 * std**2))
+    s, sn = torch.tensor([0.8, 0.8]), torch.tensor([0.6, 0.7])
+    torch.testing.assert_close(kl_std(std, s, sn, "step"), std)
+    torch.testing.assert_close(kl_std(std, s, sn, "release"), std / torch.sqrt(s - sn))
+
+
+def test_sequence_weight_is_exp_of_summed_log_ratios():
+    old = torch.tensor([[0.1, -0.2, 0.3], [0.0, 0.0, 0.0]])
+    off = torch.tensor([[0.0, 0.1, 5.0], [1.0, 1.0, 1.0]])
+    reused = torch.tensor([[True, True, False], [True, False, False]])
+    log_w = sequence_log_weight(old, off, reused)
+    torch.testing.assert_close(log_w, torch.tensor([0.1 - 0.3, -1.0]))
+    torch.testing.assert_close(log_w.exp(), torch.tensor([math.exp(-0.2), math.exp(-1.0)]))
+
+
+def test_sample_generators_reproducible_and_distinct():
+    a = [torch.randn(3, generator=g) for g in sample_generators(0, 5, count=4)]
+    b = [torch.randn(3, generator=g) for g in sample_generators(0, 5, count=4)]
+    c = [torch.randn(3, generator=g) for g in sample_generators(0, 6, count=4)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len({tuple(x.tolist()) for x in a}) == 4
+    assert not torch.equal(a[0], c[0])
+
+
+def test_shared_initial_noise_per_group(toy_model):
+    gens = sample_generators(0, count=6)
+    x = initial_noise(toy_model, gens, group_size=3, shared=True)
+    assert torch.equal(x[0], x[1]) and torch.equal(x[1], x[2]) and torch.equal(x[3], x[5])
+    assert not torch.equal(x[0], x[3])
+    x_indep = initial_noise(toy_model, gens, group_size=3, shared=False)
+    assert not torch.equal(x_indep[0], x_indep[1])
+
+
+def _flow_grpo(model, **over):
+    return algorithms.get("flow_grpo")(model, rewards.build("toy_mode"), {**TOY, **over}, seed=0)
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.04])
+def test_on_policy_first_update_ratio_is_one_at_every_step(toy_model, toy_prompts, kl_beta):
+    alg = _flow_grpo(toy_model, kl_beta=kl_beta)
+    prompts, meta = toy_prompts
+    traj = alg.collect(prompts, meta)
+    trained_steps = [t for t in range(traj.num_steps) if traj.train[:, t].any()]
+    assert trained_steps == list(range(9))  # int(10 * 0.99): all but the last
+    rows = torch.arange(len(traj))
+    for t in trained_steps:
+        out, kl = alg._step_terms(traj, rows, t)
+        ratio = torch.exp(out.log_prob - traj.log_probs[:, t])
+        torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0)
+        # before any update the policy is the reference: KL is 0
+        assert float(kl.detach().abs().max()) < 1e-10
+    stats = alg.step(prompts, meta)
+    assert abs(stats.ratio_mean - 1) < 1e-6 and stats.clip_frac == 0.0
+
+
+def test_second_epoch_moves_the_ratio(toy_model, toy_prompts):
+    alg = _flow_grpo(toy_model, inner_epochs=2, minibatches=2, lr=1e-2)
+    stats = alg.step(*toy_prompts)
+    assert abs(stats.ratio_mean - 1) > 1e-5
+
+
+def test_nfe_counts_sampling_and_training(toy_model, toy_prompts):
+    prompts, meta = toy_prompts
+    alg = _flow_grpo(toy_model, kl_beta=0.04)
+    stats = alg.step(prompts, meta)
+    batch = len(prompts) * 4
+    assert stats.nfe_sampling == batch * 10
+    assert stats.nfe_training == batch * 9 * 2  # policy + reference forward per trained step
+    cfg = _flow_grpo(toy_model, guidance=2.0)
+    stats = cfg.step(prompts, meta)
+    assert stats.nfe_sampling == batch * 10 * 2 and stats.nfe_training == batch * 9 * 2
+
+
+def test_kl_grows_after_updates(toy_model, toy_prompts):
+    alg = _flow_grpo(toy_model, kl_beta=0.04, lr=1e-2)
+    first = alg.step(*toy_prompts)
+    later = [alg.step(*toy_prompts) for _ in range(3)][-1]
+    assert first.kl == 0.0 and later.kl > 0.0
+
+
+def test_flow_grpo_raises_toy_reward(toy_model, toy_prompts):
+    prompts, meta = toy_prompts
+    alg = _flow_grpo(toy_model)
+    rewards_seen = [alg.step(prompts * 2, meta * 2).reward_mean for _ in range(20)]
+    assert sum(rewards_seen[-5:]) / 5 > sum(rewards_seen[:5]) / 5 + 0.15
+
+
+def test_state_dict_round_trip_continues_identically(toy_model, toy_prompts):
+    import models
+
+    prompts, meta = toy_prompts
+    a = _flow_grpo(toy_model)
+    for _ in range(2):
+        a.step(prompts, meta)
+    state = a.state_dict()
+    b = _flow_grpo(models.get("toy2d")())
+    b.load_state_dict(state)
+    sa, sb = a.step(prompts, meta), b.step(prompts, meta)
+    assert sa.reward_mean == sb.reward_mean and sa.loss == sb.loss
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"group_size": 0}, "group_size must be a positive integer, got 0"),
+        ({"group_size": 1}, "group_size must be >= 2"),
+        ({"kernel": "ddpm"}, "bad value 'ddpm'; valid: flow_grpo, dance_grpo, cps"),
+        ({"clip_rnage": 0.1}, "unknown key 'clip_rnage' \\(did you mean 'clip_range'\\?\\)"),
+        ({"lr": "fast"}, "expected a number, got 'fast'"),
+    ],
+)
+def test_bad_algorithm_config_is_one_clear_error(toy_model, bad, match):
+    with pytest.raises(ConfigError, match=match):
+        _flow_grpo(toy_model, **bad)
+
+
+def test_unknown_algorithm_lists_choices():
+    with pytest.raises(ConfigError, match="unknown algorithm 'flow_grpoo'; known: .*flow_grpo"):
+        algorithms.get("flow_grpoo")

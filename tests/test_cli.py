@@ -1,0 +1,136 @@
+"""The CLI and the runner end to end on the toy tier: run directories, determinism, resume, clear errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from benchmark.cli import main
+from benchmark.config import load_config
+from benchmark.runner import TIMING_COLUMNS, Runner, prompt_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
+FAST = ["train.steps=4", "train.prompts_per_step=4", "train.eval_every=2", "train.eval_samples_per_prompt=8",
+        "train.save_samples=false", "algorithm.group_size=4"]
+
+
+def _train(tmp_path: Path, name: str, *extra: str) -> Path:
+    run_dir = tmp_path / name
+    assert main(["train", str(CONFIG), *FAST, f"run_dir={run_dir}", "--quiet", *extra]) == 0
+    return run_dir
+
+
+def _deterministic(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
+
+
+def test_train_writes_run_directory(tmp_path):
+    run_dir = _train(tmp_path, "a", "train.save_samples=true")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["algorithm"]["name"] == "flow_grpo" and config["algorithm"]["clip_range"] == 0.2
+    assert config["algorithm"]["noise_level"] == 0.7  # fully resolved: defaults written out
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    assert list(metrics.columns[:9]) == ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward",
+                                         "clip_frac", "approx_kl", "kl"]
+    assert metrics["step"].tolist() == [0, 1, 2, 3, 4]
+    assert metrics["eval_reward"].notna().tolist() == [True, False, True, False, True]
+    assert (metrics["nfe"].diff().dropna() == 16 * (10 + 9)).all()  # 16 samples x (10 sampling + 9 trained)
+    assert (run_dir / "done.json").is_file() and (run_dir / "checkpoint.pt").is_file()
+    assert (run_dir / "samples" / "step_4.png").is_file()
+
+
+def test_same_seed_same_metrics_different_seed_differs(tmp_path):
+    a = pd.read_csv(_train(tmp_path, "a") / "metrics.csv")
+    b = pd.read_csv(_train(tmp_path, "b") / "metrics.csv")
+    c = pd.read_csv(_train(tmp_path, "c", "seed=1") / "metrics.csv")
+    pd.testing.assert_frame_equal(_deterministic(a), _deterministic(b))
+    assert not a["reward_mean"].equals(c["reward_mean"])
+
+
+def test_resume_after_kill_gives_identical_metrics(tmp_path):
+    full = pd.read_csv(_train(tmp_path, "full", "train.checkpoint_every=2") / "metrics.csv")
+    # simulate a run killed after step 3: only its step-2 checkpoint survives
+    partial = tmp_path / "partial"
+    cfg = load_config(CONFIG, [*FAST, f"run_dir={partial}", "train.checkpoint_every=2", "train.steps=4"])
+    runner = Runner(cfg, progress=False)
+    cfg.train.steps = 2  # stop early: the checkpoint at step 2 is what a killed run leaves
+    runner.run()
+    (partial / "done.json").unlink()
+    cfg_full = load_config(CONFIG, [*FAST, f"run_dir={partial}", "train.checkpoint_every=2"])
+    # the stored config says steps=2: a resume with a different config is refused ...
+    assert main(["train", str(CONFIG), *FAST, f"run_dir={partial}", "train.checkpoint_every=2", "--quiet"]) == 2
+    # ... so write the full config back, as a run killed at step 3 of 4 would have it
+    (partial / "config.yaml").write_text(yaml.safe_dump(__import__("benchmark.config").config.resolved_dict(cfg_full), sort_keys=False))
+    assert main(["train", str(CONFIG), *FAST, f"run_dir={partial}", "train.checkpoint_every=2", "--quiet"]) == 0
+    resumed = pd.read_csv(partial / "metrics.csv")
+    pd.testing.assert_frame_equal(_deterministic(full), _deterministic(resumed))
+
+
+def test_finished_run_is_not_rerun(tmp_path):
+    run_dir = _train(tmp_path, "a")
+    before = (run_dir / "metrics.csv").stat().st_mtime_ns
+    _train(tmp_path, "a")
+    assert (run_dir / "metrics.csv").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["missing.yaml"], "config file not found: missing.yaml"),
+        ([str(CONFIG), "algorithm.name=flow_grpoo"], "unknown algorithm 'flow_grpoo'; known: "),
+        ([str(CONFIG), "model.name=toy3d"], "unknown model 'toy3d'; known: "),
+        ([str(CONFIG), "reward=toy_mood"], "unknown reward 'toy_mood'; known: "),
+        ([str(CONFIG), "algorithm.group_size=0"], "algorithm.group_size must be a positive integer, got 0"),
+        ([str(CONFIG), "algorithm.group_size=-3"], "algorithm.group_size must be a positive integer, got -3"),
+        ([str(CONFIG), "train.stepz=3"], "unknown key 'stepz' (did you mean 'steps'?)"),
+        ([str(CONFIG), "model.args.width=3"], "model 'toy2d': unknown argument 'width'; valid: "),
+        ([str(CONFIG), "prompts.source=laion"], "unknown prompt source 'laion'; known: "),
+    ],
+)
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    assert main(["train", *args, f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flowzoo: error: ")
+    assert message in lines[0]
+    assert not run_dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmark", "train", str(CONFIG), "algorithm.name=flow_grpoo"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "unknown algorithm 'flow_grpoo'; known: " in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_list_prints_registries(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithms: " in out and "flow_grpo" in out and "toy2d" in out and "toy_mode" in out
+
+
+def test_prompt_batch_is_seeded_and_balanced():
+    prompts = [(f"p{i}", {}) for i in range(4)]
+    a = prompt_batch(prompts, 0, 1, 8)
+    assert a == prompt_batch(prompts, 0, 1, 8)
+    assert a != prompt_batch(prompts, 0, 2, 8)
+    assert sorted(p for p, _ in a) == sorted([f"p{i}" for i in range(4)] * 2)
+
+
+def test_bench_smoke_suite_runs_and_skips_finished(tmp_path):
+    assert main(["bench", "smoke", "--runs", str(tmp_path), "--workers", "1"]) == 0
+    runs = sorted(p.parent for p in tmp_path.rglob("done.json"))
+    assert [r.name for r in runs] == ["s0", "s1"]
+    stamp = (runs[0] / "metrics.csv").stat().st_mtime_ns
+    assert main(["bench", "smoke", "--runs", str(tmp_path), "--workers", "1"]) == 0
+    assert (runs[0] / "metrics.csv").stat().st_mtime_ns == stamp
