@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flowzoo.errors import ConfigError
+from flowzoo.errors import FlowZooError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -26,10 +26,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmark.suite import load_suite, run_suite
+    from benchmark.suite import load_suite, run_suite, select
 
-    suite = load_suite(args.suite)
-    failures = run_suite(suite, Path(args.runs), args.workers, args.overrides)
+    suite = select(load_suite(args.suite), args.algorithms, args.seeds)
+    failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
     if args.report:
@@ -43,7 +43,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from benchmark.report import write_report
 
-    out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline)
+    from benchmark.stats import parse_target
+
+    target = parse_target(args.target) if args.target else None
+    out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
     print(f"report written to {out}")
     return 0
 
@@ -79,13 +82,19 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
     b.add_argument("--runs", default="runs", help="directory of run directories (default: runs)")
     b.add_argument("--workers", type=int, default=None, help="parallel runs (default: number of CPUs)")
+    b.add_argument("--algorithms", default=None, help="comma-separated subset of the suite's algorithms")
+    b.add_argument("--seeds", default=None, help="comma-separated seeds instead of the suite's")
+    b.add_argument("--budget-minutes", type=float, default=None, help="start no run after this many minutes")
     b.add_argument("--report", default=None, metavar="DIR", help="write the report into DIR when done")
     b.set_defaults(func=_cmd_bench)
 
     r = sub.add_parser("report", help="write tables and figures from a directory of runs")
     r.add_argument("runs_dir")
     r.add_argument("--out", required=True)
-    r.add_argument("--baseline", default="flow_grpo")
+    r.add_argument("--baseline", default="flow_grpo", help="the algorithm others are compared against")
+    r.add_argument("--target", default=None,
+                   help="reward target: '0.9x' or '90%%' of the baseline's final reward, or an absolute value '0.8' "
+                        "(default: the baseline's final reward)")
     r.set_defaults(func=_cmd_report)
 
     ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
-    except ConfigError as e:
+    except FlowZooError as e:
         print(f"flowzoo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -31,8 +31,8 @@ class ModelSection:
 @dataclass
 class PromptSection:
     source: str = "toy2d"  # see benchmark.prompts.SOURCES
-    train: str | None = None  # file of training prompts (file sources)
-    test: str | None = None  # file of held-out evaluation prompts (file sources)
+    train: str | None = None  # training prompts: a file or folder (the "files" source)
+    test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
 
 
 @dataclass

@@ -1,4 +1,9 @@
-"""Prompt sources of a task: lists of (prompt, metadata) for training and for evaluation."""
+"""Prompt sources of a task: lists of (prompt, metadata) for training and for evaluation.
+
+* ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation.
+* ``files``: local files in Flow-GRPO's formats (``benchmark.prompt_files``): ``prompts.train`` and ``prompts.test``
+  are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,24 @@ if TYPE_CHECKING:
     from benchmark.config import PromptSection
 
 Prompts = list[tuple[str, dict]]
-SOURCES = ("toy2d",)
+SOURCES = ("toy2d", "files")
 
 
 def check_source(section: "PromptSection") -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
-    for name in ("train", "test"):
-        path = getattr(section, name)
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"prompts.{name}: file not found: {path}")
+    if section.source == "files":
+        from benchmark.prompt_files import resolve_prompt_file
+
+        for split in ("train", "test"):
+            path = getattr(section, split)
+            if path is None:
+                raise ConfigError(f"prompts.{split}: the 'files' source needs a prompt file or folder")
+            resolve_prompt_file(path, split)
+    else:
+        for split in ("train", "test"):
+            if getattr(section, split) is not None:
+                raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
 
 
 def load_prompts(section: "PromptSection") -> tuple[Prompts, Prompts]:
@@ -30,4 +43,10 @@ def load_prompts(section: "PromptSection") -> tuple[Prompts, Prompts]:
         from models.toy2d import prompt_set
 
         return prompt_set(), prompt_set()
-    raise AssertionError(section.source)  # unreachable: check_source rejected it
+    from benchmark.prompt_files import read_prompts
+
+    train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
+    for split, prompts, path in (("train", train, section.train), ("test", test, section.test)):
+        if not prompts:
+            raise ConfigError(f"prompts.{split}: {path} holds no prompts")
+    return train, test

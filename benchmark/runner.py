@@ -28,8 +28,8 @@ from algorithms.sde import sigma_schedule
 from benchmark.config import ExperimentConfig, resolved_dict
 from benchmark.prompts import Prompts, load_prompts
 from benchmark.samples import save_samples
-from flowzoo.errors import ConfigError
-from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text
+from flowzoo.errors import ConfigError, RunError
+from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
@@ -128,6 +128,21 @@ class Runner:
         state = {"step": step, "algorithm": self.algorithm.state_dict(), "rows": rows, "wall_s": wall_s, "nfe": nfe}
         atomic_torch_save(state, self.run_dir / "checkpoint.pt")
 
+    def _load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """The saved state, or a RunError that says the file is corrupt and what to do."""
+        try:
+            state = torch.load(path, weights_only=False)
+            missing = {"step", "algorithm", "rows", "wall_s", "nfe"} - set(state)
+        except Exception as e:  # a truncated zip, pickle garbage, ...
+            raise RunError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to restart "
+                           f"the run from step 0") from None
+        if missing:
+            raise RunError(f"checkpoint {path} lacks {sorted(missing)}; delete it to restart the run from step 0")
+        if not 0 <= state["step"] <= self.config.train.steps or len(state["rows"]) != state["step"] + 1:
+            raise RunError(f"checkpoint {path} is inconsistent (step {state['step']}, {len(state['rows'])} metric "
+                           f"rows, run of {self.config.train.steps} steps); delete it to restart the run")
+        return state
+
     def _write_metrics(self, rows: list[dict]) -> None:
         frame = metrics_frame(rows)
         atomic_write(self.run_dir / "metrics.csv", lambda f: frame.to_csv(f, index=False))
@@ -141,12 +156,19 @@ class Runner:
             return run_dir
         self.build()
         run_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(run_dir / ".lock", what=f"run {run_dir}"):
+            return self._run_locked()
+
+    def _run_locked(self) -> Path:
+        cfg, run_dir = self.config, self.run_dir
+        if is_finished(run_dir, cfg):  # another process finished it while we waited to start
+            return run_dir
         atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
 
         start, rows, wall_s, nfe = 0, [], 0.0, 0
         checkpoint = run_dir / "checkpoint.pt"
         if checkpoint.is_file():
-            state = torch.load(checkpoint, weights_only=False)
+            state = self._load_checkpoint(checkpoint)
             self.algorithm.load_state_dict(state["algorithm"])
             start, rows, wall_s, nfe = state["step"], state["rows"], state["wall_s"], state["nfe"]
         else:

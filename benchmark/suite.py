@@ -9,9 +9,11 @@ task name, a model name or ``default`` to algorithm keys; the most specific entr
 from __future__ import annotations
 
 import copy
+import math
 import os
+import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,11 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
             for seed in suite.seeds:
                 data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg or {}))
                 model = (data.get("model") or {}).get("name", "toy2d")
-                data["algorithm"] = {"name": alg, **hyperparams(alg, task, model)}
+                # the suite's recipe for every algorithm, then the algorithm's own tuned keys, then its name
+                recipe = data.get("algorithm") or {}
+                if not isinstance(recipe, dict):
+                    raise ConfigError(f"suite {suite.name}: `algorithm` in defaults/tasks must be a mapping of keys")
+                data["algorithm"] = {**recipe, **hyperparams(alg, task, model), "name": alg}
                 data.update(task=task, seed=seed, run_dir=str(runs_dir / suite.name / task / alg / f"s{seed}"))
                 configs.append(build_config(apply_overrides(data, list(overrides))))
     return configs
@@ -107,8 +113,31 @@ def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
         return str(config.resolved_run_dir()), traceback.format_exc()
 
 
-def run_suite(suite: Suite, runs_dir: Path, workers: int | None = None, overrides: list[str] = ()) -> list[str]:
-    """Run every unfinished run of the suite; returns the failures' messages."""
+def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | None = None) -> Suite:
+    """The suite cut to some of its algorithms and/or seeds (command-line ``--algorithms a,b --seeds 0,1``)."""
+    suite = copy.deepcopy(suite)
+    if algorithms_csv:
+        wanted = [a.strip() for a in algorithms_csv.split(",") if a.strip()]
+        for name in wanted:
+            algorithms.get(name)
+        suite.algorithms = wanted
+    if seeds_csv:
+        try:
+            suite.seeds = [int(s) for s in seeds_csv.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"--seeds: expected comma-separated integers, got {seeds_csv!r}") from None
+    return suite
+
+
+def run_suite(
+    suite: Suite, runs_dir: Path, workers: int | None = None, overrides: list[str] = (),
+    budget_minutes: float | None = None,
+) -> list[str]:
+    """Run every unfinished run of the suite; returns the failures' messages.
+
+    With ``budget_minutes``, no run starts after the budget is spent; runs left out are listed (and the report
+    says which runs it holds). Runs already started finish, so the budget can be overshot by one run's length.
+    """
     configs = expand(suite, runs_dir, overrides)
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
@@ -117,20 +146,35 @@ def run_suite(suite: Suite, runs_dir: Path, workers: int | None = None, override
             c.train.threads = c.train.threads or 1
     print(f"suite {suite.name}: {len(configs)} runs, {len(configs) - len(todo)} finished, {len(todo)} to run "
           f"with {workers} worker(s) into {runs_dir / suite.name}")
-    failures = []
+    deadline = time.monotonic() + 60 * budget_minutes if budget_minutes else math.inf
+    failures: list[str] = []
+    skipped: list[str] = []
     bar = tqdm(total=len(todo), desc=f"suite {suite.name}", unit="run")
+
+    def record(run_dir: str, error: str | None) -> None:
+        if error:
+            failures.append(f"{run_dir}: {error}")
+        bar.update(1)
+
     if workers == 1:
-        results = (_run_one(c) for c in todo)
-        for run_dir, error in results:
-            if error:
-                failures.append(f"{run_dir}: {error}")
-            bar.update(1)
+        for config in todo:
+            if time.monotonic() > deadline:
+                skipped.append(str(config.resolved_run_dir()))
+                continue
+            record(*_run_one(config))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for future in as_completed([pool.submit(_run_one, c) for c in todo]):
-                run_dir, error = future.result()
-                if error:
-                    failures.append(f"{run_dir}: {error}")
-                bar.update(1)
+            pending = list(todo)
+            running = {pool.submit(_run_one, pending.pop(0)) for _ in range(min(workers, len(pending)))}
+            while running:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    record(*future.result())
+                    if pending and time.monotonic() <= deadline:
+                        running.add(pool.submit(_run_one, pending.pop(0)))
+            skipped = [str(c.resolved_run_dir()) for c in pending]
     bar.close()
+    if skipped:
+        print(f"time budget of {budget_minutes} min spent: {len(skipped)} run(s) not started; rerun the same "
+              f"command to add them:\n  " + "\n  ".join(skipped))
     return failures

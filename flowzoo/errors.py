@@ -1,8 +1,16 @@
-"""Errors raised for bad user input.
+"""Errors meant for the user, not for a traceback.
 
-The CLI turns a :class:`ConfigError` into one line on stderr and a non-zero exit, with no traceback.
+The CLI turns any :class:`FlowZooError` into one line on stderr and a non-zero exit.
 """
 
 
-class ConfigError(ValueError):
+class FlowZooError(Exception):
+    """An error whose message alone tells the user what is wrong and what to do."""
+
+
+class ConfigError(FlowZooError, ValueError):
     """A bad configuration value, name or file. The message names the bad value and the valid choices."""
+
+
+class RunError(FlowZooError, RuntimeError):
+    """A run directory that cannot be used: a corrupt checkpoint, a run already in progress, ..."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from flowzoo.errors import RunError
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -33,3 +36,33 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     import torch
 
     atomic_write(path, lambda f: torch.save(obj, f), mode="wb")
+
+
+class exclusive_lock:
+    """An advisory lock file held for the life of a ``with`` block; a second holder fails at once.
+
+    Two processes that would write the same run directory (two suites pointed at one results directory, a run
+    started twice) cannot interleave their writes: the second gets a clear error instead.
+    """
+
+    def __init__(self, path: str | os.PathLike, what: str = "this directory"):
+        self.path = Path(path)
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> "exclusive_lock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise RunError(f"{self.what} is being written by another process (lock {self.path})") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,76 @@
+"""Prompt datasets from local files in Flow-GRPO's formats (its ``dataset/`` folder):
+
+* ``{split}.txt`` - one prompt a line (pickscore, ocr, drawbench); metadata ``{}``, as Flow-GRPO's
+  ``TextPromptDataset`` gives.
+* ``{split}_metadata.jsonl`` - GenEval: one JSON object a line with ``tag``, ``include``, ``exclude`` (optional in
+  the released file), ``prompt``; the whole object is the prompt's metadata, as Flow-GRPO's
+  ``GenevalPromptDataset`` gives.
+
+``path`` is either such a file or a folder holding ``{split}_metadata.jsonl`` or ``{split}.txt`` (the jsonl wins,
+as it carries the metadata). Blank lines are skipped. ``datasets`` is imported only by ``load_prompt_dataset``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from flowzoo.errors import ConfigError
+
+
+def resolve_prompt_file(path: str | os.PathLike, split: str = "train") -> Path:
+    """The prompt file for ``split``: ``path`` itself if it is a file, else ``path/{split}_metadata.jsonl`` or
+    ``path/{split}.txt``."""
+    root = Path(path).expanduser()
+    if root.is_file():
+        if root.suffix not in (".txt", ".jsonl"):
+            raise ConfigError(f"prompt file {str(root)!r} must end in .txt or .jsonl")
+        return root
+    candidates = [root / f"{split}_metadata.jsonl", root / f"{split}.txt"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    if not root.is_dir():
+        raise ConfigError(f"prompt path {str(root)!r} does not exist")
+    names = " or ".join(c.name for c in candidates)
+    raise ConfigError(f"prompt folder {str(root)!r} has no {names} for split {split!r}")
+
+
+def read_prompts(path: str | os.PathLike, split: str = "train") -> list[tuple[str, dict]]:
+    """``[(prompt, metadata), ...]`` in file order."""
+    file = resolve_prompt_file(path, split)
+    rows: list[tuple[str, dict]] = []
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            if file.suffix == ".txt":
+                rows.append((line, {}))
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{file}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ConfigError(f"{file}:{number}: expected a JSON object with a string 'prompt' field")
+            rows.append((record["prompt"], record))
+    if not rows:
+        raise ConfigError(f"prompt file {str(file)!r} holds no prompts")
+    return rows
+
+
+def load_prompt_dataset(path: str | os.PathLike, split: str = "train"):
+    """A ``datasets.Dataset`` with columns ``prompt`` (str) and ``metadata`` (the metadata dict as a JSON string).
+
+    Metadata stays a JSON string because Arrow would unify the GenEval records' differing keys (``exclude``,
+    ``color``, ``position`` appear only in some), adding ``None`` fields that change ``"color" in obj`` checks;
+    ``json.loads(row["metadata"])`` gives back the exact dict.
+    """
+    import datasets
+
+    rows = read_prompts(path, split)
+    return datasets.Dataset.from_dict(
+        {"prompt": [p for p, _ in rows], "metadata": [json.dumps(m, sort_keys=True) for _, m in rows]}
+    )

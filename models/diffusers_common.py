@@ -1,0 +1,254 @@
+"""What the diffusers-backed adapters (``sd3``, ``wan``) share: local-directory checks, dtype/device resolution,
+peft LoRA on the transformer, the reference (adapter disabled), the per-prompt embedding cache, autocast and the
+pipeline's own sigma schedule.
+
+diffusers, transformers and peft are imported inside functions so that ``import models`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import ClassVar, Iterator, Sequence
+
+import torch
+
+from flowzoo.errors import ConfigError
+from models.base import Condition, FlowModel
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# The LoRA targets of Flow-GRPO's SD3 and Wan scripts (scripts/train_sd3.py, scripts/train_wan2_1.py:
+# LoraConfig(r=32, lora_alpha=64, init_lora_weights="gaussian", target_modules=[...])).
+DEFAULT_LORA_TARGETS = (
+    "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+)
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype) and name in DTYPES.values():
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str) -> Path:
+    """The local diffusers pipeline directory, checked before anything is loaded.
+
+    ``path`` falls back to the environment variable ``env_var``. Fails with a ConfigError naming the path and the
+    first missing piece: the directory, ``model_index.json``, or a component folder (with its config / tokenizer
+    files) that ``model_index.json`` lists.
+    """
+    raw = path if path not in (None, "") else os.environ.get(env_var)
+    if not raw:
+        raise ConfigError(f"model {model!r} needs a local diffusers directory: set path=... or {env_var}")
+    root = Path(raw).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"model {model!r}: weights directory {str(root)!r} does not exist (path=... or {env_var})")
+    index = root / "model_index.json"
+    if not index.is_file():
+        raise ConfigError(f"model {model!r}: {str(root)!r} is not a diffusers pipeline: missing model_index.json")
+    try:
+        components = json.loads(index.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"model {model!r}: {str(index)!r} is not valid JSON ({err})") from None
+    for name, spec in components.items():
+        # entries like "vae": ["diffusers", "AutoencoderKL"]; optional ones are [null, null]
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        folder = root / name
+        if not folder.is_dir():
+            raise ConfigError(f"model {model!r}: {str(root)!r} is incomplete: missing component folder {name!r}")
+        if not any(folder.glob("*config.json")):
+            raise ConfigError(
+                f"model {model!r}: component {name!r} in {str(root)!r} is incomplete: no config file in {str(folder)!r}"
+            )
+    return root
+
+
+class DiffusersFlowModel(FlowModel):
+    """A FlowModel around a diffusers pipeline whose ``transformer`` predicts the flow velocity ``noise - x0``.
+
+    Subclasses set ``pipeline_class``/``env_var`` and implement ``_encode_prompts`` (uncached, batch-first tensors)
+    and ``_transformer_forward``; the base does loading, freezing, LoRA, caching, reference, autocast and dtypes.
+    """
+
+    pipeline_class: ClassVar[str] = ""  # name of the diffusers pipeline class
+    env_var: ClassVar[str] = ""
+    #: the empty negative prompt of the Flow-GRPO recipes (``compute_text_embeddings([""], ...)``)
+    negative_prompt: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        lora_rank: int = 32,
+        lora_alpha: float = 64,
+        lora_targets: Sequence[str] | None = None,
+        dtype: str = "float32",
+        device: str | torch.device | None = None,
+        gradient_checkpointing: bool = False,
+        max_sequence_length: int = 256,
+        component_dtypes: dict[str, str] | None = None,
+        cache_size: int = 1024,
+    ) -> None:
+        super().__init__()
+        root = check_pipeline_dir(path, self.env_var, self.name)
+        self.path = root
+        self.dtype = resolve_dtype(dtype)
+        self.device = resolve_device(device)
+        self.max_sequence_length = int(max_sequence_length)
+        if int(lora_rank) <= 0:
+            raise ConfigError(f"lora_rank must be a positive integer, got {lora_rank!r}")
+
+        import diffusers
+
+        pipe_cls = getattr(diffusers, self.pipeline_class)
+        try:
+            self.pipe = pipe_cls.from_pretrained(str(root), dtype=self.dtype)
+        except (OSError, ValueError) as err:  # e.g. a component folder without its weights file
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"model {self.name!r}: cannot load {str(root)!r}: {first}") from None
+        self.pipe.set_progress_bar_config(disable=True)
+        for name, dt in (component_dtypes or {}).items():  # e.g. the Wan VAE in float32, as the recipes do
+            getattr(self.pipe, name).to(dtype=resolve_dtype(dt))
+        for module in self.pipe.components.values():
+            if isinstance(module, torch.nn.Module):
+                module.requires_grad_(False)
+                module.eval()
+                module.to(self.device)
+        self.transformer = self.pipe.transformer
+        self.num_train_timesteps = int(self.pipe.scheduler.config.get("num_train_timesteps", 1000))
+
+        self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)
+        if gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+        # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)
+        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self.cache_size = int(cache_size)
+
+    # ---- LoRA ---------------------------------------------------------------------------------------------
+    def _add_lora(self, rank: int, alpha: float, targets: Sequence[str]) -> list[str]:
+        from peft import LoraConfig
+
+        config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets))
+        try:
+            self.transformer.add_adapter(config)
+        except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+            raise ConfigError(f"lora_targets {list(targets)!r} match no module of the transformer: {err}") from None
+        names = []
+        for name, param in self.transformer.named_parameters():
+            if "lora_" in name:
+                # adapters train in float32 whatever the base dtype (autocast casts them per matmul)
+                param.data = param.data.to(device=self.device, dtype=torch.float32)
+                param.requires_grad_(True)
+                names.append(name)
+        return names
+
+    def _lora_params(self) -> dict[str, torch.nn.Parameter]:
+        params = dict(self.transformer.named_parameters())
+        return {name: params[name] for name in self._lora_names}
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self._lora_params().values())
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self._lora_params().items()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = self._lora_params()
+        missing, unexpected = set(params) - set(state), set(state) - set(params)
+        if missing or unexpected:
+            raise ConfigError(
+                f"LoRA state does not match model {self.name!r}: missing {sorted(missing)[:3]}, "
+                f"unexpected {sorted(unexpected)[:3]}"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state[name])
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """The frozen base transformer: the LoRA adapter disabled (diffusers ``disable_adapters``)."""
+        params = self.trainable_parameters()
+        flags = [p.requires_grad for p in params]
+        self.transformer.disable_adapters()
+        try:
+            yield
+        finally:
+            self.transformer.enable_adapters()
+            for p, flag in zip(params, flags):  # peft toggles requires_grad; restore what it was
+                p.requires_grad_(flag)
+
+    # ---- conditioning -------------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
+        """Text embeddings per prompt, computed once per distinct prompt string and then served from an LRU cache
+        of ``cache_size`` prompts (the empty negative prompt is never evicted)."""
+        prompts = [str(p) for p in prompts]
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
+        if missing:
+            with torch.no_grad():
+                tensors = self._encode_prompts(missing)
+            for i, prompt in enumerate(missing):
+                self._cache[prompt] = {k: v[i].detach() for k, v in tensors.items()}
+        rows = [self._cache[p] for p in prompts]
+        for prompt in dict.fromkeys(prompts):
+            self._cache.move_to_end(prompt)
+        while len(self._cache) > max(self.cache_size, 1):
+            oldest = next(k for k in self._cache if k != self.negative_prompt)
+            del self._cache[oldest]
+        return Condition({k: torch.stack([row[k] for row in rows]) for k in rows[0]})
+
+    def null_condition(self, n: int) -> Condition:
+        return self.encode([self.negative_prompt]).repeat_interleave(n)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    # ---- network evaluation -------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
+        raise NotImplementedError
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
+        """One transformer call; its output is the velocity ``noise - x0``.
+
+        The pipelines feed ``timestep = sigma * num_train_timesteps`` and step with FlowMatchEulerDiscreteScheduler,
+        ``prev = sample + (sigma_next - sigma) * model_output``: exactly the FlowModel convention, so no sign flip.
+        """
+        if sigma.dim() == 0:
+            sigma = sigma.expand(x.shape[0])
+        timestep = (sigma.to(device=self.device, dtype=torch.float32) * self.num_train_timesteps)
+        x = x.to(device=self.device, dtype=self.transformer.dtype)
+        cond = Condition({k: v.to(device=self.device, dtype=self.transformer.dtype) if v.is_floating_point() else v
+                          for k, v in cond.tensors.items()})
+        with self._autocast():
+            out = self._transformer_forward(x, timestep, cond)
+        return out.float()
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _to_unit_range(samples: torch.Tensor) -> torch.Tensor:
+        """VAE output in [-1, 1] -> [0, 1] (diffusers' VaeImageProcessor ``denormalize``)."""
+        return (samples.float() / 2 + 0.5).clamp(0, 1)
+
+    def __repr__(self) -> str:  # pragma: no cover - cosmetic
+        return f"{type(self).__name__}(path={str(self.path)!r}, dtype={self.dtype}, device={self.device})"
+

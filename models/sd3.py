@@ -1,0 +1,96 @@
+"""Stable Diffusion 3 / 3.5 (diffusers ``StableDiffusion3Pipeline``) as a FlowModel, with a peft LoRA on the
+transformer.
+
+Matches the pipeline (diffusers 0.42, pipeline_stable_diffusion_3.py): prompts go through ``encode_prompt``
+(two CLIP encoders + T5, joint sequence and pooled vector), the transformer is called with
+``timestep = sigma * 1000`` and its output is the velocity, and decoding is
+``vae.decode(latents / scaling_factor + shift_factor)``. Recipe defaults from Flow-GRPO (config/grpo.py, the
+``*_sd3`` configs): 512 px, 10 training / 40 evaluation steps, CFG 4.5; shift 3.0 is the SD3.5-Medium scheduler's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from models import register
+from models.base import Condition
+from models.diffusers_common import DiffusersFlowModel
+from flowzoo.errors import ConfigError
+
+
+@register("sd3")
+class SD3Model(DiffusersFlowModel):
+    name = "sd3"
+    sample_kind = "image"
+    default_guidance = 4.5
+    default_shift = 3.0
+    default_num_steps = 10
+    default_eval_num_steps = 40
+    pipeline_class = "StableDiffusion3Pipeline"
+    env_var = "FLOWZOO_SD3_PATH"
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        resolution: int = 512,
+        lora_rank: int = 32,
+        lora_alpha: float = 64,
+        lora_targets: Sequence[str] | None = None,
+        dtype: str = "float32",
+        device: str | torch.device | None = None,
+        gradient_checkpointing: bool = False,
+        cache_size: int = 1024,
+        max_sequence_length: int = 128,  # Flow-GRPO's scripts/train_sd3.py encodes prompts with 128 T5 tokens
+    ) -> None:
+        super().__init__(
+            path,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_targets=lora_targets,
+            dtype=dtype,
+            device=device,
+            gradient_checkpointing=gradient_checkpointing,
+            max_sequence_length=max_sequence_length,
+            cache_size=cache_size,
+        )
+        factor = self.pipe.vae_scale_factor * self.transformer.config.patch_size
+        if int(resolution) <= 0 or int(resolution) % factor:
+            raise ConfigError(f"sd3 resolution must be a positive multiple of {factor}, got {resolution!r}")
+        self.resolution = int(resolution)
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        size = self.resolution // self.pipe.vae_scale_factor
+        return (self.transformer.config.in_channels, size, size)
+
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
+        )
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+
+    def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
+        return self.transformer(
+            hidden_states=x,
+            timestep=timestep,
+            encoder_hidden_states=cond.tensors["prompt_embeds"],
+            pooled_projections=cond.tensors["pooled_prompt_embeds"],
+            return_dict=False,
+        )[0]
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """Latents -> images [B, 3, H, W] in [0, 1] (the pipeline's un-scaling, then ``vae.decode``)."""
+        vae = self.pipe.vae
+        latents = x0.to(device=self.device, dtype=vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        with self._autocast():
+            images = vae.decode(latents, return_dict=False)[0]
+        return self._to_unit_range(images)

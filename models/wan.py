@@ -1,0 +1,105 @@
+"""Wan2.1 text-to-video (diffusers ``WanPipeline``, Wan2.1-T2V-1.3B-Diffusers layout: UMT5 encoder,
+``WanTransformer3DModel``, ``AutoencoderKLWan``) as a FlowModel, with a peft LoRA on the transformer.
+
+Matches the pipeline (diffusers 0.42, pipelines/wan/pipeline_wan.py): prompts are cleaned and encoded by UMT5 with
+the padding positions zeroed; the transformer is called with ``timestep = sigma * 1000`` and its output is the
+velocity; CFG is ``uncond + g * (cond - uncond)``; decoding un-normalises with the VAE's ``latents_mean`` /
+``latents_std`` and returns [B, F, C, H, W] in [0, 1]. Recipe defaults from Flow-GRPO (config/grpo.py,
+``general_ocr_wan2_1``): 33 frames at 240 x 416, 20 training / 50 evaluation steps, CFG 4.5, 512 text tokens,
+VAE kept in float32 (scripts/train_wan2_1.py). Shift 3.0 is the Wan2.1 scheduler's ``flow_shift`` for 480p.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from flowzoo.errors import ConfigError
+from models import register
+from models.base import Condition
+from models.diffusers_common import DiffusersFlowModel
+
+
+@register("wan")
+class WanModel(DiffusersFlowModel):
+    name = "wan"
+    sample_kind = "video"
+    default_guidance = 4.5
+    default_shift = 3.0
+    default_num_steps = 20
+    default_eval_num_steps = 50
+    pipeline_class = "WanPipeline"
+    env_var = "FLOWZOO_WAN_PATH"
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        frames: int = 33,
+        height: int = 240,
+        width: int = 416,
+        lora_rank: int = 32,
+        lora_alpha: float = 64,
+        lora_targets: Sequence[str] | None = None,
+        dtype: str = "float32",
+        vae_dtype: str = "float32",
+        device: str | torch.device | None = None,
+        gradient_checkpointing: bool = False,
+        cache_size: int = 1024,
+        max_sequence_length: int = 512,
+    ) -> None:
+        super().__init__(
+            path,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_targets=lora_targets,
+            dtype=dtype,
+            device=device,
+            gradient_checkpointing=gradient_checkpointing,
+            max_sequence_length=max_sequence_length,
+            cache_size=cache_size,
+            component_dtypes={"vae": vae_dtype},
+        )
+        temporal = self.pipe.vae_scale_factor_temporal
+        spatial = self.pipe.vae_scale_factor_spatial * self.transformer.config.patch_size[1]
+        if int(frames) < 1 or (int(frames) - 1) % temporal:
+            raise ConfigError(f"wan frames must be {temporal} * k + 1, got {frames!r}")
+        for key, value in (("height", height), ("width", width)):
+            if int(value) <= 0 or int(value) % spatial:
+                raise ConfigError(f"wan {key} must be a positive multiple of {spatial}, got {value!r}")
+        self.frames, self.height, self.width = int(frames), int(height), int(width)
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        latent_frames = (self.frames - 1) // self.pipe.vae_scale_factor_temporal + 1
+        s = self.pipe.vae_scale_factor_spatial
+        return (self.transformer.config.in_channels, latent_frames, self.height // s, self.width // s)
+
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        embeds, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return {"prompt_embeds": embeds}
+
+    def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
+        return self.transformer(
+            hidden_states=x,
+            timestep=timestep,
+            encoder_hidden_states=cond.tensors["prompt_embeds"],
+            return_dict=False,
+        )[0]
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """Latents [B, C, f, h, w] -> videos [B, F, 3, H, W] in [0, 1]."""
+        vae = self.pipe.vae
+        latents = x0.to(device=self.device, dtype=vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
+        std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
+        video = vae.decode(latents * std + mean, return_dict=False)[0]  # [B, C, F, H, W] in [-1, 1]
+        return self._to_unit_range(video.permute(0, 2, 1, 3, 4))
