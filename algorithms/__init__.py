@@ -25,6 +25,10 @@ def register_preset(name: str, base: type, overrides: dict[str, Any], doc: str) 
 
 
 from algorithms import flow_grpo  # noqa: E402,F401
+from algorithms import dance_grpo  # noqa: E402,F401
+from algorithms import mix_grpo  # noqa: E402,F401
+from algorithms import flow_grpo_fast  # noqa: E402,F401
+from algorithms import op_grpo  # noqa: E402,F401
 from algorithms.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
 
 __all__ = ["Algorithm", "AlgorithmConfig", "StepStats", "REGISTRY", "register", "register_preset", "get", "names"]

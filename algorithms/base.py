@@ -3,7 +3,7 @@
 ``step(prompts)`` = plan -> rollout (``collect``) -> decode + reward -> group-relative advantages -> PPO-clip update,
 returning a :class:`StepStats`. Subclasses override only what differs:
 
-* ``step_plan(batch, iteration)``: which steps are SDE / trained, the kernel and sigmas (MixGRPO's window, ...);
+* ``step_plan(batch)``: which steps are SDE / trained, the kernel and sigmas (MixGRPO's window, ...);
 * ``collect(...)``: how the batch of trajectories is produced (OP-GRPO mixes in replayed trajectories);
 * ``after_update(traj, stats)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
 * ``extra_state()`` / ``load_extra_state()``: whatever else a bit-identical resume needs.
@@ -11,6 +11,7 @@ returning a :class:`StepStats`. Subclasses override only what differs:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ import torch
 from algorithms.advantages import combined_advantages
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
-from algorithms.sde import sde_step, sigma_schedule
+from algorithms.sde import StepOutput, sde_step, sigma_schedule
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping
@@ -55,6 +56,10 @@ class AlgorithmConfig:
     inner_epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # optimizer steps per pass
     micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once
+    # How a step's Gaussian log-density is reduced over latent dims: "mean" as the released Flow-GRPO/DanceGRPO
+    # code (a per-dimension average), or "sum", the true joint density the OP-GRPO trajectory ratio is written
+    # with. Applied alike to behaviour log-probs, the PPO ratio, the KL and the sequence weight.
+    log_prob_reduction: Literal["mean", "sum"] = "mean"
 
     def __post_init__(self) -> None:
         positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
@@ -203,23 +208,14 @@ class Algorithm:
         cond = self.model.encode(list(prompts), list(metadata)).repeat_interleave(g)
         gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
         x1 = initial_noise(self.model, gens, g, self.config.shared_noise)
-        plan = self.step_plan(batch)
+        plan = self.make_plan(batch)
         latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance)
         group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)
-        return Trajectory(
-            prompts=rep_prompts,
-            metadata=rep_meta,
-            cond=cond,
-            latents=latents,
-            log_probs=log_probs,
-            sigmas=plan.sigmas,
-            sde=plan.sde,
-            train=plan.train,
-            group=group,
-            kind=plan.kind,
-            noise_level=plan.noise_level,
-            guidance=self.config.guidance,
-        )
+        return Trajectory.from_rollout(plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance)
+
+    def make_plan(self, batch: int) -> StepPlan:
+        """The algorithm's ``step_plan`` with the settings every algorithm shares (the log-prob reduction)."""
+        return dataclasses.replace(self.step_plan(batch), reduction=self.config.log_prob_reduction)
 
     @torch.no_grad()
     def score(self, traj: Trajectory) -> None:
@@ -241,24 +237,26 @@ class Algorithm:
             clip=self.config.adv_clip,
         )
 
-    def _step_terms(self, traj: Trajectory, rows: torch.Tensor, t: int) -> tuple[Any, torch.Tensor]:
-        """Recompute the log-prob of transition t for samples ``rows`` under the current parameters (with grad),
-        and the KL to the reference policy at that step."""
-        cfg = self.config
+    def score_transition(self, traj: Trajectory, rows: torch.Tensor, t: int) -> StepOutput:
+        """The recorded transition t -> t+1 of samples ``rows`` scored under the model's current policy (gradients
+        flow unless the caller disables them)."""
         x = traj.latents[rows, t]
         sigma = traj.sigmas[t].expand(len(rows))
         sigma_next = traj.sigmas[t + 1].expand(len(rows))
-        cond = traj.cond.index(rows)
-        v = self.model.velocity(x, sigma, cond, traj.guidance)
-        out = sde_step(
-            x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level, prev_sample=traj.latents[rows, t + 1]
-        )
+        v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance)
+        return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
+                        prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction)
+
+    def _step_terms(self, traj: Trajectory, rows: torch.Tensor, t: int) -> tuple[StepOutput, torch.Tensor]:
+        """The current log-prob of transition t for samples ``rows`` (with grad) and the KL to the reference policy."""
+        out = self.score_transition(traj, rows, t)
         kl = torch.zeros(len(rows))
-        if cfg.kl_beta > 0:
+        if self.config.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
-                v_ref = self.model.velocity(x, sigma, cond, traj.guidance)
-            ref = sde_step(x, v_ref, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level, prev_sample=out.prev_sample)
-            kl = gaussian_mean_kl(out.mean, ref.mean, kl_std(out.std, sigma, sigma_next, cfg.kl_variance))
+                ref = self.score_transition(traj, rows, t)
+            sigma, sigma_next = traj.sigmas[t].expand(len(rows)), traj.sigmas[t + 1].expand(len(rows))
+            std = kl_std(out.std, sigma, sigma_next, self.config.kl_variance)
+            kl = gaussian_mean_kl(out.mean, ref.mean, std, traj.reduction)
         return out, kl
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:

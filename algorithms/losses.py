@@ -45,10 +45,15 @@ def kl_std(step_std: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor
     raise ValueError(f"unknown kl_variance {variance!r}; known: {', '.join(KL_VARIANCES)}")
 
 
-def gaussian_mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, std^2) || N(ref_mean, std^2)) per sample [B], averaged over the non-batch dims."""
+def gaussian_mean_kl(
+    mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """KL(N(mean, std^2) || N(ref_mean, std^2)) per sample [B], averaged (or summed) over the non-batch dims."""
     dims = tuple(range(1, mean.dim()))
-    return ((mean - ref_mean) ** 2).mean(dim=dims) / (2 * std**2)
+    sq = (mean - ref_mean) ** 2
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"unknown reduction {reduction!r}; known: mean, sum")
+    return (sq.mean(dim=dims) if reduction == "mean" else sq.sum(dim=dims)) / (2 * std**2)
 
 
 def sequence_log_weight(log_p_old: torch.Tensor, log_p_off: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,8 @@ def rollout(
             x0 = x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
             if plan.sde[t]:
                 out = sde_step(
-                    x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators)
+                    x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators),
+                    reduction=plan.reduction,
                 )
                 x, log_probs[:, t] = out.prev_sample, out.log_prob
             elif plan.dpm_solver is not None and plan.dpm_solver[t]:

@@ -26,6 +26,7 @@ class StepPlan:
     kind: str = "flow_grpo"
     noise_level: float = 0.7
     dpm_solver: torch.Tensor | None = None
+    reduction: str = "mean"  # log-density over latent dims: "mean" (reference codes) or "sum" (joint density)
 
     def __post_init__(self) -> None:
         num_steps = self.sigmas.shape[0] - 1
@@ -67,6 +68,7 @@ class Trajectory:
     kind: str = "flow_grpo"
     noise_level: float = 0.7
     guidance: float | None = None
+    reduction: str = "mean"
     #: filled after decoding and scoring
     samples: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
@@ -74,6 +76,18 @@ class Trajectory:
     #: OP-GRPO: which samples reuse stored (off-policy) steps, and the log of their sequence weight
     off_policy: torch.Tensor | None = None
     log_weight: torch.Tensor | None = None
+
+    @classmethod
+    def from_rollout(
+        cls, plan: StepPlan, prompts: list[str], metadata: list[dict], cond: Condition, latents: torch.Tensor,
+        log_probs: torch.Tensor, group: torch.Tensor, guidance: float | None, **fields,
+    ) -> "Trajectory":
+        """A batch recorded under ``plan`` (its sigmas, masks, kernel and reduction)."""
+        return cls(
+            prompts=prompts, metadata=metadata, cond=cond, latents=latents, log_probs=log_probs, sigmas=plan.sigmas,
+            sde=plan.sde, train=plan.train, group=group, kind=plan.kind, noise_level=plan.noise_level,
+            guidance=guidance, reduction=plan.reduction, **fields,
+        )
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
@@ -117,8 +131,10 @@ class Trajectory:
         """Concatenate batches that share sigmas, SDE mask and kernel (e.g. fresh and replayed samples)."""
         first = parts[0]
         for p in parts[1:]:
-            if not torch.equal(p.sigmas, first.sigmas) or not torch.equal(p.sde, first.sde) or p.kind != first.kind:
-                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps or kernels")
+            same = torch.equal(p.sigmas, first.sigmas) and torch.equal(p.sde, first.sde)
+            if not same or (p.kind, p.reduction) != (first.kind, first.reduction):
+                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps, kernels or "
+                                 "log-prob reductions")
 
         def cat_opt(name: str):
             values = [getattr(p, name) for p in parts]
@@ -138,6 +154,7 @@ class Trajectory:
             kind=first.kind,
             noise_level=first.noise_level,
             guidance=first.guidance,
+            reduction=first.reduction,
             samples=cat_opt("samples"),
             rewards=cat_opt("rewards"),
             reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in sorted(keys)},

@@ -4,6 +4,7 @@
     flowzoo bench SUITE [--runs DIR] [--workers N] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
+    flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     target = parse_target(args.target) if args.target else None
     out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
     print(f"report written to {out}")
+    return 0
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from models.tiny_pretrain import pretrain
+
+    out = pretrain(
+        args.data, out=args.out, run_dir=args.run_dir, steps=args.steps, minutes=args.minutes, batch=args.batch,
+        lr=args.lr, ema=args.ema, seed=args.seed, threads=args.threads, progress=not args.quiet,
+        command="flowzoo " + " ".join(sys.argv[1:]),
+    )
+    print(f"weights written to {out}")
     return 0
 
 
@@ -96,6 +109,21 @@ def parser() -> argparse.ArgumentParser:
                    help="reward target: '0.9x' or '90%%' of the baseline's final reward, or an absolute value '0.8' "
                         "(default: the baseline's final reward)")
     r.set_defaults(func=_cmd_report)
+
+    pt = sub.add_parser("pretrain", help="pretrain the tiny tier on synthetic data (resumable)")
+    pt.add_argument("model", choices=["tiny"])
+    pt.add_argument("--data", choices=["shapes", "glyphs"], default="shapes")
+    pt.add_argument("--steps", type=int, default=100_000, help="stop after this many optimizer steps")
+    pt.add_argument("--minutes", type=float, default=None, help="stop after this much training wall time")
+    pt.add_argument("--batch", type=int, default=32)
+    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--ema", type=float, default=0.998, help="decay of the parameter average that is shipped")
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--threads", type=int, default=2, help="torch threads")
+    pt.add_argument("--out", default=None, help="weights file (default: models/weights/tiny_<data>.safetensors)")
+    pt.add_argument("--run-dir", default=None, help="checkpoint directory (default: runs/pretrain_tiny_<data>)")
+    pt.add_argument("--quiet", action="store_true", help="no progress bar")
+    pt.set_defaults(func=_cmd_pretrain)
 
     ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
     ls.set_defaults(func=_cmd_list)

@@ -3,6 +3,8 @@
 * ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
+* ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
+  training prompts and 256 held-out evaluation prompts from two fixed seeds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ if TYPE_CHECKING:
     from benchmark.config import PromptSection
 
 Prompts = list[tuple[str, dict]]
-SOURCES = ("toy2d", "files")
+SOURCES = ("toy2d", "files", "tiny_shapes", "tiny_glyphs")
+#: sizes of the tiny sources: training prompts, held-out evaluation prompts (docs/tiny.md)
+TINY_TRAIN_PROMPTS, TINY_EVAL_PROMPTS = 1024, 256
 
 
 def check_source(section: "PromptSection") -> None:
@@ -43,6 +47,12 @@ def load_prompts(section: "PromptSection") -> tuple[Prompts, Prompts]:
         from models.toy2d import prompt_set
 
         return prompt_set(), prompt_set()
+    if section.source in ("tiny_shapes", "tiny_glyphs"):
+        from models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
+
+        data = section.source.removeprefix("tiny_")
+        return (tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED),
+                tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED))
     from benchmark.prompt_files import read_prompts
 
     train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")

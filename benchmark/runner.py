@@ -80,10 +80,12 @@ class Runner:
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
         cfg = self.config
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+        model_cls = models.get(cfg.model.name)
+        threads = cfg.train.threads or model_cls.preferred_threads
+        if threads:
+            torch.set_num_threads(threads)
         torch.manual_seed(cfg.seed)
-        self.model = models.get(cfg.model.name)(**cfg.model.args)
+        self.model = model_cls(**cfg.model.args)
         self.reward = rewards.build(cfg.reward, cfg.reward_args)
         if self.model.sample_kind not in self.reward.accepts:
             raise ConfigError(

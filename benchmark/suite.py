@@ -64,12 +64,14 @@ def load_suite(name_or_path: str) -> Suite:
 
 
 def hyperparams(algorithm: str, task: str, model: str) -> dict[str, Any]:
-    """The algorithm's tuned keys for this task: ``default`` < model name < task name."""
-    path = HYPERPARAMS_DIR / f"{algorithm}.yaml"
-    if not path.is_file():
-        base = algorithms.get(algorithm).__mro__[1]  # presets inherit their base algorithm's file
-        path = HYPERPARAMS_DIR / f"{getattr(base, 'name', '')}.yaml"
-    table = read_yaml(path) if path.is_file() else {}
+    """The algorithm's tuned keys for this task: ``default`` < model name < task name.
+
+    An algorithm without a file of its own uses the nearest base class's (a preset its algorithm's, MixGRPO-Flash
+    MixGRPO's)."""
+    names = [getattr(cls, "name", None) for cls in algorithms.get(algorithm).__mro__]
+    paths = [HYPERPARAMS_DIR / f"{name}.yaml" for name in dict.fromkeys(n for n in names if n)]
+    path = next((p for p in paths if p.is_file()), None)
+    table = read_yaml(path) if path else {}
     merged: dict[str, Any] = {}
     for key in ("default", model, task):
         merged.update(table.get(key) or {})

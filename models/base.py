@@ -58,6 +58,8 @@ class FlowModel:
     default_shift: float = 1.0
     default_num_steps: int = 10
     default_eval_num_steps: int = 20
+    #: torch intra-op threads the runner uses when the config does not say (None: torch's default)
+    preferred_threads: int | None = None
 
     device: torch.device = torch.device("cpu")
 

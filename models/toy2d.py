@@ -92,6 +92,8 @@ def pretrain(
     key = (hidden, layers, steps, batch, lr, seed, cond_dropout)
     net = VelocityMLP(hidden, layers)
     if key not in _PRETRAINED:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny matmuls: extra threads only add synchronisation (and stall on a busy CPU)
         gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         net = VelocityMLP(hidden, layers)
@@ -109,6 +111,7 @@ def pretrain(
             loss.backward()
             opt.step()
             sched.step()
+        torch.set_num_threads(threads)
         _PRETRAINED[key] = {k: v.detach().clone() for k, v in net.state_dict().items()}
     net.load_state_dict(_PRETRAINED[key])
     return net
@@ -122,6 +125,7 @@ class Toy2DModel(FlowModel):
     default_shift = 1.0
     default_num_steps = 10
     default_eval_num_steps = 20
+    preferred_threads = 1  # the MLP is too small to gain from intra-op threads
 
     def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0):
         super().__init__()

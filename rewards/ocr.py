@@ -87,8 +87,15 @@ def to_uint8_bgr(image: torch.Tensor) -> Any:
     return hwc[:, :, ::-1].copy()
 
 
-def recognise(image: torch.Tensor) -> str:
-    """All text lines the OCR engine finds in one image, joined in its reading order ('' when none)."""
+def recognise(image: torch.Tensor, upscale: int = 1, pad: int = 0) -> str:
+    """All text lines the OCR engine finds in one image, joined in its reading order ('' when none).
+
+    Small images (the tiny tier's 16x48 strips) need help: ``pad`` replicates the border ``pad`` pixels outwards
+    (PP-OCR's detector drops characters that touch the edge) and ``upscale`` > 1 then enlarges the image (bicubic)."""
+    if pad > 0:
+        image = torch.nn.functional.pad(image[None].float(), (pad, pad, pad, pad), mode="replicate")[0]
+    if upscale > 1:
+        image = torch.nn.functional.interpolate(image[None].float(), scale_factor=upscale, mode="bicubic")[0]
     result, _ = ocr_engine()(to_uint8_bgr(image), use_cls=False)
     if not result:
         return ""
@@ -102,9 +109,16 @@ class OcrReward(Reward):
     name = "ocr"
     accepts = ("image",)
 
+    def __init__(self, upscale: int = 1, pad: int = 0):
+        if not isinstance(upscale, int) or upscale < 1:
+            raise ConfigError(f"ocr reward: upscale must be a positive integer, got {upscale!r}")
+        if not isinstance(pad, int) or pad < 0:
+            raise ConfigError(f"ocr reward: pad must be a non-negative integer, got {pad!r}")
+        self.upscale, self.pad = upscale, pad  # the tiny tier's 16x48 glyph strips: upscale=2, pad=4
+
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         targets = [quoted_target(p) for p in prompts]  # fail before running OCR on anything
-        scores = [text_match_score(recognise(image), target) for image, target in zip(samples, targets)]
+        scores = [text_match_score(recognise(image, self.upscale, self.pad), target) for image, target in zip(samples, targets)]
         return RewardOutput(torch.tensor(scores, dtype=torch.float32))
 
 

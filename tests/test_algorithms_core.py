@@ -190,3 +190,16 @@ def test_bad_algorithm_config_is_one_clear_error(toy_model, bad, match):
 def test_unknown_algorithm_lists_choices():
     with pytest.raises(ConfigError, match="unknown algorithm 'flow_grpoo'; known: .*flow_grpo"):
         algorithms.get("flow_grpoo")
+
+
+def test_sum_reduction_is_mean_times_dims_and_stays_on_policy(toy_model, toy_prompts):
+    prompts, meta = toy_prompts
+    mean_alg = _flow_grpo(toy_model, kl_beta=0.04)
+    sum_alg = _flow_grpo(toy_model, kl_beta=0.04, log_prob_reduction="sum")
+    traj_mean = mean_alg.collect(prompts, meta)
+    traj_sum = sum_alg.collect(prompts, meta)
+    assert traj_sum.reduction == "sum" and torch.equal(traj_sum.latents, traj_mean.latents)
+    dims = traj_sum.latents[0, 0].numel()  # 2 for the toy
+    torch.testing.assert_close(traj_sum.log_probs, dims * traj_mean.log_probs)
+    stats = sum_alg.step(prompts, meta)
+    assert abs(stats.ratio_mean - 1) < 1e-5 and stats.clip_frac == 0.0

@@ -1,0 +1,57 @@
+"""DanceGRPO (Xue et al., "DanceGRPO: Unleashing GRPO on Visual Generation", arXiv 2505.07818).
+
+What differs from Flow-GRPO (the base template):
+
+* the ``dance_grpo`` kernel: Euler step plus the score term ``-0.5 eta^2 score dt``, std ``eta sqrt(-dt)``, with
+  eta = 0.3 (the paper's FLUX / HunyuanVideo recipes);
+* one shared initial noise per group (``init_same_noise``), so the G samples of a prompt differ only by the SDE noise;
+* each sample trains its own random ``timestep_fraction`` = 60% of the steps: ``int((T - 1) * 0.6)`` steps drawn
+  without replacement among the first T - 1 (the reference shuffles the T - 1 transitions left once the last one is
+  dropped, ``samples["latents"][:, :-1]``, and trains ``int(len * timestep_fraction)`` of them), so the final
+  transition is never trained;
+* no KL term (``kl_beta`` 0).
+
+The subsets come from a generator seeded by (seed, iteration), so a resumed run draws the same ones.
+NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1):
+sampling T * B * c; training E * k * c * B * int((T - 1) * timestep_fraction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from algorithms import register
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.plans import PURPOSE_TRAIN_SUBSETS, iteration_generator, random_step_subsets
+from algorithms.trajectory import StepPlan
+from flowzoo.errors import ConfigError
+
+
+@dataclass
+class DanceGRPOConfig(AlgorithmConfig):
+    kernel: Literal["flow_grpo", "dance_grpo", "cps"] = "dance_grpo"
+    noise_level: float = 0.3  # eta
+    timestep_fraction: float = 0.6
+    shared_noise: bool = True
+    kl_beta: float = 0.0
+
+
+@register("dance_grpo")
+class DanceGRPO(Algorithm):
+    name = "dance_grpo"
+    Config = DanceGRPOConfig
+
+    def trained_steps_per_sample(self) -> int:
+        """int((T - 1) * timestep_fraction), at least 1: the size of each sample's random subset."""
+        return max(1, int((self.num_steps - 1) * self.config.timestep_fraction))
+
+    def step_plan(self, batch: int) -> StepPlan:
+        if self.num_steps < 2:
+            raise ConfigError("dance_grpo needs num_steps >= 2 (the last transition is never trained)")
+        gen = iteration_generator(self.seed, self.iteration, PURPOSE_TRAIN_SUBSETS)
+        train = random_step_subsets(batch, self.num_steps, self.num_steps - 1, self.trained_steps_per_sample(), gen)
+        sde = torch.ones(self.num_steps, dtype=torch.bool)
+        return StepPlan(self.sigmas, sde, train, self.config.kernel, self.config.noise_level)

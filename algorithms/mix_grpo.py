@@ -1,0 +1,144 @@
+"""MixGRPO and MixGRPO-Flash (Li et al., "MixGRPO: Unlocking Flow-based GRPO Efficiency with Mixed ODE-SDE",
+arXiv 2507.21802).
+
+MixGRPO: the rollout is stochastic (``flow_grpo`` kernel, a = 0.7) only inside a sliding window of ``window_size``
+(w = 4) consecutive steps and deterministic Euler elsewhere; only the window's steps are trained, so a sample costs
+T forward passes to sample but only w to train. Defaults follow the paper and its released FLUX script
+(``finetune_flux_grpo_MixGRPO.sh``): w = 4, stride 1, tau = 25 iterations per position, ``progressive`` strategy with
+roll-back, one shared initial noise per group (``--init_same_noise``), no KL, clip 1e-4 (the base default); the
+paper samples T = 25 steps, here ``num_steps`` stays the model's default so that tiers compare at equal T.
+
+Window position (``window_start(iteration)``; a pure function of the iteration, which ``state_dict`` stores, so a
+resumed run continues with the same windows). Valid starts are ``0 .. L`` with ``L = T - 1 - w``: the window never
+contains the final transition (the reference trains timesteps up to T - 2 only).
+
+* ``progressive``: ``start = window_start + stride * (iteration // tau)``. Reaching past ``L``, MixGRPO's rule
+  (``GRPOTrainingStates.update_iteration``) is: with roll-back, return to the initial start and slide again
+  (so positions cycle with period ``(L - window_start) // stride + 1`` shifts); without, stay at the end (``L``).
+  The reference clips at T - 2 and lets the window shrink there; we keep the window whole and clip its start at L.
+* ``random``: a uniform start in ``0 .. L`` each iteration (the reference draws one per iteration), from a generator
+  seeded by (seed, iteration).
+* ``fixed``: always ``window_start`` (the reference's progressive with stride 0: Flash*'s frozen window).
+
+MixGRPO-Flash: after the window, the remaining ``T - 1 - last`` steps (``last`` = the window's last step) are replaced
+by a coarser schedule of ``P = max(int((T - 1 - last) * r), 2)`` points from ``sigmas[last + 1]`` to 0 (``P - 1``
+steps; r = ``compress_ratio`` = 0.4, the released script's ``dpm_post_compress_ratio``), solved with DPM-Solver++ 2M
+(``algorithms.sde.dpm_solver_pp_2m_step``), see ``algorithms.plans.compressed_tail_sigmas`` for the sigmas.
+Steps before the window stay Euler. ``mix_grpo_flash_star`` is Flash* (r = 0.2 and a frozen window at step 0).
+
+NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1):
+MixGRPO sampling T * B * c, training E * k * c * B * w; Flash sampling (last + P) * B * c, training the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from algorithms import register, register_preset
+from algorithms.base import Algorithm, AlgorithmConfig, StepStats
+from algorithms.plans import PURPOSE_WINDOW, compressed_tail_sigmas, iteration_generator, window_plan
+from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.errors import ConfigError
+
+
+@dataclass
+class MixGRPOConfig(AlgorithmConfig):
+    shared_noise: bool = True
+    kl_beta: float = 0.0
+    window_size: int = 4
+    window_stride: int = 1
+    window_tau: int = 25  # iterations per window position
+    window_strategy: Literal["progressive", "random", "fixed"] = "progressive"
+    window_start: int = 0  # the first (progressive) or only (fixed) start
+    window_rollback: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window_size < 1 or self.window_tau < 1:
+            raise ConfigError("algorithm.window_size and algorithm.window_tau must be >= 1")
+        if self.window_stride < 0 or self.window_start < 0:
+            raise ConfigError("algorithm.window_stride and algorithm.window_start must be >= 0")
+
+
+@register("mix_grpo")
+class MixGRPO(Algorithm):
+    name = "mix_grpo"
+    Config = MixGRPOConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.config.window_start > self.last_window_start:
+            raise ConfigError(
+                f"algorithm.window_start {self.config.window_start} is past the last start {self.last_window_start} "
+                f"(T = {self.num_steps}, window_size = {self.config.window_size})"
+            )
+
+    @property
+    def last_window_start(self) -> int:
+        """L = T - 1 - w: the window never contains the final transition."""
+        last = self.num_steps - 1 - self.config.window_size
+        if last < 0:
+            raise ConfigError(
+                f"algorithm.window_size {self.config.window_size} needs num_steps >= {self.config.window_size + 1}"
+            )
+        return last
+
+    def window_start(self, iteration: int | None = None) -> int:
+        """The window's first step at ``iteration`` (default: the current one)."""
+        cfg = self.config
+        iteration = self.iteration if iteration is None else iteration
+        last, first = self.last_window_start, cfg.window_start
+        if cfg.window_strategy == "fixed" or cfg.window_stride == 0:
+            return first
+        if cfg.window_strategy == "random":
+            gen = iteration_generator(self.seed, iteration, PURPOSE_WINDOW)
+            return int(torch.randint(0, last + 1, (1,), generator=gen))
+        shifts = iteration // cfg.window_tau
+        if cfg.window_rollback:
+            shifts %= (last - first) // cfg.window_stride + 1
+        return min(first + cfg.window_stride * shifts, last)
+
+    def step_plan(self, batch: int) -> StepPlan:
+        cfg = self.config
+        return window_plan(self.sigmas, self.window_start(), cfg.window_size, batch, cfg.kernel, cfg.noise_level)
+
+    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
+        stats.extra["window_start"] = float(self.window_start())
+
+
+@dataclass
+class MixGRPOFlashConfig(MixGRPOConfig):
+    compress_ratio: float = 0.4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.compress_ratio <= 1:
+            raise ConfigError(f"algorithm.compress_ratio must be in (0, 1], got {self.compress_ratio}")
+
+
+@register("mix_grpo_flash")
+class MixGRPOFlash(MixGRPO):
+    name = "mix_grpo_flash"
+    Config = MixGRPOFlashConfig
+
+    def step_plan(self, batch: int) -> StepPlan:
+        cfg = self.config
+        start = self.window_start()
+        last = start + cfg.window_size - 1
+        shift = self.model.default_shift if cfg.shift is None else cfg.shift
+        sigmas = compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift)
+        dpm = torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)
+        dpm[last + 1 :] = True
+        return window_plan(sigmas, start, cfg.window_size, batch, cfg.kernel, cfg.noise_level, dpm)
+
+
+register_preset(
+    "mix_grpo_flash_star",
+    MixGRPOFlash,
+    {"compress_ratio": 0.2, "window_strategy": "fixed", "window_start": 0},
+    "MixGRPO-Flash* (arXiv 2507.21802): compress ratio 0.2 and the window frozen at the first steps "
+    "(the released Flash* script: dpm_post_compress_ratio 0.2, prog_overlap_step 0).",
+)

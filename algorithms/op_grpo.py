@@ -1,0 +1,288 @@
+"""OP-GRPO: off-policy GRPO for flow-matching models (seeds/000_*.txt, seeds/003_*.txt).
+
+On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks:
+
+* ``collect`` -- **hybrid rollout** (sec. 2A): for a fraction ``off_policy_groups`` of the groups whose prompt has
+  buffer entries, the group gets ``G - k`` fresh samples and ``k`` samples built from stored trajectories.
+  A stored trajectory is reused for its first ``t_off`` transitions (its recorded latents 0..t_off are kept
+  bit-identical); **truncation** (sec. 2C): the current policy regenerates transitions ``t_off .. T-1`` from the
+  stored latent at ``t_off`` and the new final sample is rewarded afresh, so it enters the group's advantages.
+  For the reused transitions pi_old (the parameters at this rollout) is recomputed without gradient, and
+  **sequence-level correction** (sec. 2B) sets the sample's log-weight
+  ``log w = sum over reused SDE steps of (log p_old(z_{t+1}|z_t) - log p_off(z_{t+1}|z_t))``
+  (``losses.sequence_log_weight``); the PPO ratio of every trained step stays pi_theta / pi_old, and the base
+  ``update`` multiplies the sample's loss by ``w`` (a constant: no gradient). Regenerated steps are on-policy and add
+  0 to log w; fresh samples have w = 1.
+* ``after_update`` -- offers each group's best *fresh* trajectory to the buffer (after ageing the stored scores by
+  one step), and logs the diagnostics.
+
+Correction modes (``correction``): ``sequence`` (the paper), ``none`` (w = 1: the "no correction" ablation),
+``naive`` (the per-step ratio pi_theta / pi_off: the stored pi_off log-probs are the PPO "old" log-probs of the
+reused steps, no sequence weight; pi_old is then not recomputed, which saves its NFE).
+
+Sample dropping: a replayed sample whose log-weight, or whose "old" log-prob of a reused step, is not finite is
+removed from the batch before advantages are computed, and counted (``replay_dropped``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+
+from algorithms import register, register_preset
+from algorithms.base import Algorithm, AlgorithmConfig, StepStats
+from algorithms.losses import sequence_log_weight
+from algorithms.replay import ReplayBuffer, ReplayEntry
+from algorithms.rollout import rollout, sample_generators
+from algorithms.trajectory import Trajectory
+from flowzoo.errors import ConfigError
+
+#: stream keys of the generators OP-GRPO draws (distinct from the fresh samples' group offsets)
+_GROUP_CHOICE_STREAM = 2_000_003
+_REGEN_STREAM = 2_000_029
+
+
+@dataclass
+class OPGRPOConfig(AlgorithmConfig):
+    """OP-GRPO's knobs on top of the GRPO core. Defaults the papers leave open are ours (docs/op_grpo.md)."""
+
+    buffer_capacity: int = 1024  # entries; with unique=True at most one per prompt
+    buffer_decay: float = 0.95  # multiplicative decay of stored scores per training step; 1.0 = no decay
+    buffer_unique: bool = True  # at most one entry per prompt (False: the uniqueness ablation)
+    off_policy_groups: float = 1.0  # fraction of the groups whose prompt has entries that get buffer samples
+    replay_k: int = 1  # buffer samples per such group (G - k fresh); repeated copies only when truncating
+    t_off: int | None = 5  # transitions 0..t_off-1 are reused, the rest regenerated; None = reuse all (no truncation)
+    correction: Literal["sequence", "none", "naive"] = "sequence"
+    weight_cap: float | None = None  # cap w <= weight_cap (truncated IS); None = off
+    weight_self_normalize: bool = False  # rescale the off-policy weights of a batch to mean 1 (after the cap)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.buffer_capacity < 1:
+            raise ConfigError(f"algorithm.buffer_capacity must be >= 1, got {self.buffer_capacity}")
+        if not 0 < self.buffer_decay <= 1:
+            raise ConfigError(f"algorithm.buffer_decay must be in (0, 1], got {self.buffer_decay}")
+        if not 0 <= self.off_policy_groups <= 1:
+            raise ConfigError(f"algorithm.off_policy_groups must be in [0, 1], got {self.off_policy_groups}")
+        if not 0 <= self.replay_k < self.group_size:
+            raise ConfigError(
+                f"algorithm.replay_k must be in [0, group_size - 1] = [0, {self.group_size - 1}], got {self.replay_k}"
+            )
+        if self.t_off is not None and self.t_off < 0:
+            raise ConfigError(f"algorithm.t_off must be >= 0 or null, got {self.t_off}")
+        if self.weight_cap is not None and self.weight_cap <= 0:
+            raise ConfigError(f"algorithm.weight_cap must be > 0 or null, got {self.weight_cap}")
+
+
+@register("op_grpo")
+class OPGRPO(Algorithm):
+    """OP-GRPO (see the module docstring)."""
+
+    name = "op_grpo"
+    Config = OPGRPOConfig
+
+    def __init__(self, model, reward, config=None, seed: int = 0):
+        super().__init__(model, reward, config, seed)
+        cfg = self.config
+        self.buffer = ReplayBuffer(cfg.buffer_capacity, cfg.buffer_decay, cfg.buffer_unique)
+        self.dropped_total = 0
+        self._info: dict[str, Any] = {}
+
+    # ---- helpers --------------------------------------------------------------------------------------------
+    @property
+    def t_off(self) -> int:
+        """Number of reused transitions (= index of the first regenerated one); T when not truncating."""
+        t = self.config.t_off
+        return self.num_steps if t is None else min(int(t), self.num_steps)
+
+    @property
+    def truncating(self) -> bool:
+        return self.t_off < self.num_steps
+
+    def _compatible(self, entry: ReplayEntry) -> bool:
+        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed)."""
+        plan = self.step_plan(1)
+        return (
+            entry.kind == plan.kind
+            and entry.noise_level == plan.noise_level
+            and entry.latents.shape[0] >= self.t_off + 1
+            and torch.equal(entry.sigmas, plan.sigmas.cpu())
+            and torch.equal(entry.sde, plan.sde.cpu())
+        )
+
+    def _choose_groups(self, prompts: Sequence[str]) -> dict[int, list[ReplayEntry]]:
+        """Which groups get buffer samples, and which entries: a random ``off_policy_groups`` fraction of the
+        eligible groups (stochastic rounding of the count), drawn from a stream of (seed, iteration)."""
+        cfg = self.config
+        if cfg.replay_k == 0 or cfg.off_policy_groups == 0 or len(self.buffer) == 0:
+            return {}
+        eligible: dict[int, list[ReplayEntry]] = {}
+        for i, p in enumerate(prompts):
+            entries = [e for e in self.buffer.lookup(p, cfg.replay_k) if self._compatible(e)]
+            if entries and self.truncating:  # copies get different regenerated tails: fill up to k
+                entries = [entries[j % len(entries)] for j in range(cfg.replay_k)]
+            if entries:
+                eligible[i] = entries
+        if not eligible:
+            return {}
+        gen = sample_generators(self.seed, self.iteration, _GROUP_CHOICE_STREAM, count=1)[0]
+        u = float(torch.rand((), generator=gen))
+        count = min(len(eligible), int(math.floor(cfg.off_policy_groups * len(eligible) + u)))
+        order = torch.randperm(len(eligible), generator=gen)[:count].sort().values.tolist()
+        keys = sorted(eligible)
+        return {keys[j]: eligible[keys[j]] for j in order}
+
+    @torch.no_grad()
+    def _recompute_old(self, traj: Trajectory, reused: torch.Tensor) -> torch.Tensor:
+        """log pi_old of the recorded transitions marked ``reused`` [n, T] under the current parameters (0 elsewhere)."""
+        old = torch.zeros_like(traj.log_probs)
+        for t in range(traj.num_steps):
+            rows = reused[:, t].nonzero().flatten()
+            if len(rows):
+                old[rows, t] = self.score_transition(traj, rows, t).log_prob
+        return old
+
+    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata) -> Trajectory:
+        """The buffer samples of the chosen groups: stored prefix + regenerated tail, pi_old and log w."""
+        cfg = self.config
+        order = [(i, e) for i, entries in groups.items() for e in entries]
+        n, t_off, device = len(order), self.t_off, self.model.device
+        rep_prompts = [prompts[i] for i, _ in order]
+        rep_meta = [metadata[i] for i, _ in order]
+        cond = self.model.encode(rep_prompts, rep_meta)
+        plan = self.make_plan(n)
+        stored = torch.stack([e.latents[: t_off + 1] for _, e in order]).to(device)
+        pi_off = torch.stack([e.log_probs for _, e in order]).to(device=device, dtype=torch.float32)
+        gens = sample_generators(self.seed, self.iteration, _REGEN_STREAM, count=n)
+        latents, log_probs = rollout(self.model, cond, plan, stored[:, t_off], gens, cfg.guidance, start_step=t_off)
+        latents[:, : t_off + 1] = stored
+        steps = torch.arange(plan.num_steps, device=plan.sde.device)
+        reused = (plan.sde & (steps < t_off)).unsqueeze(0).expand(n, -1).to(device)
+        traj = Trajectory.from_rollout(
+            plan, rep_prompts, rep_meta, cond, latents, log_probs, torch.tensor([i for i, _ in order]), cfg.guidance,
+            off_policy=torch.ones(n, dtype=torch.bool),
+        )
+        log_w = torch.zeros(n)
+        if cfg.correction == "naive":
+            traj.log_probs = torch.where(reused, pi_off, log_probs)
+        else:
+            pi_old = self._recompute_old(traj, reused)
+            traj.log_probs = torch.where(reused, pi_old, log_probs)
+            # only reused steps may enter w (a non-finite value elsewhere must not poison it through 0 * inf)
+            zero = torch.zeros((), device=device)
+            old_r, off_r = torch.where(reused, pi_old, zero), torch.where(reused, pi_off, zero)
+            if cfg.correction == "sequence":
+                log_w = sequence_log_weight(old_r, off_r, reused).float().cpu()
+            ok = torch.isfinite(old_r - off_r).all(dim=1, keepdim=True) & reused  # diagnostics over finite samples
+            diff = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0) / ok.sum(0).clamp(min=1)).cpu()
+            for t in range(t_off):
+                if plan.sde[t]:
+                    self._info[f"abs_log_ratio_t{t}"] = float(diff[t])
+        traj.log_weight = log_w
+        self._info["_versions"] = [e.version for _, e in order]
+        return traj
+
+    def _transform_weights(self, log_w: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        if cfg.weight_cap is not None:
+            log_w = log_w.clamp(max=math.log(cfg.weight_cap))
+        if cfg.weight_self_normalize and len(log_w) > 0:
+            log_w = log_w - (torch.logsumexp(log_w, 0) - math.log(len(log_w)))
+        return log_w
+
+    # ---- hooks ----------------------------------------------------------------------------------------------
+    def collect(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
+        cfg = self.config
+        g = cfg.group_size
+        self._info = {}
+        groups = self._choose_groups(prompts)
+        if not groups:
+            return self.fresh_rollout(prompts, metadata)
+        parts = []
+        plain = [i for i in range(len(prompts)) if i not in groups]
+        by_count: dict[int, list[int]] = {0: plain} if plain else {}
+        for i, entries in groups.items():
+            by_count.setdefault(len(entries), []).append(i)
+        for count, idx in sorted(by_count.items()):
+            part = self.fresh_rollout([prompts[i] for i in idx], [metadata[i] for i in idx],
+                                      group_offset=count * len(prompts), group_size=g - count)
+            part.group = torch.tensor(idx).repeat_interleave(g - count)
+            parts.append(part)
+        replay = self._replayed(groups, prompts, metadata)
+        self._info["versions_age"] = float(self.iteration - sum(self._info["_versions"]) / len(self._info["_versions"]))
+        # drop replayed samples whose weight or reused "old" log-probs are not finite
+        finite = torch.isfinite(replay.log_weight) & torch.isfinite(replay.log_probs).all(dim=1).cpu()
+        dropped = int((~finite).sum())
+        raw = replay.log_weight[finite]
+        if len(raw):
+            self._info.update(log_weight_mean=float(raw.mean()), log_weight_std=float(raw.std(unbiased=False)),
+                              log_weight_min=float(raw.min()), log_weight_max=float(raw.max()))
+            lw = raw.double()  # normalised effective sample size (sum w)^2 / (n sum w^2), in log space
+            self._info["weight_ess"] = float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw))
+        if dropped:
+            replay = replay.select(finite.nonzero().flatten())
+        self._info["replay_dropped"] = float(dropped)
+        self.dropped_total += dropped
+        if len(replay):
+            replay.log_weight = self._transform_weights(replay.log_weight)
+            parts.append(replay)
+        return Trajectory.cat(parts)
+
+    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
+        cfg = self.config
+        before = dict(self.buffer.counts)
+        self.buffer.step()
+        keep = self.t_off + 1
+        fresh = ~traj.off_policy
+        for gid in traj.group[fresh].unique().tolist():
+            rows = (fresh & (traj.group == gid)).nonzero().flatten()
+            best = int(rows[traj.rewards[rows].argmax()])
+            self.buffer.offer(ReplayEntry(
+                prompt=traj.prompts[best],
+                metadata=dict(traj.metadata[best]),
+                latents=traj.latents[best, :keep].detach().cpu().clone(),
+                log_probs=traj.log_probs[best].detach().cpu().clone(),
+                sigmas=traj.sigmas.detach().cpu().clone(),
+                sde=traj.sde.detach().cpu().clone(),
+                reward=float(traj.rewards[best]),
+                version=self.iteration,
+                kind=traj.kind,
+                noise_level=traj.noise_level,
+                guidance=traj.guidance,
+            ))
+        extra = stats.extra
+        extra["off_policy_frac"] = float(traj.off_policy.float().mean())
+        extra["replay_groups"] = float(traj.group[traj.off_policy].unique().numel())
+        if traj.off_policy.any():
+            extra["reward_off"] = float(traj.rewards[traj.off_policy].mean())
+            extra["reward_on"] = float(traj.rewards[~traj.off_policy].mean())
+        extra.update({k: v for k, v in self._info.items() if not k.startswith("_")})
+        extra.setdefault("replay_dropped", 0.0)
+        extra["replay_dropped_total"] = float(self.dropped_total)
+        extra["buffer_size"] = float(len(self.buffer))
+        extra["buffer_bytes"] = float(self.buffer.nbytes())
+        extra["buffer_mean_age"] = self.buffer.mean_age()
+        extra["buffer_mean_score"] = self.buffer.mean_score()
+        for key in ("inserted", "replaced"):
+            extra[f"buffer_{key}"] = float(self.buffer.counts[key] - before[key])
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.state_dict(), "dropped_total": self.dropped_total}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        self.dropped_total = int(state.get("dropped_total", 0))
+
+
+register_preset("op_grpo_no_correction", OPGRPO, {"correction": "none"},
+                "OP-GRPO ablation: no sequence-level correction (w = 1 for replayed samples).")
+register_preset("op_grpo_naive_is", OPGRPO, {"correction": "naive"},
+                "OP-GRPO ablation: naive per-step importance ratio pi_theta / pi_off (stored log-probs as PPO old "
+                "log-probs), clipped, no sequence weight.")
+register_preset("op_grpo_no_truncation", OPGRPO, {"t_off": None},
+                "OP-GRPO ablation: no truncation (the whole stored trajectory is reused and weighted).")
+register_preset("op_grpo_no_decay", OPGRPO, {"buffer_decay": 1.0},
+                "OP-GRPO ablation: stored scores never decay.")

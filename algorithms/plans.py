@@ -1,0 +1,88 @@
+"""Step-plan building blocks shared by the on-policy algorithms (pure functions of their arguments).
+
+* :func:`window_plan`: SDE only inside a window of consecutive steps, ODE elsewhere, train the window
+  (MixGRPO, MixGRPO-Flash, Flow-GRPO-Fast);
+* :func:`random_step_subsets`: each sample trains its own random subset of steps (DanceGRPO);
+* :func:`compressed_tail_sigmas`: MixGRPO-Flash's coarser schedule after the window;
+* :func:`iteration_generator`: a random stream that is a pure function of (seed, iteration, purpose), so a plan drawn
+  at iteration k is the same after a resume.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from algorithms.rollout import sample_generators
+from algorithms.trajectory import StepPlan
+
+#: ``purpose`` keys of :func:`iteration_generator`; far from the small group offsets fresh_rollout uses as its key
+PURPOSE_TRAIN_SUBSETS = 1_000_001
+PURPOSE_WINDOW = 1_000_002
+
+
+def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Generator:
+    """A generator seeded by (seed, iteration, purpose) only."""
+    return sample_generators(seed, iteration, purpose, count=1)[0]
+
+
+def window_mask(num_steps: int, start: int, size: int) -> torch.Tensor:
+    """[T] bool, True on steps ``start .. start + size - 1``."""
+    if start < 0 or size < 1 or start + size > num_steps:
+        raise ValueError(f"window [{start}, {start + size}) does not fit in {num_steps} steps")
+    mask = torch.zeros(num_steps, dtype=torch.bool)
+    mask[start : start + size] = True
+    return mask
+
+
+def window_plan(
+    sigmas: torch.Tensor,
+    start: int,
+    size: int,
+    batch: int,
+    kind: str,
+    noise_level: float,
+    dpm_solver: torch.Tensor | None = None,
+) -> StepPlan:
+    """SDE on the window's steps, deterministic elsewhere; every sample trains exactly the window."""
+    sde = window_mask(sigmas.shape[0] - 1, start, size)
+    return StepPlan(sigmas, sde, sde.expand(batch, -1).clone(), kind, noise_level, dpm_solver)
+
+
+def random_step_subsets(batch: int, num_steps: int, candidates: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, T] bool: for each sample, ``count`` distinct steps drawn uniformly among the first ``candidates``."""
+    if not 1 <= count <= candidates <= num_steps:
+        raise ValueError(f"cannot draw {count} of the first {candidates} of {num_steps} steps")
+    chosen = torch.stack([torch.randperm(candidates, generator=generator)[:count] for _ in range(batch)])
+    train = torch.zeros(batch, num_steps, dtype=torch.bool)
+    train.scatter_(1, chosen, True)
+    return train
+
+
+def shift_sigma(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """SD3's time shift s = shift t / (1 + (shift - 1) t)."""
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def unshift_sigma(s: torch.Tensor, shift: float) -> torch.Tensor:
+    """The inverse of :func:`shift_sigma`: t = s / (shift - (shift - 1) s)."""
+    return s / (shift - (shift - 1) * s)
+
+
+def compressed_tail_sigmas(sigmas: torch.Tensor, last: int, ratio: float, shift: float) -> torch.Tensor:
+    """MixGRPO-Flash's schedule: ``sigmas[: last + 2]`` then a coarser tail down to 0.
+
+    ``last`` is the window's last step, so the original schedule has ``n = T - 1 - last`` steps after it. The tail has
+    ``P = max(int(n * ratio), 2)`` points from ``sigmas[last + 1]`` to 0 inclusive (``P - 1`` steps), spaced evenly in
+    the *unshifted* time and then shifted, as MixGRPO's reference builds it (``linspace(t_{last+1}, 0, P)`` then
+    ``sd3_time_shift``; its count uses T - last instead of T - 1 - last). The result has ``last + P + 1`` sigmas, i.e.
+    ``last + P`` steps.
+    """
+    num_steps = sigmas.shape[0] - 1
+    remaining = num_steps - 1 - last
+    if remaining < 1:
+        raise ValueError(f"no step left after the window ending at step {last} of {num_steps}")
+    points = max(int(remaining * ratio), 2)
+    start = unshift_sigma(sigmas[last + 1].double(), shift)
+    tail = shift_sigma(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
+    tail[0] = sigmas[last + 1]  # exact, so the window's steps see the original sigmas
+    return torch.cat([sigmas[: last + 1], tail])
