@@ -201,10 +201,12 @@ def save_figure(fig, stem: Path) -> list[Path]:
     return paths
 
 
-def new_axes(plt):
-    """A 6x4 inch figure with fixed margins (a layout engine would cost an extra draw per saved file)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12, top=0.92)
+def new_axes(plt, legend_outside: bool = False):
+    """A 6x4 inch figure (8x4 with room for a legend on the right) with fixed margins (a layout engine would cost
+    an extra draw per saved file)."""
+    fig, ax = plt.subplots(figsize=(8, 4) if legend_outside else (6, 4))
+    fig.subplots_adjust(left=0.09 if legend_outside else 0.12, right=0.72 if legend_outside else 0.97,
+                        bottom=0.12, top=0.92)
     return fig, ax
 
 
@@ -258,7 +260,9 @@ def draw_lines(ax, data: pd.DataFrame, x: str, y: str, hue_order: list[str], sty
     """Seaborn lines of the mean per ``algorithm`` (and ``style``), each with its shaded bootstrap band."""
     import seaborn as sns
 
-    palette = dict(zip(hue_order, sns.color_palette(n_colors=len(hue_order))))
+    # the default palette repeats after 10 colours; husl gives as many distinct hues as there are algorithms
+    colors = sns.color_palette(n_colors=len(hue_order)) if len(hue_order) <= 10 else sns.color_palette("husl", len(hue_order))
+    palette = dict(zip(hue_order, colors))
     by = ["algorithm"] + ([style] if style else []) + [x]
     band = mean_and_band(data, by, y)
     sns.lineplot(data=band, x=x, y=y, hue="algorithm", hue_order=hue_order, palette=palette, style=style,
@@ -271,12 +275,13 @@ def draw_lines(ax, data: pd.DataFrame, x: str, y: str, hue_order: list[str], sty
 def plot_eval_curves(curves: pd.DataFrame, task: str, x: str, target: float, baseline: str, stem: Path) -> list[Path]:
     """Mean eval reward across seeds with a 95% bootstrap band, one line per algorithm, target dashed."""
     plt = _pyplot()
-    fig, ax = new_axes(plt)
+    fig, ax = new_axes(plt, legend_outside=True)
     data = align_curves(curves, x)
     draw_lines(ax, data, x, "eval_reward", _hue_order(data["algorithm"], baseline))
     if not math.isnan(target):
         ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target")
-        ax.legend()
+    # many algorithms: the legend goes beside the axes instead of over the curves
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set(xlabel=X_AXES[x], ylabel="eval reward", title=f"{task}: eval reward vs {X_AXES[x]}")
     return save_figure(fig, stem)
 

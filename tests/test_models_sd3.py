@@ -348,3 +348,10 @@ def test_condition_is_batch_first(model):
     assert isinstance(cond, Condition) and len(cond) == 2
     assert torch.equal(cond.index([1]).tensors["pooled_prompt_embeds"], model.encode(PROMPTS[1:]).tensors[
         "pooled_prompt_embeds"])
+
+
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo"])
+def test_training_iterations_run_on_the_adapter(model, restore_lora, algorithm):
+    from tests.adapter_training import check_training
+
+    check_training(model, algorithm)

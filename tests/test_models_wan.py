@@ -167,3 +167,10 @@ def test_bad_video_shape_and_missing_component(wan_dir, tmp_path):
     assert str(broken) in str(err.value) and "'text_encoder'" in str(err.value)
     with pytest.raises(ConfigError, match="does_not_exist"):
         WanModel(path=tmp_path / "does_not_exist")
+
+
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo"])
+def test_training_iterations_run_on_the_adapter(model, restore_lora, algorithm):
+    from tests.adapter_training import check_training
+
+    check_training(model, algorithm)
