@@ -7,6 +7,10 @@ returning a :class:`StepStats`. Subclasses override only what differs:
 * ``collect(...)``: how the batch of trajectories is produced (OP-GRPO mixes in replayed trajectories);
 * ``after_update(traj, stats)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
 * ``extra_state()`` / ``load_extra_state()``: whatever else a bit-identical resume needs.
+
+Under several processes (``dist``, set by the runner; see ``algorithms/distributed.py``) each rank rolls out its slice
+of the global batch, rewards are gathered before the advantages, and gradients and statistics are summed over ranks,
+so a run gives the same numbers whatever the number of processes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, ClassVar, Literal, Sequence
 import torch
 
 from algorithms.advantages import combined_advantages
+from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
@@ -117,6 +122,8 @@ class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: config overrides that define a named preset of a class (e.g. an ablation), applied under the user's config
     preset: ClassVar[dict[str, Any]] = {}
+    #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
+    dist: SingleProcess = SINGLE_PROCESS
 
     def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0):
         if isinstance(config, AlgorithmConfig):
@@ -172,45 +179,55 @@ class Algorithm:
         t1 = time.perf_counter()
         if traj.rewards is None:
             self.score(traj)
-        advantages = self.advantages(traj)
+        batch = self.dist.gather_batch(traj)  # the global batch's rewards and groups (traj itself in one process)
+        advantages = self.advantages(batch)[batch.local]
         t2 = time.perf_counter()
         self.model.nfe = 0
         update = self.update(traj, advantages)
         t3 = time.perf_counter()
         stats = StepStats(
-            reward_mean=float(traj.rewards.mean()),
-            reward_std=float(traj.rewards.std(unbiased=False)),
-            nfe_sampling=nfe_sampling,
-            nfe_training=self.model.nfe,
+            reward_mean=float(batch.rewards.mean()),
+            reward_std=float(batch.rewards.std(unbiased=False)),
+            nfe_sampling=self.dist.sum(nfe_sampling),
+            nfe_training=self.dist.sum(self.model.nfe),
             t_sampling=t1 - t0,
             t_reward=t2 - t1,
             t_training=t3 - t2,
             **update,
         )
-        for name, values in traj.reward_components.items():
+        for name, values in batch.reward_components.items():
             stats.extra[f"reward/{name}"] = float(values.mean())
-        if traj.off_policy.any():
-            stats.extra["off_policy_frac"] = float(traj.off_policy.float().mean())
+        if batch.off_policy.any():
+            stats.extra["off_policy_frac"] = float(batch.off_policy.float().mean())
         self.after_update(traj, stats)
         self.iteration += 1
         return stats
 
     def fresh_rollout(
-        self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None
+        self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None,
+        rows: range | None = None,
     ) -> Trajectory:
         """G on-policy samples for each prompt, sample j of prompt i seeded by (seed, iteration, i, j).
 
-        ``group_size`` overrides G (OP-GRPO rolls out G - k fresh samples for groups that get k replayed ones)."""
+        ``group_size`` overrides G (OP-GRPO rolls out G - k fresh samples for groups that get k replayed ones).
+        ``rows`` restricts the rollout to these indices of the ``len(prompts) * G`` samples (default: this process's
+        shard, i.e. all of them in a single process); their noise, plan and groups are those of the full batch."""
         g = self.config.group_size if group_size is None else group_size
         batch = len(prompts) * g
-        rep_prompts = [p for p in prompts for _ in range(g)]
-        rep_meta = [m for m in metadata for _ in range(g)]
-        cond = self.model.encode(list(prompts), list(metadata)).repeat_interleave(g)
+        rows = self.dist.shard(batch) if rows is None else rows
+        first, last = rows.start // g, (rows.stop - 1) // g + 1  # the prompts these rows belong to
+        local = slice(rows.start - first * g, rows.stop - first * g)
+        rep_prompts = [prompts[i // g] for i in rows]
+        rep_meta = [metadata[i // g] for i in rows]
+        cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
+        cond = cond.repeat_interleave(g).index(local)
         gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
-        x1 = initial_noise(self.model, gens, g, self.config.shared_noise)
+        x1 = initial_noise(self.model, gens[first * g: last * g], g, self.config.shared_noise)[local]
+        gens = gens[rows.start: rows.stop]
         plan = self.make_plan(batch)
+        plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
         latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance)
-        group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)
+        group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
         return Trajectory.from_rollout(plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance)
 
     def make_plan(self, batch: int) -> StepPlan:
@@ -262,7 +279,8 @@ class Algorithm:
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         """PPO-clip epochs over the rollout batch; each sample's loss is scaled by exp(traj.log_weight)."""
         cfg = self.config
-        batch = len(traj)
+        # minibatches are drawn over the global batch; this process trains the members it holds (all in one process)
+        offset, batch = self.dist.local_span(len(traj))
         weight = torch.exp(traj.log_weight).float()
         sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
         off_pairs = torch.zeros(2)  # [clipped, total] over off-policy samples
@@ -271,7 +289,8 @@ class Algorithm:
             perm = torch.randperm(batch, generator=self.update_generator)
             for minibatch in perm.chunk(cfg.minibatches):
                 minibatch = minibatch.sort().values
-                pairs = int(traj.train[minibatch].sum())
+                minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
+                pairs = self.dist.sum(int(traj.train[minibatch].sum()))  # the global count normalises the loss
                 if pairs == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
@@ -295,8 +314,10 @@ class Algorithm:
                             off = traj.off_policy[rows]
                             off_pairs += torch.tensor([float(terms.clipped[off].sum()), float(off.sum())])
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                self.dist.all_reduce_gradients(params)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
                 self.optimizer.step()
+        sums, off_pairs = self.dist.sum(sums), self.dist.sum(off_pairs)
         n = max(sums["pairs"], 1)
         result = {
             "clip_frac": sums["clipped"] / n,

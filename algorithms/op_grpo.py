@@ -20,6 +20,14 @@ Correction modes (``correction``): ``sequence`` (the paper), ``none`` (w = 1: th
 ``naive`` (the per-step ratio pi_theta / pi_off: the stored pi_off log-probs are the PPO "old" log-probs of the
 reused steps, no sequence weight; pi_old is then not recomputed, which saves its NFE).
 
+Several processes (``algorithms/distributed.py``): the buffer is **replicated**, identical on every rank. The group
+choice and the entries come from the buffer and a (seed, iteration) stream, so every rank makes the same choice; the
+global batch is laid out as in one process (fresh parts by replay count, then the replayed samples) and each rank
+rolls out its contiguous slice of it, so replayed samples are assigned to ranks by their index in that layout. After
+the update each rank proposes the best fresh trajectory of each group it holds; the proposals are all-gathered and
+every rank offers the same winners, in group order, to its copy of the buffer. Weight normalisation and diagnostics
+use the global batch.
+
 Sample dropping: a replayed sample whose log-weight, or whose "old" log-prob of a reused step, is not finite is
 removed from the batch before advantages are computed, and counted (``replay_dropped``).
 """
@@ -145,10 +153,13 @@ class OPGRPO(Algorithm):
                 old[rows, t] = self.score_transition(traj, rows, t).log_prob
         return old
 
-    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata) -> Trajectory:
-        """The buffer samples of the chosen groups: stored prefix + regenerated tail, pi_old and log w."""
+    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range) -> Trajectory:
+        """The buffer samples ``rows`` (of all the chosen groups' samples): stored prefix + regenerated tail, pi_old
+        and log w."""
         cfg = self.config
         order = [(i, e) for i, entries in groups.items() for e in entries]
+        gens = sample_generators(self.seed, self.iteration, _REGEN_STREAM, count=len(order))[rows.start: rows.stop]
+        order = order[rows.start: rows.stop]
         n, t_off, device = len(order), self.t_off, self.model.device
         rep_prompts = [prompts[i] for i, _ in order]
         rep_meta = [metadata[i] for i, _ in order]
@@ -156,7 +167,6 @@ class OPGRPO(Algorithm):
         plan = self.make_plan(n)
         stored = torch.stack([e.latents[: t_off + 1] for _, e in order]).to(device)
         pi_off = torch.stack([e.log_probs for _, e in order]).to(device=device, dtype=torch.float32)
-        gens = sample_generators(self.seed, self.iteration, _REGEN_STREAM, count=n)
         latents, log_probs = rollout(self.model, cond, plan, stored[:, t_off], gens, cfg.guidance, start_step=t_off)
         latents[:, : t_off + 1] = stored
         steps = torch.arange(plan.num_steps, device=plan.sde.device)
@@ -177,20 +187,32 @@ class OPGRPO(Algorithm):
             if cfg.correction == "sequence":
                 log_w = sequence_log_weight(old_r, off_r, reused).float().cpu()
             ok = torch.isfinite(old_r - off_r).all(dim=1, keepdim=True) & reused  # diagnostics over finite samples
-            diff = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0) / ok.sum(0).clamp(min=1)).cpu()
-            for t in range(t_off):
-                if plan.sde[t]:
-                    self._info[f"abs_log_ratio_t{t}"] = float(diff[t])
+            # per-step sums and counts; collect() reduces them over processes into the mean |log ratio|
+            self._info["_abs_log_ratio"] = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu(), ok.sum(0).cpu())
         traj.log_weight = log_w
-        self._info["_versions"] = [e.version for _, e in order]
         return traj
 
+    def _abs_log_ratio_info(self) -> None:
+        """Mean |log pi_old - log pi_off| per reused SDE step over the (global) finite replayed samples."""
+        if self.config.correction == "naive":
+            return
+        total, count = self._info.pop("_abs_log_ratio", (torch.zeros(self.num_steps), torch.zeros(self.num_steps)))
+        total, count = self.dist.sum(total), self.dist.sum(count)
+        diff = total / count.clamp(min=1)
+        sde = self.step_plan(1).sde
+        for t in range(self.t_off):
+            if sde[t]:
+                self._info[f"abs_log_ratio_t{t}"] = float(diff[t])
+
     def _transform_weights(self, log_w: torch.Tensor) -> torch.Tensor:
+        """Cap, then (optionally) self-normalise over the replayed samples of the global batch."""
         cfg = self.config
         if cfg.weight_cap is not None:
             log_w = log_w.clamp(max=math.log(cfg.weight_cap))
-        if cfg.weight_self_normalize and len(log_w) > 0:
-            log_w = log_w - (torch.logsumexp(log_w, 0) - math.log(len(log_w)))
+        if cfg.weight_self_normalize:
+            everyone = self.dist.cat(log_w)
+            if len(everyone) > 0:
+                log_w = log_w - (torch.logsumexp(everyone, 0) - math.log(len(everyone)))
         return log_w
 
     # ---- hooks ----------------------------------------------------------------------------------------------
@@ -206,41 +228,86 @@ class OPGRPO(Algorithm):
         by_count: dict[int, list[int]] = {0: plain} if plain else {}
         for i, entries in groups.items():
             by_count.setdefault(len(entries), []).append(i)
-        for count, idx in sorted(by_count.items()):
+        # the global layout: one fresh part per replay count, then the replayed samples; this process's slice of each
+        num_replayed = sum(len(entries) for entries in groups.values())
+        spans = self.dist.shard_parts([len(idx) * (g - count) for count, idx in sorted(by_count.items())]
+                                      + [num_replayed])
+        for (count, idx), span in zip(sorted(by_count.items()), spans):
+            if len(span) == 0:
+                continue
             part = self.fresh_rollout([prompts[i] for i in idx], [metadata[i] for i in idx],
-                                      group_offset=count * len(prompts), group_size=g - count)
-            part.group = torch.tensor(idx).repeat_interleave(g - count)
+                                      group_offset=count * len(prompts), group_size=g - count, rows=span)
+            part.group = torch.tensor(idx).repeat_interleave(g - count)[span.start: span.stop]
             parts.append(part)
-        replay = self._replayed(groups, prompts, metadata)
-        self._info["versions_age"] = float(self.iteration - sum(self._info["_versions"]) / len(self._info["_versions"]))
+        replay = self._replayed(groups, prompts, metadata, spans[-1]) if len(spans[-1]) else None
+        self._abs_log_ratio_info()
+        versions = [e.version for entries in groups.values() for e in entries]
+        self._info["versions_age"] = float(self.iteration - sum(versions) / len(versions))
         # drop replayed samples whose weight or reused "old" log-probs are not finite
-        finite = torch.isfinite(replay.log_weight) & torch.isfinite(replay.log_probs).all(dim=1).cpu()
-        dropped = int((~finite).sum())
-        raw = replay.log_weight[finite]
+        if replay is not None:
+            finite = torch.isfinite(replay.log_weight) & torch.isfinite(replay.log_probs).all(dim=1).cpu()
+            local_raw = replay.log_weight[finite]
+        else:
+            finite, local_raw = torch.zeros(0, dtype=torch.bool), torch.zeros(0)
+        dropped = self.dist.sum(int((~finite).sum()))
+        raw = self.dist.cat(local_raw)
         if len(raw):
             self._info.update(log_weight_mean=float(raw.mean()), log_weight_std=float(raw.std(unbiased=False)),
                               log_weight_min=float(raw.min()), log_weight_max=float(raw.max()))
             lw = raw.double()  # normalised effective sample size (sum w)^2 / (n sum w^2), in log space
             self._info["weight_ess"] = float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw))
-        if dropped:
+        if replay is not None and not finite.all():
             replay = replay.select(finite.nonzero().flatten())
         self._info["replay_dropped"] = float(dropped)
         self.dropped_total += dropped
-        if len(replay):
-            replay.log_weight = self._transform_weights(replay.log_weight)
+        log_w = self._transform_weights(replay.log_weight if replay is not None else torch.zeros(0))
+        if replay is not None and (len(replay) or not parts):
+            replay.log_weight = log_w
             parts.append(replay)
         return Trajectory.cat(parts)
 
     def after_update(self, traj: Trajectory, stats: StepStats) -> None:
-        cfg = self.config
         before = dict(self.buffer.counts)
         self.buffer.step()
+        for entry in self._best_fresh(traj):
+            self.buffer.offer(entry)
+        batch = self.dist.gather_batch(traj)
+        extra = stats.extra
+        extra["off_policy_frac"] = float(batch.off_policy.float().mean())
+        extra["replay_groups"] = float(batch.group[batch.off_policy].unique().numel())
+        if batch.off_policy.any():
+            extra["reward_off"] = float(batch.rewards[batch.off_policy].mean())
+            extra["reward_on"] = float(batch.rewards[~batch.off_policy].mean())
+        extra.update({k: v for k, v in self._info.items() if not k.startswith("_")})
+        extra.setdefault("replay_dropped", 0.0)
+        extra["replay_dropped_total"] = float(self.dropped_total)
+        extra["buffer_size"] = float(len(self.buffer))
+        extra["buffer_bytes"] = float(self.buffer.nbytes())
+        extra["buffer_mean_age"] = self.buffer.mean_age()
+        extra["buffer_mean_score"] = self.buffer.mean_score()
+        for key in ("inserted", "replaced"):
+            extra[f"buffer_{key}"] = float(self.buffer.counts[key] - before[key])
+
+    def _best_fresh(self, traj: Trajectory) -> list[ReplayEntry]:
+        """The highest-reward fresh trajectory of each group, in group order, over all processes (the first of equal
+        rewards in batch order wins, and a NaN reward wins, as torch's argmax in one process)."""
+        candidates = [c for part in self.dist.all_gather_object(self._local_best_fresh(traj)) for c in part]
+        best: dict[int, ReplayEntry] = {}
+        for gid, entry in candidates:
+            held = best.get(gid)
+            beats = math.isnan(entry.reward) or (held is not None and entry.reward > held.reward)
+            if held is None or (not math.isnan(held.reward) and beats):
+                best[gid] = entry
+        return [best[gid] for gid in sorted(best)]
+
+    def _local_best_fresh(self, traj: Trajectory) -> list[tuple[int, ReplayEntry]]:
         keep = self.t_off + 1
         fresh = ~traj.off_policy
+        found = []
         for gid in traj.group[fresh].unique().tolist():
             rows = (fresh & (traj.group == gid)).nonzero().flatten()
             best = int(rows[traj.rewards[rows].argmax()])
-            self.buffer.offer(ReplayEntry(
+            found.append((gid, ReplayEntry(
                 prompt=traj.prompts[best],
                 metadata=dict(traj.metadata[best]),
                 latents=traj.latents[best, :keep].detach().cpu().clone(),
@@ -252,22 +319,8 @@ class OPGRPO(Algorithm):
                 kind=traj.kind,
                 noise_level=traj.noise_level,
                 guidance=traj.guidance,
-            ))
-        extra = stats.extra
-        extra["off_policy_frac"] = float(traj.off_policy.float().mean())
-        extra["replay_groups"] = float(traj.group[traj.off_policy].unique().numel())
-        if traj.off_policy.any():
-            extra["reward_off"] = float(traj.rewards[traj.off_policy].mean())
-            extra["reward_on"] = float(traj.rewards[~traj.off_policy].mean())
-        extra.update({k: v for k, v in self._info.items() if not k.startswith("_")})
-        extra.setdefault("replay_dropped", 0.0)
-        extra["replay_dropped_total"] = float(self.dropped_total)
-        extra["buffer_size"] = float(len(self.buffer))
-        extra["buffer_bytes"] = float(self.buffer.nbytes())
-        extra["buffer_mean_age"] = self.buffer.mean_age()
-        extra["buffer_mean_score"] = self.buffer.mean_score()
-        for key in ("inserted", "replaced"):
-            extra[f"buffer_{key}"] = float(self.buffer.counts[key] - before[key])
+            )))
+        return found
 
     def extra_state(self) -> dict[str, Any]:
         return {"buffer": self.buffer.state_dict(), "dropped_total": self.dropped_total}

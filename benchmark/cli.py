@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     run_dir = train(config, progress=not args.quiet)
-    print(f"run written to {run_dir}")
+    if os.environ.get("RANK", "0") == "0":  # once under a multi-process launch
+        print(f"run written to {run_dir}")
     return 0
 
 
@@ -52,13 +54,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def pretrain_command(args: argparse.Namespace) -> str:
+    """The pretrain command with every option spelled out (what the weights' record stores)."""
+    options = ["data", "steps", "minutes", "batch", "lr", "ema", "seed", "threads", "out", "run_dir"]
+    words = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options if getattr(args, name) is not None]
+    return " ".join(["flowzoo pretrain", args.model, *words])
+
+
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     from models.tiny_pretrain import pretrain
 
     out = pretrain(
         args.data, out=args.out, run_dir=args.run_dir, steps=args.steps, minutes=args.minutes, batch=args.batch,
         lr=args.lr, ema=args.ema, seed=args.seed, threads=args.threads, progress=not args.quiet,
-        command="flowzoo " + " ".join(sys.argv[1:]),
+        command=pretrain_command(args),
     )
     print(f"weights written to {out}")
     return 0

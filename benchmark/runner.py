@@ -4,10 +4,15 @@ A run directory holds ``config.yaml`` (fully resolved), ``metrics.csv`` (one row
 evaluation), ``checkpoint.pt`` (everything a resume needs), ``samples/step_N.png`` and, once finished, ``done.json``.
 Every file is written atomically. A killed run restarts from its last checkpoint and, because all randomness is
 derived from (seed, iteration), produces the same metrics as an uninterrupted run (except wall-clock columns).
+
+Under ``accelerate launch`` / ``torchrun`` (``algorithms/distributed.py``) every process runs this loop on its shard
+of each batch; the main process alone takes the run-directory lock and writes files, evaluation is sharded over the
+processes and gathered, and a global batch that does not split evenly over the processes is refused before any work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -23,6 +28,7 @@ from tqdm.auto import tqdm
 import algorithms
 import models
 import rewards
+from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from algorithms.sde import sigma_schedule
 from benchmark.config import ExperimentConfig, resolved_dict
@@ -72,10 +78,21 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
 class Runner:
     """Trains one algorithm on one task for ``config.train.steps`` iterations in ``run_dir``."""
 
-    def __init__(self, config: ExperimentConfig, progress: bool = True):
+    def __init__(self, config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None):
         self.config = config
         self.run_dir = config.resolved_run_dir()
         self.progress = progress
+        self.dist = from_environment() if dist is None else dist
+
+    def check_world_size(self) -> None:
+        """Refuse a global batch that does not split evenly over the processes (before any work)."""
+        prompts, g = self.config.train.prompts_per_step, self.config.algorithm_config().group_size
+        world = self.dist.world_size
+        if (prompts * g) % world:
+            raise ConfigError(
+                f"the global batch of train.prompts_per_step x algorithm.group_size = {prompts} x {g} = {prompts * g} "
+                f"samples does not split evenly over {world} processes; make it a multiple of {world}"
+            )
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
@@ -94,6 +111,8 @@ class Runner:
             )
         alg_cls = algorithms.get(cfg.algorithm_name)
         self.algorithm = alg_cls(self.model, self.reward, cfg.algorithm_config(), seed=cfg.seed)
+        self.algorithm.dist = self.dist
+        self.dist.broadcast_parameters(self.model.trainable_parameters())  # every process starts from rank 0's
         self.train_prompts, eval_prompts = load_prompts(cfg.prompts)
         self.eval_prompts = eval_prompts[: cfg.train.eval_prompts] if cfg.train.eval_prompts else eval_prompts
         eval_steps = cfg.train.eval_num_steps or self.model.default_eval_num_steps
@@ -103,7 +122,9 @@ class Runner:
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
-        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time."""
+        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time.
+
+        Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered."""
         cfg = self.config
         n = cfg.train.eval_samples_per_prompt
         prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
@@ -112,8 +133,9 @@ class Runner:
         nfe_before = self.model.nfe
         scores, samples = [], []
         chunk = 256
-        for start in range(0, len(prompts), chunk):
-            sl = slice(start, start + chunk)
+        shard = self.dist.shard(len(prompts), even=False)
+        for start in range(shard.start, shard.stop, chunk):
+            sl = slice(start, min(start + chunk, shard.stop))
             cond = self.model.encode(prompts[sl], metadata[sl])
             x1 = self.model.initial_noise(generators[sl])
             x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
@@ -121,12 +143,17 @@ class Runner:
             scores.append(self.reward(decoded, prompts[sl], metadata[sl]).score)
             samples.append(decoded.cpu())
         self.model.nfe = nfe_before
+        scores = self.dist.cat(torch.cat(scores) if scores else torch.zeros(0))
         if cfg.train.save_samples:
-            save_samples(torch.cat(samples), self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts)
-        return float(torch.cat(scores).mean())
+            samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
+            if self.dist.is_main:
+                save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts)
+        return float(scores.mean())
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:
+        if not self.dist.is_main:
+            return
         state = {"step": step, "algorithm": self.algorithm.state_dict(), "rows": rows, "wall_s": wall_s, "nfe": nfe}
         atomic_torch_save(state, self.run_dir / "checkpoint.pt")
 
@@ -146,26 +173,32 @@ class Runner:
         return state
 
     def _write_metrics(self, rows: list[dict]) -> None:
+        if not self.dist.is_main:
+            return
         frame = metrics_frame(rows)
         atomic_write(self.run_dir / "metrics.csv", lambda f: frame.to_csv(f, index=False))
 
     def run(self) -> Path:
         cfg = self.config
         run_dir = self.run_dir
+        self.check_world_size()
         if (run_dir / "config.yaml").is_file() and not _same_config(run_dir, cfg):
             raise ConfigError(f"run directory {run_dir} holds a run of a different config; choose another run_dir")
         if is_finished(run_dir, cfg):
             return run_dir
         self.build()
         run_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(run_dir / ".lock", what=f"run {run_dir}"):
+        # one writer per run directory: the main process (a failure there ends the launch, as torchrun stops the rest)
+        lock = exclusive_lock(run_dir / ".lock", what=f"run {run_dir}")
+        with lock if self.dist.is_main else contextlib.nullcontext():
             return self._run_locked()
 
     def _run_locked(self) -> Path:
         cfg, run_dir = self.config, self.run_dir
         if is_finished(run_dir, cfg):  # another process finished it while we waited to start
             return run_dir
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
+        if self.dist.is_main:
+            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
 
         start, rows, wall_s, nfe = 0, [], 0.0, 0
         checkpoint = run_dir / "checkpoint.pt"
@@ -180,7 +213,7 @@ class Runner:
             self._write_metrics(rows)
 
         bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
-                   disable=not self.progress, dynamic_ncols=True)
+                   disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)
         for step in range(start + 1, cfg.train.steps + 1):
             batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
             t0 = time.perf_counter()
@@ -210,7 +243,9 @@ class Runner:
             "nfe": nfe,
             "wall_s": wall_s,
         }
-        atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
+        if self.dist.is_main:
+            atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
+        self.dist.barrier()  # the run is finished for every process once done.json exists
         return run_dir
 
 

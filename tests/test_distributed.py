@@ -1,0 +1,100 @@
+"""Two CPU processes (gloo, launched by ``accelerate launch``) give the metrics of one process with the same global
+batch and seed; a global batch that does not split over the processes is refused before any work."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from algorithms.distributed import SingleProcess
+from benchmark.cli import main
+from benchmark.config import load_config
+from benchmark.runner import TIMING_COLUMNS, Runner
+from flowzoo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
+# 3 prompts x G = 6: 18 samples, 9 per process, so the middle group spans both processes
+TINY = ["train.steps=3", "train.prompts_per_step=3", "algorithm.group_size=6", "train.eval_every=2",
+        "train.eval_samples_per_prompt=3", "train.save_samples=false", "train.checkpoint_every=0", "train.threads=1",
+        "model.args.hidden=32", "model.args.pretrain_steps=200"]  # a small toy model: pretraining runs in each process
+ALGORITHMS = {
+    # two minibatches: the permutation over global sample indices splits each process's samples
+    "flow_grpo": ["algorithm.name=flow_grpo", "algorithm.minibatches=2"],
+    # replay from step 2 on (every prompt repeats), truncated at t_off, self-normalised weights
+    "op_grpo": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.weight_self_normalize=true",
+                "algorithm.off_policy_groups=1.0"],
+}
+ACCELERATE = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(processes: int, *args: str) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of ``python -m benchmark train`` on CPU (``--multi_gpu`` picks torchrun; ``--cpu`` would
+    ask for mpirun)."""
+    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           "-m", "benchmark", "train", str(CONFIG), *args, "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _metrics(run_dir: Path) -> pd.DataFrame:
+    frame = pd.read_csv(run_dir / "metrics.csv")
+    return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
+
+
+@pytest.mark.skipif(not Path(ACCELERATE).exists(), reason="accelerate is not installed")
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_two_processes_give_the_metrics_of_one(tmp_path, name):
+    args = [*TINY, *ALGORITHMS[name]]
+    single, double = tmp_path / "single", tmp_path / "double"
+    assert main(["train", str(CONFIG), *args, f"run_dir={single}", "--quiet"]) == 0
+    proc = _launch(2, *args, f"run_dir={double}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _metrics(single), _metrics(double)
+    assert list(one.columns) == list(two.columns) and len(one) == len(two) == 4
+    if name == "op_grpo":
+        assert (one["off_policy_frac"].fillna(0) > 0).any(), "no replayed samples: the test would not test the buffer"
+    for column in one.columns:
+        a, b = one[column].to_numpy(float), two[column].to_numpy(float)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=column)
+    assert (one["nfe"] == two["nfe"]).all()
+    assert (double / "done.json").is_file() and (double / "checkpoint.pt").is_file()
+
+
+class _ThreeProcesses(SingleProcess):
+    world_size = 3
+
+    def all_gather_object(self, obj):
+        raise AssertionError("no collective may run before the batch check")
+
+
+def test_uneven_split_is_refused_before_any_work(tmp_path):
+    run_dir = tmp_path / "run"
+    config = load_config(CONFIG, [*TINY, "train.prompts_per_step=2", "algorithm.group_size=4", f"run_dir={run_dir}"])
+    with pytest.raises(ConfigError) as err:
+        Runner(config, progress=False, dist=_ThreeProcesses()).run()
+    message = str(err.value)
+    assert "\n" not in message and "2 x 4 = 8" in message and "3 processes" in message
+    assert not run_dir.exists()
+
+
+@pytest.mark.skipif(not Path(ACCELERATE).exists(), reason="accelerate is not installed")
+def test_uneven_split_under_accelerate_launch_fails_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(2, *TINY, "train.prompts_per_step=3", "algorithm.group_size=3", f"run_dir={run_dir}")
+    assert proc.returncode != 0
+    assert "3 x 3 = 9 samples does not split evenly over 2 processes" in proc.stderr
+    assert not run_dir.exists()
