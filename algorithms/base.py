@@ -65,6 +65,11 @@ class AlgorithmConfig:
     # code (a per-dimension average), or "sum", the true joint density the OP-GRPO trajectory ratio is written
     # with. Applied alike to behaviour log-probs, the PPO ratio, the KL and the sequence weight.
     log_prob_reduction: Literal["mean", "sum"] = "mean"
+    # Recompute-free first update (LeanGRPO, arXiv 2609.03528): the rollout evaluates the trained steps with
+    # gradients and keeps their graphs, and the update back-propagates through them instead of recomputing the
+    # policy forward. Same gradients; saves one forward per trained transition; holds the graphs in memory
+    # until the update. Needs a single optimizer step per rollout (inner_epochs 1, minibatches 1).
+    reuse_rollout_graph: bool = False
 
     def __post_init__(self) -> None:
         positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
@@ -75,6 +80,11 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.num_steps is not None and self.num_steps < 1:
             raise ConfigError(f"algorithm.num_steps must be >= 1, got {self.num_steps}")
+        if self.reuse_rollout_graph and (self.inner_epochs, self.minibatches) != (1, 1):
+            raise ConfigError(
+                "algorithm.reuse_rollout_graph needs inner_epochs 1 and minibatches 1 (one optimizer step per rollout); "
+                f"got inner_epochs {self.inner_epochs}, minibatches {self.minibatches}"
+            )
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 < self.timestep_fraction <= 1:
@@ -226,9 +236,12 @@ class Algorithm:
         gens = gens[rows.start: rows.stop]
         plan = self.make_plan(batch)
         plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
-        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance)
+        live = {} if self.config.reuse_rollout_graph else None
+        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance, live=live)
         group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
-        return Trajectory.from_rollout(plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance)
+        return Trajectory.from_rollout(
+            plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance, live=live
+        )
 
     def make_plan(self, batch: int) -> StepPlan:
         """The algorithm's ``step_plan`` with the settings every algorithm shares (the log-prob reduction)."""
@@ -264,9 +277,15 @@ class Algorithm:
         return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
                         prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction)
 
-    def _step_terms(self, traj: Trajectory, rows: torch.Tensor, t: int) -> tuple[StepOutput, torch.Tensor]:
-        """The current log-prob of transition t for samples ``rows`` (with grad) and the KL to the reference policy."""
-        out = self.score_transition(traj, rows, t)
+    def _step_terms(
+        self, traj: Trajectory, rows: torch.Tensor, t: int, live: dict | None = None
+    ) -> tuple[StepOutput, torch.Tensor]:
+        """The current log-prob of transition t for samples ``rows`` (with grad) and the KL to the reference policy;
+        from the rollout's kept graph (``live[t]``) when there is one, else recomputed."""
+        if live is not None and t in live:
+            out = StepOutput(*(field[rows] for field in live[t]))
+        else:
+            out = self.score_transition(traj, rows, t)
         kl = torch.zeros(len(rows))
         if self.config.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
@@ -296,10 +315,12 @@ class Algorithm:
                 self.optimizer.zero_grad(set_to_none=True)
                 for t in range(traj.num_steps):
                     rows_t = minibatch[traj.train[minibatch, t]]
-                    for rows in rows_t.split(cfg.micro_batch or max(len(rows_t), 1)):
+                    # a kept rollout graph is back-propagated once, whole (its forward already ran on the batch)
+                    chunk = len(rows_t) if traj.live and t in traj.live else cfg.micro_batch or len(rows_t)
+                    for rows in rows_t.split(max(chunk, 1)):
                         if len(rows) == 0:
                             continue
-                        out, kl = self._step_terms(traj, rows, t)
+                        out, kl = self._step_terms(traj, rows, t, traj.live)
                         old = traj.log_probs[rows, t]
                         terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
                         per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
@@ -317,6 +338,7 @@ class Algorithm:
                 self.dist.all_reduce_gradients(params)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
                 self.optimizer.step()
+        traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
         sums, off_pairs = self.dist.sum(sums), self.dist.sum(off_pairs)
         n = max(sums["pairs"], 1)
         result = {

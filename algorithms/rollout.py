@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from algorithms.sde import dpm_solver_pp_2m_step, euler_step, sde_step
+from algorithms.sde import StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
 from algorithms.trajectory import StepPlan
 from models.base import Condition, FlowModel
 
@@ -43,11 +43,15 @@ def rollout(
     generators: Sequence[torch.Generator],
     guidance: float | None = None,
     start_step: int = 0,
+    live: dict[int, StepOutput] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. T-1`` from state ``x`` (the latent at ``plan.sigmas[start_step]``).
 
     Returns ``latents`` [B, T+1, ...] (entries before ``start_step`` are zeros: the caller owns them) and
-    behaviour ``log_probs`` [B, T] (0 on ODE steps and before ``start_step``). No gradients are kept.
+    behaviour ``log_probs`` [B, T] (0 on ODE steps and before ``start_step``). No gradients are kept, unless
+    ``live`` is a dict: then the steps the plan trains are evaluated with gradients and their StepOutputs (with the
+    autograd graph) are stored in ``live[t]``, so the first update can back-propagate without recomputing them
+    (the recompute-free schedule of LeanGRPO, arXiv 2609.03528).
     ODE steps marked in ``plan.dpm_solver`` use DPM-Solver++ 2M, whose history is the data prediction
     ``x - sigma v`` of the previous step whatever its kind (as MixGRPO-Flash's reference feeds its solver state during
     the SDE window); the first step after ``start_step`` has no history.
@@ -58,24 +62,29 @@ def rollout(
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
     prev_x0 = prev_sigma = None
-    with torch.no_grad():
-        for t in range(start_step, num_steps):
-            sigma = plan.sigmas[t].expand(batch)
-            sigma_next = plan.sigmas[t + 1].expand(batch)
+    for t in range(start_step, num_steps):
+        sigma = plan.sigmas[t].expand(batch)
+        sigma_next = plan.sigmas[t + 1].expand(batch)
+        keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
+        with torch.set_grad_enabled(keep_graph):
             v = model.velocity(x, sigma, cond, guidance)
-            x0 = x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
             if plan.sde[t]:
                 out = sde_step(
                     x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators),
                     reduction=plan.reduction,
                 )
-                x, log_probs[:, t] = out.prev_sample, out.log_prob
-            elif plan.dpm_solver is not None and plan.dpm_solver[t]:
-                x = dpm_solver_pp_2m_step(x, v, sigma, sigma_next, prev_x0, prev_sigma)
-            else:
-                x = euler_step(x, v, sigma, sigma_next)
-            prev_x0, prev_sigma = x0, sigma
-            latents[:, t + 1] = x
+        v = v.detach()
+        x0 = x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
+        if plan.sde[t]:
+            if keep_graph:
+                live[t] = out
+            x, log_probs[:, t] = out.prev_sample.detach(), out.log_prob.detach()
+        elif plan.dpm_solver is not None and plan.dpm_solver[t]:
+            x = dpm_solver_pp_2m_step(x, v, sigma, sigma_next, prev_x0, prev_sigma)
+        else:
+            x = euler_step(x, v, sigma, sigma_next)
+        prev_x0, prev_sigma = x0, sigma
+        latents[:, t + 1] = x
     return latents, log_probs
 
 

@@ -76,6 +76,8 @@ class Trajectory:
     #: OP-GRPO: which samples reuse stored (off-policy) steps, and the log of their sequence weight
     off_policy: torch.Tensor | None = None
     log_weight: torch.Tensor | None = None
+    #: recompute-free schedule: per trained step t, the rollout's StepOutput with its autograd graph (see rollout)
+    live: dict | None = None
 
     @classmethod
     def from_rollout(
@@ -123,6 +125,8 @@ class Trajectory:
                 value = {k: v[idx] for k, v in value.items()}
             elif f.name in per_sample and value is not None:
                 value = value[idx]
+            elif f.name == "live":
+                value = None  # a sub-batch recomputes its log-probs
             kwargs[f.name] = value
         return Trajectory(**kwargs)
 

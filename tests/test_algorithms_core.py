@@ -203,3 +203,26 @@ def test_sum_reduction_is_mean_times_dims_and_stays_on_policy(toy_model, toy_pro
     torch.testing.assert_close(traj_sum.log_probs, dims * traj_mean.log_probs)
     stats = sum_alg.step(prompts, meta)
     assert abs(stats.ratio_mean - 1) < 1e-5 and stats.clip_frac == 0.0
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.04])
+def test_recompute_free_update_gives_the_same_step_with_fewer_forwards(toy_prompts, kl_beta):
+    import models
+
+    prompts, meta = toy_prompts
+    plain = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta)
+    lean = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta, reuse_rollout_graph=True)
+    s_plain, s_lean = plain.step(prompts, meta), lean.step(prompts, meta)
+    assert s_lean.ratio_mean == 1.0 and s_lean.reward_mean == s_plain.reward_mean
+    trained = len(prompts) * 4 * 9
+    assert s_plain.nfe_training - s_lean.nfe_training == trained  # one policy forward per trained transition saved
+    for p, q in zip(plain.model.trainable_parameters(), lean.model.trainable_parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+    # later iterations stay in step too
+    torch.testing.assert_close(torch.tensor(lean.step(prompts, meta).loss), torch.tensor(plain.step(prompts, meta).loss),
+                               atol=1e-6, rtol=1e-4)
+
+
+def test_recompute_free_needs_one_optimizer_step(toy_model):
+    with pytest.raises(ConfigError, match="reuse_rollout_graph needs inner_epochs 1 and minibatches 1"):
+        _flow_grpo(toy_model, reuse_rollout_graph=True, minibatches=2)
