@@ -291,8 +291,8 @@ def test_on_policy_first_update_ratio_is_one_at_every_trained_step(toy_model, to
     recorded = {}
     original = alg._step_terms
 
-    def spy(traj, rows, t):
-        out, kl = original(traj, rows, t)
+    def spy(traj, rows, t, live=None):
+        out, kl = original(traj, rows, t, live)
         recorded.setdefault(t, []).append(torch.exp(out.log_prob.detach() - traj.log_probs[rows, t]))
         recorded.setdefault("train", traj.train)
         return out, kl
