@@ -66,3 +66,16 @@ def test_a_run_directory_has_one_writer(tmp_path, capsys):
         with pytest.raises(RunError):
             with exclusive_lock(tmp_path / "x.lock"):
                 pass
+
+
+def test_two_suites_share_a_results_directory_without_clobbering(tmp_path):
+    other = tmp_path / "other.yaml"
+    smoke = (ROOT / "benchmark" / "suites" / "smoke.yaml").read_text()
+    other.write_text(smoke.replace("name: smoke", "name: other").replace("seeds: [0, 1]", "seeds: [0]"))
+    runs = tmp_path / "runs"
+    assert main(["bench", "smoke", "--runs", str(runs), "--workers", "1"]) == 0
+    before = {p: p.read_bytes() for p in (runs / "smoke").rglob("metrics.csv")}
+    assert main(["bench", str(other), "--runs", str(runs), "--workers", "1"]) == 0
+    assert sorted(p.name for p in runs.iterdir()) == ["other", "smoke"]
+    assert {p: p.read_bytes() for p in (runs / "smoke").rglob("metrics.csv")} == before
+    assert len(list((runs / "other").rglob("done.json"))) == 1
