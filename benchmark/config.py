@@ -44,12 +44,13 @@ class TrainSection:
     eval_samples_per_prompt: int = 16
     eval_num_steps: int | None = None  # ODE steps at evaluation; None = the model's default
     eval_seed: int = 12345  # the evaluation noise is the same at every evaluation and for every run
+    eval_batch: int = 64  # samples per evaluation chunk (memory); chunk k is scored while chunk k+1 is sampled
     checkpoint_every: int = 10  # 0 = only at the end
     save_samples: bool = True  # write samples/step_N.png at evaluations
     threads: int | None = None  # torch intra-op threads; None = leave torch's default
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "eval_samples_per_prompt"):
+        for name in ("steps", "prompts_per_step", "eval_samples_per_prompt", "eval_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
         for name in ("eval_every", "checkpoint_every"):

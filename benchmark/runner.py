@@ -34,6 +34,7 @@ from algorithms.sde import sigma_schedule
 from benchmark.config import ExperimentConfig, resolved_dict
 from benchmark.prompts import Prompts, load_prompts
 from benchmark.samples import save_samples
+from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
 
@@ -124,24 +125,28 @@ class Runner:
     def evaluate(self, step: int) -> float:
         """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time.
 
-        Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered."""
+        Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
+        Samples go in chunks of ``train.eval_batch``; each chunk is scored in a background thread while the next one
+        is sampled (a reward failure is raised with the reward's name and cause)."""
         cfg = self.config
         n = cfg.train.eval_samples_per_prompt
         prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
         metadata = [m for _, m in self.eval_prompts for _ in range(n)]
         generators = sample_generators(cfg.train.eval_seed, count=len(prompts))
         nfe_before = self.model.nfe
-        scores, samples = [], []
-        chunk = 256
+        pending, samples = [], []
+        chunk = cfg.train.eval_batch
         shard = self.dist.shard(len(prompts), even=False)
-        for start in range(shard.start, shard.stop, chunk):
-            sl = slice(start, min(start + chunk, shard.stop))
-            cond = self.model.encode(prompts[sl], metadata[sl])
-            x1 = self.model.initial_noise(generators[sl])
-            x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
-            decoded = self.model.decode(x0)
-            scores.append(self.reward(decoded, prompts[sl], metadata[sl]).score)
-            samples.append(decoded.cpu())
+        with RewardPool(self.reward) as pool:
+            for start in range(shard.start, shard.stop, chunk):
+                sl = slice(start, min(start + chunk, shard.stop))
+                cond = self.model.encode(prompts[sl], metadata[sl])
+                x1 = self.model.initial_noise(generators[sl])
+                x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
+                decoded = self.model.decode(x0)
+                pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
+                samples.append(decoded.cpu())
+            scores = [future.result().score for future in pending]
         self.model.nfe = nfe_before
         scores = self.dist.cat(torch.cat(scores) if scores else torch.zeros(0))
         if cfg.train.save_samples:
