@@ -1,7 +1,8 @@
 """Suites: grids of algorithm x task x seed, run in parallel worker processes, finished runs skipped.
 
 A suite YAML (``benchmark/suites/*.yaml``) holds ``name``, ``seeds``, ``algorithms``, ``defaults`` (config keys for
-every run) and ``tasks`` (task name -> config keys: model, reward, prompts, train, ...). Per-algorithm
+every run) and ``tasks`` (task name -> config keys: model, reward, prompts, train, ...; plus optionally
+``algorithms`` and ``seeds`` to run a subset of the suite's algorithms or other seeds on that task). Per-algorithm
 hyper-parameters come from ``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style): a mapping from a
 task name, a model name or ``default`` to algorithm keys; the most specific entry wins.
 """
@@ -91,11 +92,19 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
     """Every run of the suite as a validated config (fails before any work if one is bad)."""
     configs = []
     for task, task_cfg in suite.tasks.items():
-        for alg in suite.algorithms:
+        task_cfg = dict(task_cfg or {})
+        # a task may run a subset of the suite's algorithms and its own seeds (e.g. an expensive tier)
+        task_algorithms = task_cfg.pop("algorithms", suite.algorithms)
+        task_seeds = task_cfg.pop("seeds", suite.seeds)
+        unknown = set(task_algorithms) - set(suite.algorithms)
+        if unknown:
+            raise ConfigError(f"suite {suite.name}: task {task!r} names algorithms {sorted(unknown)} that the suite "
+                              f"does not run; suite algorithms: {', '.join(suite.algorithms)}")
+        for alg in task_algorithms:
             if alg in suite.only_tasks and task not in suite.only_tasks[alg]:
                 continue
-            for seed in suite.seeds:
-                data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg or {}))
+            for seed in task_seeds:
+                data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
                 model = (data.get("model") or {}).get("name", "toy2d")
                 # the suite's recipe for every algorithm, then the algorithm's own tuned keys, then its name
                 recipe = data.get("algorithm") or {}

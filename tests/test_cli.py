@@ -134,3 +134,18 @@ def test_bench_smoke_suite_runs_and_skips_finished(tmp_path):
     stamp = (runs[0] / "metrics.csv").stat().st_mtime_ns
     assert main(["bench", "smoke", "--runs", str(tmp_path), "--workers", "1"]) == 0
     assert (runs[0] / "metrics.csv").stat().st_mtime_ns == stamp
+
+
+def test_a_task_can_run_a_subset_of_algorithms_and_its_own_seeds(tmp_path):
+    from benchmark.suite import Suite, expand
+
+    suite = Suite(name="s", algorithms=["flow_grpo", "op_grpo"], seeds=[0, 1, 2], tasks={
+        "all": {"reward": "toy_mode"},
+        "some": {"reward": "toy_target", "algorithms": ["op_grpo"], "seeds": [7]},
+    })
+    runs = sorted((c.task, c.algorithm_name, c.seed) for c in expand(suite, tmp_path))
+    assert runs == [("all", "flow_grpo", 0), ("all", "flow_grpo", 1), ("all", "flow_grpo", 2),
+                    ("all", "op_grpo", 0), ("all", "op_grpo", 1), ("all", "op_grpo", 2), ("some", "op_grpo", 7)]
+    suite.tasks["some"]["algorithms"] = ["dance_grpo"]
+    with pytest.raises(Exception, match="names algorithms \\['dance_grpo'\\] that the suite does not run"):
+        expand(suite, tmp_path)
