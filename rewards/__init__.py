@@ -26,6 +26,7 @@ from rewards import clip_family  # noqa: E402,F401
 from rewards import imagereward  # noqa: E402,F401
 from rewards import unifiedreward  # noqa: E402,F401
 from rewards import geneval  # noqa: E402,F401
+from rewards import shapes  # noqa: E402,F401
 
 
 def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]] | None = None) -> Reward:

@@ -1,0 +1,230 @@
+"""The tiny text-to-image tier: a pixel-space diffusers ``SD3Transformer2DModel`` (small config) conditioned by a
+small ``CLIPTextModel`` over a word vocabulary, pretrained by ``flowzoo pretrain tiny`` on synthetic shapes or glyph
+images (``models/tiny_data.py``; choices in docs/tiny.md).
+
+* Latents are the images themselves in [-1, 1] ([3, 32, 32] for ``shapes``, [3, 16, 48] for ``glyphs``);
+  ``decode`` maps them to [0, 1].
+* The transformer is called as SD3's pipeline calls it (``timestep = 1000 * sigma``, output = velocity
+  ``noise - x0``), with the CLIP last hidden states as ``encoder_hidden_states`` and its pooled output as
+  ``pooled_projections``; CFG uses the empty prompt, which pretraining drops to with probability 0.1.
+* RL trains a peft LoRA on SD3.5's projection names (``DEFAULT_LORA_TARGETS``); the reference policy is the same
+  transformer with the adapter disabled. LoRA, reference, the prompt-embedding cache and ``predict`` are
+  ``DiffusersFlowModel``'s: only loading differs (a shipped safetensors file instead of a pipeline directory).
+
+Weights: ``models/weights/tiny_<data>.safetensors`` (transformer + text encoder, the architecture in the file's
+metadata; written by ``models/tiny_pretrain.py``). ``weights=None`` builds a randomly initialised model of ``arch``
+(tests).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from flowzoo.errors import ConfigError
+from models import register
+from models.base import Condition, FlowModel
+from models.diffusers_common import DEFAULT_LORA_TARGETS, DiffusersFlowModel, resolve_device
+from models.tiny_data import DATASETS, image_shape
+from models.tiny_text import WordTokenizer, build_text_encoder
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+
+def shipped_weights(data: str) -> Path:
+    return WEIGHTS_DIR / f"tiny_{data}.safetensors"
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    """Sizes of the tiny networks (defaults: the shipped models)."""
+
+    data: str = "shapes"
+    patch_size: int = 4
+    layers: int = 5
+    heads: int = 3
+    head_dim: int = 32
+    text_width: int = 64
+    text_layers: int = 2
+    text_heads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.data not in DATASETS:
+            raise ConfigError(f"tiny: unknown data {self.data!r}; known: {', '.join(DATASETS)}")
+        _, height, width = image_shape(self.data)
+        if height % self.patch_size or width % self.patch_size:
+            raise ConfigError(f"tiny: patch_size {self.patch_size} does not divide the {height}x{width} images")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TinyArch":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"tiny: unknown arch keys {sorted(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**values)
+
+
+def build_networks(arch: TinyArch, seed: int = 0):
+    """(tokenizer, text encoder, transformer), randomly initialised from ``seed``."""
+    from diffusers import SD3Transformer2DModel
+
+    tokenizer = WordTokenizer()
+    text_encoder = build_text_encoder(tokenizer, arch.text_width, arch.text_layers, arch.text_heads, seed)
+    channels, height, width = image_shape(arch.data)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        transformer = SD3Transformer2DModel(
+            sample_size=max(height, width),
+            patch_size=arch.patch_size,
+            in_channels=channels,
+            out_channels=channels,
+            num_layers=arch.layers,
+            attention_head_dim=arch.head_dim,
+            num_attention_heads=arch.heads,
+            joint_attention_dim=arch.text_width,
+            caption_projection_dim=arch.heads * arch.head_dim,
+            pooled_projection_dim=arch.text_width,
+            pos_embed_max_size=max(height, width) // arch.patch_size,
+        )
+    return tokenizer, text_encoder, transformer
+
+
+def text_embeddings(tokenizer: WordTokenizer, text_encoder, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+    """CLIP last hidden states [B, L, D] and pooled output [B, D] (gradients flow if enabled: pretraining)."""
+    tokens = tokenizer(list(prompts))
+    device = next(text_encoder.parameters()).device
+    out = text_encoder(input_ids=tokens["input_ids"].to(device), attention_mask=tokens["attention_mask"].to(device))
+    return {"prompt_embeds": out.last_hidden_state, "pooled_prompt_embeds": out.pooler_output}
+
+
+def transformer_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, embeds: dict[str, torch.Tensor]):
+    return transformer(
+        hidden_states=x,
+        timestep=timestep,
+        encoder_hidden_states=embeds["prompt_embeds"],
+        pooled_projections=embeds["pooled_prompt_embeds"],
+        return_dict=False,
+    )[0]
+
+
+def save_weights(path: str | Path, arch: TinyArch, transformer, text_encoder, extra: dict | None = None) -> None:
+    """Transformer + text encoder weights as one safetensors file, the architecture in its metadata (atomic)."""
+    from safetensors.torch import save
+
+    from flowzoo.io import atomic_write
+
+    # a transformer with a peft adapter stores its base weights under ``.base_layer.``: save only the base model
+    tensors = {f"transformer.{k.replace('.base_layer.', '.')}": v.detach().contiguous()
+               for k, v in transformer.state_dict().items() if "lora_" not in k}
+    tensors.update({f"text_encoder.{k}": v.detach().contiguous() for k, v in text_encoder.state_dict().items()})
+    metadata = {"arch": json.dumps(asdict(arch)), **{k: json.dumps(v) for k, v in (extra or {}).items()}}
+    blob = save(tensors, metadata=metadata)
+    atomic_write(path, lambda f: f.write(blob), mode="wb")
+
+
+def read_weights(path: str | Path) -> tuple[TinyArch, dict[str, torch.Tensor], dict]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"tiny: weights file {str(path)!r} does not exist")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if "arch" not in metadata:
+        raise ConfigError(f"tiny: {str(path)!r} has no 'arch' metadata; was it written by flowzoo pretrain tiny?")
+    info = {k: json.loads(v) for k, v in metadata.items() if k != "arch"}
+    return TinyArch.from_dict(json.loads(metadata["arch"])), load_file(str(path)), info
+
+
+def load_networks(transformer, text_encoder, tensors: dict[str, torch.Tensor]) -> None:
+    for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
+        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        missing, unexpected = module.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ConfigError(f"tiny: weights do not fit the {prefix[:-1]}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+@register("tiny")
+class TinyModel(DiffusersFlowModel):
+    """The tiny tier (module docstring). ``weights``: "auto" = the shipped file of ``data``, a path, or None for a
+    random model of ``arch`` (a dict of :class:`TinyArch` fields)."""
+
+    name = "tiny"
+    sample_kind = "image"
+    default_guidance = 4.5  # base-model sweep on the 256 eval prompts: 3.0 -> 0.341, 4.5 -> 0.370, 6.0 -> 0.396
+    default_shift = 1.0
+    default_num_steps = 10
+    default_eval_num_steps = 10
+    negative_prompt = ""
+
+    def __init__(
+        self,
+        data: str = "shapes",
+        weights: str | None = "auto",
+        arch: dict | None = None,
+        *,
+        lora_rank: int = 8,
+        lora_alpha: float = 16,
+        lora_targets: Sequence[str] | None = None,
+        seed: int = 0,
+        device: str | None = "cpu",
+        cache_size: int = 4096,
+    ) -> None:
+        FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
+        if data not in DATASETS:
+            raise ConfigError(f"tiny: unknown data {data!r}; known: {', '.join(DATASETS)}")
+        if int(lora_rank) <= 0:
+            raise ConfigError(f"lora_rank must be a positive integer, got {lora_rank!r}")
+        self.device = resolve_device(device)
+        self.dtype = torch.float32
+        self.num_train_timesteps = 1000
+        tensors = None
+        if weights is None:
+            self.arch = TinyArch.from_dict({"data": data, **(arch or {})})
+            self.path = None
+            self.weights_info: dict = {}
+        else:
+            self.path = shipped_weights(data) if weights == "auto" else Path(weights)
+            if weights == "auto" and not self.path.is_file():
+                raise ConfigError(
+                    f"tiny: no shipped weights for data {data!r} at {str(self.path)!r}; "
+                    f"run `flowzoo pretrain tiny --data {data}` or pass weights=null for a random model"
+                )
+            self.arch, tensors, self.weights_info = read_weights(self.path)
+            if self.arch.data != data:
+                raise ConfigError(f"tiny: {str(self.path)!r} holds a {self.arch.data!r} model, not {data!r}")
+            if arch and TinyArch.from_dict({**asdict(self.arch), **arch}) != self.arch:
+                raise ConfigError(f"tiny: arch {arch} conflicts with the weights' arch {asdict(self.arch)}")
+        self.tokenizer, self.text_encoder, self.transformer = build_networks(self.arch, seed)
+        if tensors is not None:
+            load_networks(self.transformer, self.text_encoder, tensors)
+        for module in (self.text_encoder, self.transformer):
+            module.requires_grad_(False).eval().to(self.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 2)  # peft's gaussian init of LoRA A draws from the global generator
+            self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)
+        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self.cache_size = int(cache_size)
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return image_shape(self.arch.data)
+
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        return text_embeddings(self.tokenizer, self.text_encoder, prompts)
+
+    def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
+        return transformer_velocity(self.transformer, x, timestep, cond.tensors)
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """Pixel space: [-1, 1] -> [0, 1]."""
+        return self._to_unit_range(x0)
+
+    def __repr__(self) -> str:  # pragma: no cover - cosmetic
+        return f"TinyModel(arch={self.arch}, weights={str(self.path) if self.path else None!r})"

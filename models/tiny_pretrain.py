@@ -1,0 +1,146 @@
+"""Pretraining of the tiny tier by rectified flow: ``flowzoo pretrain tiny --data shapes|glyphs``.
+
+Objective (Liu et al. 2022, "Flow straight and fast"; SD3, Esser et al. 2024, eq. 1-3 and sec. 3.1):
+``x_sigma = (1 - sigma) x0 + sigma noise``, regress the network output on ``v = noise - x0`` (MSE), with
+``sigma = sigmoid(n), n ~ N(0, 1)`` (SD3's logit-normal sampling, m = 0, s = 1). Prompts are replaced by the empty
+prompt with probability ``cond_dropout`` so that the same network gives the unconditional velocity for CFG.
+The transformer and the text encoder train jointly from scratch; the shipped weights are an exponential moving
+average of the parameters (decay ``ema``).
+
+Batch ``k`` holds the data samples ``k*B .. (k+1)*B - 1`` of the stream ``data_seed`` and noise/sigma/dropout from a
+generator seeded by ``(seed, k)``, so a resumed run continues exactly. The run directory holds ``checkpoint.pt``
+(written atomically every ``checkpoint_minutes``) and ``pretrain.json`` (command, seed, steps, wall time); the
+EMA weights are exported to ``out`` (atomically) at every checkpoint and at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flowzoo.errors import ConfigError
+from flowzoo.io import atomic_torch_save, atomic_write_text
+from models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
+from models.tiny_data import PRETRAIN_DATA_SEED, sample_batch
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    state = np.random.SeedSequence([seed, step, 0xF10]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state >> 1))
+
+
+def flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts, generator, cond_dropout: float):
+    """Rectified-flow MSE on one batch of images in [0, 1] (module docstring)."""
+    x0 = images * 2 - 1
+    batch = x0.shape[0]
+    noise = torch.randn(x0.shape, generator=generator)
+    sigma = torch.sigmoid(torch.randn(batch, generator=generator))
+    drop = torch.rand(batch, generator=generator) < cond_dropout
+    prompts = ["" if d else p for p, d in zip(prompts, drop.tolist())]
+    s = sigma.view(-1, 1, 1, 1)
+    x = (1 - s) * x0 + s * noise
+    v = transformer_velocity(transformer, x, sigma * 1000, text_embeddings(tokenizer, text_encoder, prompts))
+    return ((v - (noise - x0)) ** 2).mean()
+
+
+@torch.no_grad()
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    for e, p in zip(ema.parameters(), model.parameters()):
+        e.lerp_(p, 1 - decay)
+
+
+def pretrain(
+    data: str = "shapes",
+    *,
+    out: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    steps: int = 100_000,
+    minutes: float | None = None,
+    batch: int = 32,
+    lr: float = 5e-4,
+    warmup: int = 200,
+    ema: float = 0.998,
+    cond_dropout: float = 0.1,
+    seed: int = 0,
+    threads: int | None = 2,
+    checkpoint_minutes: float = 2.0,
+    arch: dict | None = None,
+    progress: bool = True,
+    command: str | None = None,
+) -> Path:
+    """Train (or resume) until ``steps`` optimizer steps or ``minutes`` of training wall time; returns ``out``."""
+    from tqdm.auto import tqdm
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    arch_cfg = TinyArch.from_dict({**(arch or {}), "data": data})
+    out = Path(out) if out else shipped_weights(data)
+    run_dir = Path(run_dir) if run_dir else Path("runs") / f"pretrain_tiny_{data}"
+    if batch < 1 or steps < 1:
+        raise ConfigError("pretrain: batch and steps must be positive")
+    tokenizer, text_encoder, transformer = build_networks(arch_cfg, seed)
+    nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
+    ema_nets = copy.deepcopy(nets).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(nets.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / max(warmup, 1)))
+
+    settings = dict(data=data, batch=batch, lr=lr, warmup=warmup, ema=ema, cond_dropout=cond_dropout,
+                    seed=seed, data_seed=PRETRAIN_DATA_SEED, arch=asdict(arch_cfg))
+    start, wall_s, losses = 0, 0.0, []
+    checkpoint = run_dir / "checkpoint.pt"
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["settings"] != settings:
+            raise ConfigError(f"pretrain: {checkpoint} was written with other settings {state['settings']}")
+        nets.load_state_dict(state["nets"])
+        ema_nets.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start, wall_s, losses = state["step"], state["wall_s"], state["losses"]
+
+    def save(step: int) -> None:
+        atomic_torch_save({"settings": settings, "nets": nets.state_dict(), "ema": ema_nets.state_dict(),
+                           "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "step": step,
+                           "wall_s": wall_s, "losses": losses}, checkpoint)
+        record = {"command": command or " ".join(sys.argv), "settings": settings, "steps_done": step,
+                  "wall_s": round(wall_s, 1), "final_loss_ema": losses[-1] if losses else None,
+                  "threads": torch.get_num_threads()}
+        save_weights(out, arch_cfg, ema_nets["transformer"], ema_nets["text_encoder"], {"pretrain": record})
+        atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
+
+    budget_s = None if minutes is None else 60.0 * minutes
+    bar = tqdm(total=steps, initial=start, desc=f"pretrain tiny/{data}", disable=not progress, dynamic_ncols=True)
+    last_save, loss_avg = time.perf_counter(), (losses[-1] if losses else None)
+    step = start
+    while step < steps and (budget_s is None or wall_s < budget_s):
+        t0 = time.perf_counter()
+        images, prompts, _ = sample_batch(data, PRETRAIN_DATA_SEED, step * batch, batch)
+        loss = flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts,
+                                  step_generator(seed, step), cond_dropout)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(nets.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        ema_update(ema_nets, nets, ema)
+        step += 1
+        wall_s += time.perf_counter() - t0
+        loss_value = float(loss.detach())
+        loss_avg = loss_value if loss_avg is None else 0.98 * loss_avg + 0.02 * loss_value
+        if step % 50 == 0:
+            losses.append(round(loss_avg, 5))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_avg:.4f}", min=f"{wall_s / 60:.1f}")
+        if time.perf_counter() - last_save > 60 * checkpoint_minutes:
+            save(step)
+            last_save = time.perf_counter()
+    bar.close()
+    save(step)
+    return out
