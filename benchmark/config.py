@@ -47,7 +47,8 @@ class TrainSection:
     eval_batch: int = 64  # samples per evaluation chunk (memory); chunk k is scored while chunk k+1 is sampled
     checkpoint_every: int = 10  # 0 = only at the end
     save_samples: bool = True  # write samples/step_N.png at evaluations
-    threads: int | None = None  # torch intra-op threads; None = leave torch's default
+    threads: int | None = None  # torch intra-op threads; None = the model's preferred number (or torch's default)
+    trackers: list[str] = field(default_factory=list)  # accelerate trackers besides metrics.csv, e.g. [tensorboard]
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "eval_samples_per_prompt", "eval_batch"):
@@ -143,6 +144,7 @@ def read_yaml(path: str | Path) -> dict:
 def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     """Validate a config mapping completely (names, arguments, values) without building anything heavy."""
     from benchmark.prompts import check_source
+    from benchmark.tracking import check_trackers
 
     data = dict(data)
     algo = data.get("algorithm", {"name": "flow_grpo"})
@@ -164,6 +166,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
             raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
         _check_kwargs("reward", name, rewards.get(name), kwargs or {})
     check_source(config.prompts)
+    check_trackers(config.train.trackers)
     return config
 
 

@@ -34,6 +34,7 @@ from algorithms.sde import sigma_schedule
 from benchmark.config import ExperimentConfig, resolved_dict
 from benchmark.prompts import Prompts, load_prompts
 from benchmark.samples import save_samples
+from benchmark.tracking import Trackers
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
@@ -216,6 +217,12 @@ class Runner:
             eval_reward = self.evaluate(0)
             rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, "eval_reward": eval_reward, "t_eval": time.perf_counter() - t0})
             self._write_metrics(rows)
+        trackers = None
+        if cfg.train.trackers and self.dist.is_main:
+            run_name = f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}"
+            trackers = Trackers(cfg.train.trackers, run_name, run_dir, resolved_dict(cfg))
+            for row in rows:  # a resumed run re-sends its history (trackers keep the last value of a step)
+                trackers.log(row, row["step"])
 
         bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
                    disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)
@@ -233,6 +240,8 @@ class Runner:
                 row["t_eval"] = time.perf_counter() - t0
             rows.append(row)
             self._write_metrics(rows)
+            if trackers:
+                trackers.log(row, step)
             if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 self._checkpoint(step, rows, wall_s, nfe)
             bar.update(1)
@@ -241,6 +250,8 @@ class Runner:
             postfix["eval"] = f"{evals[-1]:.3f}"
             bar.set_postfix(postfix)
         bar.close()
+        if trackers:
+            trackers.finish()
         summary = {
             "steps": cfg.train.steps,
             "eval_reward_initial": rows[0].get("eval_reward"),

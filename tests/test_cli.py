@@ -149,3 +149,36 @@ def test_a_task_can_run_a_subset_of_algorithms_and_its_own_seeds(tmp_path):
     suite.tasks["some"]["algorithms"] = ["dance_grpo"]
     with pytest.raises(Exception, match="names algorithms \\['dance_grpo'\\] that the suite does not run"):
         expand(suite, tmp_path)
+
+
+def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkeypatch, capsys):
+    from accelerate import tracking
+
+    received = []
+
+    class FakeTracker:
+        def __init__(self, run_name, logging_dir):
+            self.logging_dir = logging_dir
+
+        def store_init_configuration(self, values):
+            received.append(("config", values["algorithm"]["name"]))
+
+        def log(self, values, step):
+            received.append((step, values.get("eval_reward")))
+
+        def finish(self):
+            received.append(("finish", None))
+
+    monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "fake", FakeTracker)
+    monkeypatch.setattr(tracking, "get_available_trackers", lambda: ["fake"])
+    _train(tmp_path, "tracked", "train.trackers=[fake]")
+    assert received[0] == ("config", "flow_grpo") and received[-1] == ("finish", None)
+    assert [r[0] for r in received[1:-1]] == [0, 1, 2, 3, 4]
+    assert received[1][1] is not None and received[2][1] is None  # evaluation rows carry eval_reward
+
+    capsys.readouterr()
+    assert main(["train", str(CONFIG), "train.trackers=[tensorboard]", f"run_dir={tmp_path / 'x'}"]) == 2
+    assert "tracker 'tensorboard' is not installed" in capsys.readouterr().err
+    assert main(["train", str(CONFIG), "train.trackers=[tensorbored]", f"run_dir={tmp_path / 'y'}"]) == 2
+    assert "unknown tracker 'tensorbored'; known: " in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
