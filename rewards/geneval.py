@@ -34,6 +34,7 @@ import colorsys
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -214,6 +215,10 @@ class TransformersDetector:
 class GenEval(Reward):
     name = "geneval"
     accepts = ("image",)
+    #: an image without any detection scores 0 partial credit (else an empty canvas earns the exclude checks' credit)
+    empty_image_scores_zero: ClassVar[bool] = False
+    #: what the error about missing metadata suggests
+    metadata_hint: ClassVar[str] = "expected GenEval records with tag/include/exclude"
 
     def __init__(
         self,
@@ -231,18 +236,21 @@ class GenEval(Reward):
         for prompt, meta in zip(prompts, metadata):
             if not meta.get("include"):
                 raise ConfigError(
-                    f"geneval reward: metadata of prompt {prompt!r} has no 'include' list "
-                    f"(expected GenEval records with tag/include/exclude), got keys {sorted(meta)}"
+                    f"{self.name} reward: metadata of prompt {prompt!r} has no 'include' list "
+                    f"({self.metadata_hint}), got keys {sorted(meta)}"
                 )
         detections = self.detector(samples)
         if len(detections) != samples.shape[0]:
             raise ValueError(
-                f"geneval reward: detector returned {len(detections)} results for {samples.shape[0]} images"
+                f"{self.name} reward: detector returned {len(detections)} results for {samples.shape[0]} images"
             )
         results = [
             geneval_checks(image, dets, meta, self.color_of)
             for image, dets, meta in zip(samples, detections, metadata)
         ]
-        partial = torch.tensor([r.passed / r.total for r in results], dtype=torch.float32)
+        partial = torch.tensor(
+            [0.0 if self.empty_image_scores_zero and not dets else r.passed / r.total for r, dets in zip(results, detections)],
+            dtype=torch.float32,
+        )
         strict = torch.tensor([float(r.strict) for r in results], dtype=torch.float32)
         return RewardOutput(partial, {"strict_accuracy": strict})

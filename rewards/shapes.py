@@ -23,17 +23,14 @@ an empty canvas. ``strict_accuracy`` is GenEval's all-checks-passed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from flowzoo.errors import ConfigError
 from models.tiny_data import PALETTE
 from rewards import register
-from rewards.base import Reward, RewardOutput
-from rewards.geneval import Detection, geneval_checks
+from rewards.geneval import Detection, GenEval
 
 SQUARE_MIN_FILL = 0.86
 CIRCLE_FILL = (0.66, 0.86)
@@ -116,28 +113,15 @@ class ColourSegmentationDetector:
 
 
 @register("shapes_geneval")
-class ShapesGenEval(Reward):
-    """GenEval partial credit (score) and strict accuracy (component) on shape scenes; see the module docstring."""
+class ShapesGenEval(GenEval):
+    """GenEval partial credit (score) and strict accuracy (component) on shape scenes, with the deterministic
+    colour-segmentation detector instead of a neural one; see the module docstring."""
 
     name = "shapes_geneval"
-    accepts = ("image",)
+    empty_image_scores_zero = True
+    metadata_hint = "use the tiny_shapes prompt source"
 
     def __init__(self, color_tolerance: float = 0.35, min_area: float = 0.015, max_extent: float = 0.6,
                  max_aspect: float = 1.6):
         self.detector = ColourSegmentationDetector(color_tolerance, min_area, max_extent, max_aspect)
-
-    def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
-        for prompt, meta in zip(prompts, metadata):
-            if not meta.get("include"):
-                raise ConfigError(
-                    f"shapes_geneval reward: metadata of prompt {prompt!r} has no 'include' list "
-                    f"(use the tiny_shapes prompt source), got keys {sorted(meta)}"
-                )
-        partial, strict = [], []
-        for image, dets, meta in zip(samples, self.detector(samples), metadata):
-            result = geneval_checks(image, dets, meta, detection_color)
-            partial.append(result.passed / result.total if dets else 0.0)
-            strict.append(float(result.strict))
-        return RewardOutput(
-            torch.tensor(partial, dtype=torch.float32), {"strict_accuracy": torch.tensor(strict, dtype=torch.float32)}
-        )
+        self.color_of = detection_color
