@@ -389,9 +389,12 @@ def _ratios_text(row: pd.Series) -> str:
 def headline_sentence(row: pd.Series, baseline: str, phrase: str) -> str:
     """One honest sentence per algorithm: reaches / reaches in only some seeds / does not reach, with bound notes."""
     algorithm, n, reached = f"`{row['algorithm']}`", int(row["n"]), int(row["reached"])
-    if row["baseline_n"] == 0 or math.isnan(row["step_ratio"]):
-        return (f"{algorithm}: no comparison with `{baseline}` possible on this task (no baseline runs or zero "
-                "baseline cost).")
+    if row["baseline_n"] == 0:
+        return f"{algorithm}: no comparison possible on this task: it has no `{baseline}` runs."
+    if math.isnan(row["step_ratio"]):
+        return (f"{algorithm}: no efficiency comparison possible on this task: `{baseline}` meets the target "
+                f"({row['target']:.3f}) before any training (it did not improve on its step-0 evaluation), so "
+                "its cost to the target is zero.")
     if reached == n:
         sentence = f"{algorithm} reaches {phrase} in {_ratios_text(row)} ({n}/{n} seeds)."
     elif reached == 0:
