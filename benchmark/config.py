@@ -18,6 +18,7 @@ import algorithms
 import models
 import rewards
 from algorithms.base import AlgorithmConfig
+from benchmark.prompts import PromptSection, check_source
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping, to_mapping
 
@@ -26,13 +27,6 @@ from flowzoo.schema import from_mapping, to_mapping
 class ModelSection:
     name: str = "toy2d"
     args: dict = field(default_factory=dict)  # constructor kwargs of the model class
-
-
-@dataclass
-class PromptSection:
-    source: str = "toy2d"  # see benchmark.prompts.SOURCES
-    train: str | None = None  # training prompts: a file or folder (the "files" source)
-    test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
 
 
 @dataclass
@@ -143,7 +137,6 @@ def read_yaml(path: str | Path) -> dict:
 
 def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     """Validate a config mapping completely (names, arguments, values) without building anything heavy."""
-    from benchmark.prompts import check_source
     from benchmark.tracking import check_trackers
 
     data = dict(data)

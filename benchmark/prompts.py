@@ -9,13 +9,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from flowzoo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from benchmark.config import PromptSection
 
 Prompts = list[tuple[str, dict]]
 SOURCES = ("toy2d", "files", "tiny_shapes", "tiny_glyphs")
@@ -23,7 +20,16 @@ SOURCES = ("toy2d", "files", "tiny_shapes", "tiny_glyphs")
 TINY_TRAIN_PROMPTS, TINY_EVAL_PROMPTS = 1024, 256
 
 
-def check_source(section: "PromptSection") -> None:
+@dataclass
+class PromptSection:
+    """The ``prompts`` section of an experiment config."""
+
+    source: str = "toy2d"  # one of SOURCES
+    train: str | None = None  # training prompts: a file or folder (the "files" source)
+    test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
+
+
+def check_source(section: PromptSection) -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
     if section.source == "files":
@@ -40,7 +46,7 @@ def check_source(section: "PromptSection") -> None:
                 raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
 
 
-def load_prompts(section: "PromptSection") -> tuple[Prompts, Prompts]:
+def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     """(training prompts, evaluation prompts)."""
     check_source(section)
     if section.source == "toy2d":
