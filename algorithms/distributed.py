@@ -65,7 +65,7 @@ class SingleProcess:
         """Copy rank 0's values of ``params`` to every rank."""
 
     def barrier(self) -> None:
-        pass
+        """Wait for every rank (one process: nothing to wait for)."""
 
     # ---- built on the primitives ----------------------------------------------------------------------------
     def shard(self, count: int, even: bool = True) -> range:

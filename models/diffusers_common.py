@@ -192,7 +192,8 @@ class DiffusersFlowModel(FlowModel):
 
     # ---- conditioning -------------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """Batch-first conditioning tensors of ``prompts`` (each adapter calls its pipeline's text encoders)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _encode_prompts")
 
     def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
         """Text embeddings per prompt, computed once per distinct prompt string and then served from an LRU cache
@@ -225,7 +226,8 @@ class DiffusersFlowModel(FlowModel):
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
-        raise NotImplementedError
+        """One transformer call as the adapter's pipeline makes it (argument names differ between SD3 and Wan)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _transformer_forward")
 
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
         """One transformer call; its output is the velocity ``noise - x0``.
