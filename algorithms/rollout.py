@@ -74,7 +74,8 @@ def rollout(
                     reduction=plan.reduction,
                 )
         v = v.detach()
-        x0 = x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
+        # the data prediction is the DPM-Solver++ history; plans without solver steps need not compute it
+        x0 = None if plan.dpm_solver is None else x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
         if plan.sde[t]:
             if keep_graph:
                 live[t] = out
