@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping, TypeVar, Union
 
 from flowzoo.errors import ConfigError
+
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 T = TypeVar("T")
 
@@ -49,6 +52,8 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected null, got {value!r}")
         return None
     if tp is float:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; it is meant as a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

@@ -8,6 +8,7 @@ import torch
 import algorithms
 import rewards
 from algorithms.advantages import combined_advantages, group_advantages
+from algorithms.base import AlgorithmConfig
 from algorithms.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
 from algorithms.rollout import initial_noise, sample_generators
 from flowzoo.errors import ConfigError
@@ -185,6 +186,15 @@ def test_state_dict_round_trip_continues_identically(toy_model, toy_prompts):
 def test_bad_algorithm_config_is_one_clear_error(toy_model, bad, match):
     with pytest.raises(ConfigError, match=match):
         _flow_grpo(toy_model, **bad)
+
+
+def test_scientific_notation_without_a_dot_is_a_number():
+    """YAML 1.1 reads ``1e-3`` as a string; ``lr=1e-3`` on the command line must still mean 0.001."""
+    from flowzoo.schema import from_mapping
+
+    assert from_mapping(AlgorithmConfig, {"lr": "1e-3", "clip_range": "2E-4"}, "algorithm").lr == 1e-3
+    with pytest.raises(ConfigError, match="expected a number, got '1e-3x'"):
+        from_mapping(AlgorithmConfig, {"lr": "1e-3x"}, "algorithm")
 
 
 def test_unknown_algorithm_lists_choices():
