@@ -123,8 +123,10 @@ class Runner:
 
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, step: int) -> float:
-        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time.
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time:
+        ``{"eval_reward": mean score, "eval/<component>": mean of each of the reward's components}`` (for example
+        ``eval/strict_accuracy`` of the GenEval rewards).
 
         Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
         Samples go in chunks of ``train.eval_batch``; each chunk is scored in a background thread while the next one
@@ -147,14 +149,26 @@ class Runner:
                 decoded = self.model.decode(x0)
                 pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
                 samples.append(decoded.cpu())
-            scores = [future.result().score for future in pending]
+            outputs = [future.result() for future in pending]
         self.model.nfe = nfe_before
-        scores = self.dist.cat(torch.cat(scores) if scores else torch.zeros(0))
+        scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
+        result = {"eval_reward": float(scores.mean())}
+        totals: dict[str, list[float]] = {}  # component -> [sum, count] over this process's samples
+        for output in outputs:
+            for name, values in output.components.items():
+                total = totals.setdefault(name, [0.0, 0])
+                total[0], total[1] = total[0] + float(values.float().sum()), total[1] + len(values)
+        merged: dict[str, list[float]] = {}
+        for part in self.dist.all_gather_object(totals):  # one collective, whatever each process holds
+            for name, (total, count) in part.items():
+                entry = merged.setdefault(name, [0.0, 0])
+                entry[0], entry[1] = entry[0] + total, entry[1] + count
+        result.update({f"eval/{name}": total / count for name, (total, count) in merged.items() if count})
         if cfg.train.save_samples:
             samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
             if self.dist.is_main:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts)
-        return float(scores.mean())
+        return result
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:
@@ -214,8 +228,8 @@ class Runner:
             start, rows, wall_s, nfe = state["step"], state["rows"], state["wall_s"], state["nfe"]
         else:
             t0 = time.perf_counter()
-            eval_reward = self.evaluate(0)
-            rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, "eval_reward": eval_reward, "t_eval": time.perf_counter() - t0})
+            evaluation = self.evaluate(0)
+            rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, **evaluation, "t_eval": time.perf_counter() - t0})
             self._write_metrics(rows)
         trackers = None
         if cfg.train.trackers and self.dist.is_main:
@@ -236,7 +250,7 @@ class Runner:
             last = step == cfg.train.steps
             if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 t0 = time.perf_counter()
-                row["eval_reward"] = self.evaluate(step)
+                row.update(self.evaluate(step))
                 row["t_eval"] = time.perf_counter() - t0
             rows.append(row)
             self._write_metrics(rows)

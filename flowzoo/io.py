@@ -10,6 +10,9 @@ from typing import Any, Callable
 
 from flowzoo.errors import RunError
 
+_UMASK = os.umask(0o022)  # read once at import (os.umask can only be read by setting it), then put back
+os.umask(_UMASK)
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "w") -> None:
     """Write ``path`` by calling ``write(fileobj)`` on a temporary sibling, then renaming it into place."""
@@ -17,6 +20,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the permissions open() would
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()

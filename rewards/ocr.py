@@ -8,7 +8,8 @@ The reward follows Flow-GRPO's OCR scorer (Liu et al. 2025, "Flow-GRPO", ``flow_
 * both are normalised by dropping spaces and lower-casing (so ``"Open 24"`` and ``"OPEN24"`` match);
 * if the target occurs inside the recognised text the distance is 0 (extra text elsewhere in the image is not
   penalised), otherwise it is the Levenshtein distance between the two normalised strings;
-* ``score = 1 - min(distance, len(target)) / len(target)``, in [0, 1].
+* ``score = 1 - min(distance, len(target)) / len(target)``, in [0, 1]; component ``exact_match`` = 1 where the score
+  is 1 (the evaluation's strict figure).
 
 The OCR engine is rapidocr-onnxruntime (PP-OCRv4 detection + recognition ONNX models shipped in its wheel), so
 this reward runs on CPU with no download. One engine is created lazily per process and shared by every instance.
@@ -119,7 +120,8 @@ class OcrReward(Reward):
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         targets = [quoted_target(p) for p in prompts]  # fail before running OCR on anything
         scores = [text_match_score(recognise(image, self.upscale, self.pad), target) for image, target in zip(samples, targets)]
-        return RewardOutput(torch.tensor(scores, dtype=torch.float32))
+        score = torch.tensor(scores, dtype=torch.float32)
+        return RewardOutput(score, {"exact_match": (score == 1).float()})  # the target read without an error
 
 
 @register("video_ocr")

@@ -66,6 +66,7 @@ def test_real_ocr_exact_partial_and_blank(ocr_reward):
     out = ocr_reward(samples, prompts)
     assert out.score.dtype == torch.float32
     assert out.score.tolist() == pytest.approx([1.0, 0.9, 0.0])
+    assert out.components["exact_match"].tolist() == [1.0, 0.0, 0.0]
 
 
 def test_prompt_without_quotes_is_an_error_naming_it(ocr_reward):

@@ -79,3 +79,14 @@ def test_two_suites_share_a_results_directory_without_clobbering(tmp_path):
     assert sorted(p.name for p in runs.iterdir()) == ["other", "smoke"]
     assert {p: p.read_bytes() for p in (runs / "smoke").rglob("metrics.csv")} == before
     assert len(list((runs / "other").rglob("done.json"))) == 1
+
+
+def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path):
+    import os
+
+    from flowzoo.io import atomic_write_text
+
+    (tmp_path / "plain.txt").write_text("x")
+    atomic_write_text(tmp_path / "atomic.txt", "x")
+    mode = lambda name: os.stat(tmp_path / name).st_mode & 0o777  # noqa: E731
+    assert mode("atomic.txt") == mode("plain.txt") and (tmp_path / "atomic.txt").read_text() == "x"

@@ -143,3 +143,18 @@ def test_pretrain_command_writes_weights_and_record(tmp_path, capsys):
     assert record["steps_done"] == 1 and record["settings"]["data"] == "glyphs"
     assert "--data glyphs" in record["command"]
     assert models.get("tiny")(data="glyphs", weights=str(out)).latent_shape == (3, 16, 48)
+
+
+def test_shipped_tiny_config_trains_end_to_end_and_logs_eval_components(tmp_path):
+    """``benchmark/configs/tiny_flow_grpo.yaml`` on the shipped weights, cut to one small step and 8 eval prompts:
+    the update reuses the rollout's graph (no training forward) and the evaluation logs strict accuracy."""
+    import pandas as pd
+
+    from benchmark.cli import main
+
+    assert main(["train", "benchmark/configs/tiny_flow_grpo.yaml", "--quiet", f"run_dir={tmp_path}", "train.steps=1",
+                 "train.prompts_per_step=1", "train.eval_prompts=8", "train.save_samples=false"]) == 0
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert list(metrics["step"]) == [0, 1] and metrics["nfe_training"].iloc[1] == 0
+    strict, score = metrics["eval/strict_accuracy"], metrics["eval_reward"]
+    assert strict.notna().all() and ((strict >= 0) & (strict <= score + 1e-9)).all()  # strict pass => score 1
