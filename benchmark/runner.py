@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -153,17 +154,13 @@ class Runner:
         self.model.nfe = nfe_before
         scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
         result = {"eval_reward": float(scores.mean())}
-        totals: dict[str, list[float]] = {}  # component -> [sum, count] over this process's samples
-        for output in outputs:
-            for name, values in output.components.items():
-                total = totals.setdefault(name, [0.0, 0])
-                total[0], total[1] = total[0] + float(values.float().sum()), total[1] + len(values)
-        merged: dict[str, list[float]] = {}
-        for part in self.dist.all_gather_object(totals):  # one collective, whatever each process holds
-            for name, (total, count) in part.items():
-                entry = merged.setdefault(name, [0.0, 0])
-                entry[0], entry[1] = entry[0] + total, entry[1] + count
-        result.update({f"eval/{name}": total / count for name, (total, count) in merged.items() if count})
+        local = [(name, float(v.float().sum()), len(v)) for o in outputs for name, v in o.components.items()]
+        totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # component -> [sum, count] over processes
+        for part in self.dist.all_gather_object(local):  # one collective, whatever each process holds
+            for name, total, count in part:
+                totals[name][0] += total
+                totals[name][1] += count
+        result.update({f"eval/{name}": total / count for name, (total, count) in totals.items() if count})
         if cfg.train.save_samples:
             samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
             if self.dist.is_main:
