@@ -5,6 +5,7 @@
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
+    flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
 """
 
 from __future__ import annotations
@@ -73,6 +74,15 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_grad_snr(args: argparse.Namespace) -> int:
+    from benchmark.config import load_config
+    from benchmark.grad_snr import measure
+
+    result = measure(load_config(args.config, args.overrides), args.batches, args.fixed_prompts, not args.quiet)
+    print(result.line())
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     import algorithms
     import models
@@ -133,6 +143,14 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("--run-dir", default=None, help="checkpoint directory (default: runs/pretrain_tiny_<data>)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
     pt.set_defaults(func=_cmd_pretrain)
+
+    g = sub.add_parser("grad-snr", help="gradient signal-to-noise of a config's training step at its start weights")
+    g.add_argument("config", help="YAML config (see benchmark/configs/)")
+    g.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.prompts_per_step=16")
+    g.add_argument("--batches", type=int, default=16, help="independent batches to compare (default: 16)")
+    g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.set_defaults(func=_cmd_grad_snr)
 
     ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
     ls.set_defaults(func=_cmd_list)
