@@ -81,8 +81,6 @@ def batch_gradients(config: ExperimentConfig, batches: int, fixed_prompts: bool 
                     progress: bool = True) -> tuple[torch.Tensor, list[float], float]:
     """[K, P] gradients of K independent update steps at the config's starting weights, their batch rewards, and the
     seconds per batch. Uses the config's algorithm, model, reward and prompt stream; writes nothing."""
-    if batches < 2:
-        raise ConfigError(f"--batches must be >= 2 to compare gradients, got {batches}")
     runner = Runner(config, progress=False)
     runner.build()
     return gradients_at(runner, batches, fixed_prompts, progress)
@@ -93,6 +91,8 @@ def gradients_at(runner: Runner, batches: int, fixed_prompts: bool = False,
     """``batch_gradients`` on a built runner, whose algorithm (weights, optimizer, iteration) is left as it was."""
     from tqdm import tqdm
 
+    if batches < 2:
+        raise ConfigError(f"--batches must be >= 2 to compare gradients, got {batches}")
     algorithm, config = runner.algorithm, runner.config
     start = copy.deepcopy(algorithm.state_dict())
     params = [p for group in algorithm.optimizer.param_groups for p in group["params"]]
@@ -101,7 +101,7 @@ def gradients_at(runner: Runner, batches: int, fixed_prompts: bool = False,
     for k in tqdm(range(batches), desc="gradient batches", disable=not progress):
         step = STEP_OFFSET + (0 if fixed_prompts else k)
         prompts = prompt_batch(runner.train_prompts, config.seed, step, config.train.prompts_per_step)
-        algorithm.load_state_dict(copy.deepcopy(start))
+        algorithm.load_state_dict(copy.deepcopy(start))  # a copy: a model may load by reference
         algorithm.iteration = STEP_OFFSET + k  # fresh noise for every batch
         stats = algorithm.step([p for p, _ in prompts], [m for _, m in prompts])
         gradients.append(torch.cat([p.grad.detach().flatten().clone() for p in params]))
