@@ -8,6 +8,7 @@ weighted advantages (MixGRPO's ``advantage_aggr``).
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import torch
@@ -50,5 +51,7 @@ def combined_advantages(
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     if aggregation == "sum" or not weights:
         return group_advantages(total, group, std_mode, clip=clip)
-    parts = [w * group_advantages(components[name], group, std_mode, clip=clip) for name, w in weights.items()]
-    return torch.stack(parts).sum(0)
+    # the merged advantage is clamped, not each reward's: MixGRPO sums the unclipped per-reward advantages
+    # (Tencent-Hunyuan/MixGRPO fastvideo/train_grpo_flux.py:449-456) and clamps the sum in the loss (:567)
+    parts = [w * group_advantages(components[name], group, std_mode, clip=math.inf) for name, w in weights.items()]
+    return torch.stack(parts).sum(0).clamp(-clip, clip)
