@@ -7,9 +7,19 @@ data URL and a text instruction (``template``, formatted with the prompt), and p
 * parsing rule: if the reply contains ``Final Score`` (any case), the first number after it is the score, else the
   first number anywhere in the reply; the reward is ``number / max_score`` (``max_score`` = 5 by default, so a
   1-5 rating becomes 0.2-1.0). A reply without a number, or with one outside [0, max_score], is an error.
-* failures (connection refused, timeout, HTTP errors, malformed JSON or reply) are retried ``retries`` times with
-  ``retry_wait_s * 2**attempt`` seconds between tries, then raise :class:`RewardError` naming the reward, the URL
-  and the cause. A sample is never silently scored 0.
+* failures (connection refused, timeout, HTTP errors, redirects, a reply over ``max_response_bytes``, malformed
+  JSON or reply) are retried ``retries`` times with ``retry_wait_s * 2**attempt`` seconds between tries, then raise
+  :class:`RewardError` naming the reward, the URL and the cause. A sample is never silently scored 0.
+
+Bounds: an attempt ends when the server sends nothing for ``timeout`` seconds (connecting, waiting for the answer,
+each read) or when the body is still arriving ``timeout`` seconds after the request was sent; a body over
+``max_response_bytes`` (1 MB; a chat completion is a few kB) is refused; redirects are not followed (they would
+carry the key to another address).
+
+The key: ``api_key_env: VARIABLE`` (read at run time; the default variable is ``FLOWZOO_UNIFIEDREWARD_API_KEY``)
+or a literal ``api_key`` (warned about; stored as ``***``). It is sent only as the ``Authorization`` header and
+never appears in an error message (``flowzoo/secrets.py``). ``base_url`` must be ``http(s)://host[:port][/path]``
+without credentials, query or fragment.
 
 Only the standard library is used (urllib, json, base64). Requests of a batch run concurrently
 (``max_concurrency`` threads) since they are network-bound.
@@ -18,12 +28,13 @@ Only the standard library is used (urllib, json, base64). Requests of a batch ru
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
-import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +43,7 @@ from typing import Any
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.secrets import REDACTED, scrub, secret_value
 from rewards import register
 from rewards.base import Reward, RewardOutput
 from rewards.errors import RewardError
@@ -44,6 +56,37 @@ DEFAULT_TEMPLATE = (
 )
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _FINAL_SCORE = re.compile(r"final\s*score", re.IGNORECASE)
+DEFAULT_KEY_VARIABLE = "FLOWZOO_UNIFIEDREWARD_API_KEY"
+READ_CHUNK_BYTES = 65536
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer stays an HTTPError: following it would send the Authorization header elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def check_base_url(base_url: Any) -> str:
+    """``http(s)://host[:port][/path]``; the error never echoes credentials or a query (they may hold a key)."""
+    try:
+        parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+        port = parts and parts.port
+    except ValueError:  # a port that is not a number
+        parts = port = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = REDACTED if "@" in str(base_url) or "?" in str(base_url) else base_url
+        raise ConfigError(f"unifiedreward reward: base_url must be http://host[:port]/path or https://..., "
+                          f"got {shown!r}")
+    if "@" in parts.netloc or parts.query or parts.fragment:
+        safe = urllib.parse.urlunsplit((parts.scheme, parts.hostname + (f":{port}" if port else ""),
+                                        parts.path, "", ""))
+        raise ConfigError(f"unifiedreward reward: base_url {safe!r} must carry no credentials, query or fragment; "
+                          f"give the key as api_key_env: VARIABLE")
+    return base_url
 
 
 def parse_score(reply: str, max_score: float) -> float:
@@ -82,6 +125,8 @@ class UnifiedReward(Reward):
     name = "unifiedreward"
     accepts = ("image",)
 
+    secret_args = ("api_key",)  # never written out (flowzoo/secrets.py), whatever its name
+
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8080/v1",
@@ -94,13 +139,15 @@ class UnifiedReward(Reward):
         max_tokens: int = 512,
         template: str = DEFAULT_TEMPLATE,
         api_key: str | None = None,
+        api_key_env: str | None = None,
+        max_response_bytes: int = 1_000_000,
     ):
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"unifiedreward reward: base_url must start with http:// or https://, got {base_url!r}")
-        if retries < 0 or timeout <= 0 or max_score <= 0 or max_concurrency < 1:
+        check_base_url(base_url)
+        if retries < 0 or timeout <= 0 or max_score <= 0 or max_concurrency < 1 or max_response_bytes < 1:
             raise ConfigError(
-                f"unifiedreward reward: need retries >= 0, timeout > 0, max_score > 0, max_concurrency >= 1; got "
-                f"retries={retries}, timeout={timeout}, max_score={max_score}, max_concurrency={max_concurrency}"
+                f"unifiedreward reward: need retries >= 0, timeout > 0, max_score > 0, max_concurrency >= 1, "
+                f"max_response_bytes >= 1; got retries={retries}, timeout={timeout}, max_score={max_score}, "
+                f"max_concurrency={max_concurrency}, max_response_bytes={max_response_bytes}"
             )
         if "{prompt}" not in template:
             raise ConfigError("unifiedreward reward: template must contain '{prompt}'")
@@ -113,7 +160,12 @@ class UnifiedReward(Reward):
         self.max_concurrency = int(max_concurrency)
         self.max_tokens = int(max_tokens)
         self.template = template
-        self.api_key = api_key if api_key is not None else os.environ.get("FLOWZOO_UNIFIEDREWARD_API_KEY")
+        self.max_response_bytes = int(max_response_bytes)
+        self._api_key = secret_value(api_key, api_key_env, DEFAULT_KEY_VARIABLE, "unifiedreward reward", "api_key")
+
+    def __repr__(self) -> str:
+        key = REDACTED if self._api_key else None
+        return f"UnifiedReward(url={self.url!r}, model={self.model!r}, api_key={key!r})"
 
     def request_body(self, image: Any, prompt: str) -> bytes:
         message = {
@@ -126,10 +178,23 @@ class UnifiedReward(Reward):
         body = {"model": self.model, "messages": [message], "temperature": 0.0, "max_tokens": self.max_tokens}
         return json.dumps(body).encode("utf-8")
 
+    def _read_reply(self, request: urllib.request.Request, deadline: float) -> bytes:
+        """The response body, refused when it exceeds max_response_bytes or arrives after the deadline."""
+        with _OPENER.open(request, timeout=self.timeout) as response:
+            chunks, size = [], 0
+            while chunk := response.read(min(READ_CHUNK_BYTES, self.max_response_bytes + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise ValueError(f"reply larger than max_response_bytes={self.max_response_bytes}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+            return b"".join(chunks)
+
     def score_one(self, image: Any, prompt: str) -> float:
         headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         body = self.request_body(image, prompt)
         cause = ""
         for attempt in range(self.retries + 1):
@@ -137,20 +202,22 @@ class UnifiedReward(Reward):
                 time.sleep(self.retry_wait_s * 2 ** (attempt - 1))
             try:
                 request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return parse_score(reply_text(response.read()), self.max_score)
+                reply = self._read_reply(request, deadline=time.monotonic() + self.timeout)
+                return parse_score(reply_text(reply), self.max_score)
             except TimeoutError:
                 cause = f"timed out after {self.timeout:g} s"
             except urllib.error.HTTPError as e:
-                cause = f"HTTP {e.code} {e.reason}"
+                redirect = " (redirects are not followed)" if 300 <= e.code < 400 else ""
+                cause = f"HTTP {e.code} {e.reason}{redirect}"
             except urllib.error.URLError as e:
                 reason = e.reason
                 timed_out = isinstance(reason, TimeoutError)
                 cause = f"timed out after {self.timeout:g} s" if timed_out else f"cannot reach server: {reason}"
-            except ValueError as e:
-                cause = str(e)
+            except (ValueError, OSError, http.client.HTTPException) as e:  # malformed reply, dropped connection
+                cause = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
         tries = f"{self.retries + 1} attempt{'s' if self.retries else ''}"
-        raise RewardError(f"reward 'unifiedreward': request to {self.url} failed after {tries}: {cause}")
+        message = f"reward 'unifiedreward': request to {self.url} failed after {tries}: {cause}"
+        raise RewardError(scrub(message, self._api_key))
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         images = to_pil_images(samples, self.name)
