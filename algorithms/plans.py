@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from algorithms.rollout import sample_generators
+from algorithms.sde import time_shift
 from algorithms.trajectory import StepPlan
 
 #: ``purpose`` keys of :func:`iteration_generator`; far from the small group offsets fresh_rollout uses as its key
@@ -26,8 +27,8 @@ def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Genera
 
 
 def window_mask(num_steps: int, start: int, size: int) -> torch.Tensor:
-    """[T] bool, True on steps ``start .. start + size - 1``."""
-    if start < 0 or size < 1 or start + size > num_steps:
+    """[T] bool, True on steps ``start .. start + size - 1`` (none when ``size`` is 0)."""
+    if start < 0 or size < 0 or start + size > num_steps:
         raise ValueError(f"window [{start}, {start + size}) does not fit in {num_steps} steps")
     mask = torch.zeros(num_steps, dtype=torch.bool)
     mask[start : start + size] = True
@@ -58,13 +59,8 @@ def random_step_subsets(batch: int, num_steps: int, candidates: int, count: int,
     return train
 
 
-def shift_sigma(t: torch.Tensor, shift: float) -> torch.Tensor:
-    """SD3's time shift s = shift t / (1 + (shift - 1) t)."""
-    return shift * t / (1 + (shift - 1) * t)
-
-
 def unshift_sigma(s: torch.Tensor, shift: float) -> torch.Tensor:
-    """The inverse of :func:`shift_sigma`: t = s / (shift - (shift - 1) s)."""
+    """The inverse of :func:`algorithms.sde.time_shift`: t = s / (shift - (shift - 1) s)."""
     return s / (shift - (shift - 1) * s)
 
 
@@ -83,6 +79,6 @@ def compressed_tail_sigmas(sigmas: torch.Tensor, last: int, ratio: float, shift:
         raise ValueError(f"no step left after the window ending at step {last} of {num_steps}")
     points = max(int(remaining * ratio), 2)
     start = unshift_sigma(sigmas[last + 1].double(), shift)
-    tail = shift_sigma(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
+    tail = time_shift(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
     tail[0] = sigmas[last + 1]  # exact, so the window's steps see the original sigmas
     return torch.cat([sigmas[: last + 1], tail])

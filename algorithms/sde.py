@@ -136,23 +136,37 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next
     return (x.float() + v.float() * dt).to(x.dtype)
 
 
-def sigma_schedule(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
-    """The ``num_steps + 1`` sigmas (1 -> 0) of SD3's FlowMatchEulerDiscreteScheduler with a static ``shift``.
+SIGMA_GRIDS = ("diffusers", "linspace")
 
-    As diffusers does: sigma_min is the shifted 1/num_train_timesteps, the grid runs linearly from 1 to sigma_min,
-    the shift s' = shift s / (1 + (shift - 1) s) is applied to the grid, and a final 0 is appended.
+
+def time_shift(t: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    """SD3's static time shift s = shift t / (1 + (shift - 1) t)."""
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def sigma_schedule(
+    num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, grid: str = "diffusers"
+) -> torch.Tensor:
+    """The ``num_steps + 1`` sigmas (1 -> 0) of a sampling schedule with a static ``shift``.
+
+    * ``grid="diffusers"``: SD3's FlowMatchEulerDiscreteScheduler. As diffusers does: sigma_min is the shifted
+      1/num_train_timesteps, the grid runs linearly from 1 to sigma_min, the shift is applied to the grid, and a
+      final 0 is appended.
+    * ``grid="linspace"``: ``shift(linspace(1, 0, num_steps + 1))``, the grid DanceGRPO and MixGRPO build
+      (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py:311-313, Tencent-Hunyuan/MixGRPO
+      fastvideo/train_grpo_flux.py:187-189, both with ``sd3_time_shift``).
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     if shift <= 0:
         raise ValueError(f"shift must be > 0, got {shift}")
-
-    def shifted(s: torch.Tensor | float):
-        return shift * s / (1 + (shift - 1) * s)
-
-    sigma_min = shifted(1.0 / num_train_timesteps)
-    grid = torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)
-    return torch.cat([shifted(grid), torch.zeros(1, dtype=torch.float64)]).float()
+    if grid not in SIGMA_GRIDS:
+        raise ValueError(f"unknown sigma grid {grid!r}; known: {', '.join(SIGMA_GRIDS)}")
+    if grid == "linspace":
+        return time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift).float()
+    sigma_min = time_shift(1.0 / num_train_timesteps, shift)
+    grid_t = torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)
+    return torch.cat([time_shift(grid_t, shift), torch.zeros(1, dtype=torch.float64)]).float()
 
 
 def dpm_solver_pp_2m_step(
