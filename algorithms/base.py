@@ -93,6 +93,10 @@ class AlgorithmConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
 
+    def check_num_steps(self, num_steps: int) -> None:
+        """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);
+        ``benchmark.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
+
 
 @dataclass
 class StepStats:

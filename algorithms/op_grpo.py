@@ -2,8 +2,13 @@
 
 On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks:
 
-* ``collect`` -- **hybrid rollout** (sec. 2A): for a fraction ``off_policy_groups`` of the groups whose prompt has
-  buffer entries, the group gets ``G - k`` fresh samples and ``k`` samples built from stored trajectories.
+* ``collect`` -- **hybrid rollout** (sec. 2A): some groups get ``G - k`` fresh samples and ``k`` samples built
+  from stored trajectories. Which groups (``replay_prompts``): ``batch`` (the papers' wording: prompts come from the
+  dataset) -- a fraction ``off_policy_groups`` of the batch's groups whose prompt has buffer entries; ``buffer`` -- a
+  share ``off_policy_groups`` of the batch's groups takes its prompt from the buffer's prompts instead of the dataset,
+  so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the prompt list (in
+  ``batch`` mode a group is eligible only if its prompt is both drawn and stored: ~4% of groups on a 25k-prompt list
+  with 1024 entries).
   A stored trajectory is reused for its first ``t_off`` transitions (its recorded latents 0..t_off are kept
   bit-identical); **truncation** (sec. 2C): the current policy regenerates transitions ``t_off .. T-1`` from the
   stored latent at ``t_off`` and the new final sample is rewarded afresh, so it enters the group's advantages.
@@ -14,7 +19,8 @@ On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks
   ``update`` multiplies the sample's loss by ``w`` (a constant: no gradient). Regenerated steps are on-policy and add
   0 to log w; fresh samples have w = 1.
 * ``after_update`` -- offers each group's best *fresh* trajectory to the buffer (after ageing the stored scores by
-  one step), and logs the diagnostics.
+  one step) if it passes the admission gate (``buffer_admission``, ``buffer_min_reward``; ``replay.admits``), and
+  logs the diagnostics.
 
 Correction modes (``correction``): ``sequence`` (the paper), ``none`` (w = 1: the "no correction" ablation),
 ``naive`` (the per-step ratio pi_theta / pi_off: the stored pi_off log-probs are the PPO "old" log-probs of the
@@ -43,9 +49,9 @@ import torch
 from algorithms import register, register_preset
 from algorithms.base import Algorithm, AlgorithmConfig, StepStats
 from algorithms.losses import sequence_log_weight
-from algorithms.replay import ReplayBuffer, ReplayEntry
+from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from algorithms.rollout import rollout, sample_generators
-from algorithms.trajectory import Trajectory
+from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
 #: stream keys of the generators OP-GRPO draws (distinct from the fresh samples' group offsets)
@@ -60,9 +66,15 @@ class OPGRPOConfig(AlgorithmConfig):
     buffer_capacity: int = 1024  # entries; with unique=True at most one per prompt
     buffer_decay: float = 0.95  # multiplicative decay of stored scores per training step; 1.0 = no decay
     buffer_unique: bool = True  # at most one entry per prompt (False: the uniqueness ablation)
-    off_policy_groups: float = 1.0  # fraction of the groups whose prompt has entries that get buffer samples
+    # "batch": replay in groups whose dataset prompt has entries; "buffer": a share of the groups takes a buffer prompt
+    replay_prompts: Literal["batch", "buffer"] = "batch"
+    # batch mode: fraction of the groups whose prompt has entries that get buffer samples;
+    # buffer mode: share of all the batch's groups whose prompt is drawn from the buffer (< 1)
+    off_policy_groups: float = 1.0
     replay_k: int = 1  # buffer samples per such group (G - k fresh); repeated copies only when truncating
     t_off: int | None = 5  # transitions 0..t_off-1 are reused, the rest regenerated; None = reuse all (no truncation)
+    buffer_admission: Admission = "above_group_mean"  # a group's best fresh sample is offered only if above its mean
+    buffer_min_reward: float | None = None  # and (if set) only if its reward >= this
     correction: Literal["sequence", "none", "naive"] = "sequence"
     weight_cap: float | None = None  # cap w <= weight_cap (truncated IS); None = off
     weight_self_normalize: bool = False  # rescale the off-policy weights of a batch to mean 1 (after the cap)
@@ -75,14 +87,25 @@ class OPGRPOConfig(AlgorithmConfig):
             raise ConfigError(f"algorithm.buffer_decay must be in (0, 1], got {self.buffer_decay}")
         if not 0 <= self.off_policy_groups <= 1:
             raise ConfigError(f"algorithm.off_policy_groups must be in [0, 1], got {self.off_policy_groups}")
+        if self.replay_prompts == "buffer" and self.off_policy_groups >= 1:
+            raise ConfigError(
+                "algorithm.off_policy_groups must be in [0, 1) with replay_prompts: buffer (the other groups take "
+                f"dataset prompts, which feed the buffer), got {self.off_policy_groups}"
+            )
         if not 0 <= self.replay_k < self.group_size:
             raise ConfigError(
                 f"algorithm.replay_k must be in [0, group_size - 1] = [0, {self.group_size - 1}], got {self.replay_k}"
             )
-        if self.t_off is not None and self.t_off < 0:
-            raise ConfigError(f"algorithm.t_off must be >= 0 or null, got {self.t_off}")
+        if self.num_steps is not None:  # else T is the model's: checked at config load and by the algorithm
+            self.check_num_steps(self.num_steps)
         if self.weight_cap is not None and self.weight_cap <= 0:
             raise ConfigError(f"algorithm.weight_cap must be > 0 or null, got {self.weight_cap}")
+
+    def check_num_steps(self, num_steps: int) -> None:
+        """``t_off`` counts transitions of a T-step rollout: 0 <= t_off <= T (T: no truncation, as null)."""
+        if self.t_off is not None and not 0 <= self.t_off <= num_steps:
+            raise ConfigError(f"algorithm.t_off must be in [0, T] = [0, {num_steps}] (T = the rollout's sampling "
+                              f"steps) or null, got {self.t_off}")
 
 
 @register("op_grpo")
@@ -95,6 +118,7 @@ class OPGRPO(Algorithm):
     def __init__(self, model, reward, config=None, seed: int = 0):
         super().__init__(model, reward, config, seed)
         cfg = self.config
+        cfg.check_num_steps(self.num_steps)  # T may be the model's default, known only now (config load checks it too)
         self.buffer = ReplayBuffer(cfg.buffer_capacity, cfg.buffer_decay, cfg.buffer_unique)
         self.dropped_total = 0
         self._info: dict[str, Any] = {}
@@ -104,15 +128,14 @@ class OPGRPO(Algorithm):
     def t_off(self) -> int:
         """Number of reused transitions (= index of the first regenerated one); T when not truncating."""
         t = self.config.t_off
-        return self.num_steps if t is None else min(int(t), self.num_steps)
+        return self.num_steps if t is None else int(t)
 
     @property
     def truncating(self) -> bool:
         return self.t_off < self.num_steps
 
-    def _compatible(self, entry: ReplayEntry) -> bool:
+    def _compatible(self, entry: ReplayEntry, plan: StepPlan) -> bool:
         """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed)."""
-        plan = self.step_plan(1)
         return (
             entry.kind == plan.kind
             and entry.noise_level == plan.noise_level
@@ -121,27 +144,66 @@ class OPGRPO(Algorithm):
             and torch.equal(entry.sde, plan.sde.cpu())
         )
 
-    def _choose_groups(self, prompts: Sequence[str]) -> dict[int, list[ReplayEntry]]:
-        """Which groups get buffer samples, and which entries: a random ``off_policy_groups`` fraction of the
-        eligible groups (stochastic rounding of the count), drawn from a stream of (seed, iteration)."""
+    def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
+        """The entries a group of ``prompt`` replays: up to k distinct compatible ones, repeated up to k when
+        truncating (the copies get different regenerated tails)."""
+        k = self.config.replay_k
+        entries = [e for e in self.buffer.lookup(prompt, k) if self._compatible(e, plan)]
+        if entries and self.truncating:
+            entries = [entries[j % len(entries)] for j in range(k)]
+        return entries
+
+    def buffer_group_count(self, batch_groups: int) -> int:
+        """``replay_prompts: buffer``: how many of this iteration's ``batch_groups`` groups take a buffer prompt.
+        ``floor(s B (i + 1)) - floor(s B i)`` for share s at iteration i: floor(s B) or ceil(s B), and over any
+        run of iterations the total is within one group of s B per iteration (deterministic, so resume is exact)."""
+        x = self.config.off_policy_groups * batch_groups
+        i = self.iteration
+        return math.floor(x * (i + 1) + 1e-9) - math.floor(x * i + 1e-9)
+
+    def _choose_groups(
+        self, prompts: list[str], metadata: list[dict]
+    ) -> tuple[list[str], list[dict], dict[int, list[ReplayEntry]]]:
+        """The batch's prompts and metadata (buffer mode replaces the last ones), and which groups get buffer
+        samples with which entries. Every draw comes from a stream of (seed, iteration) and the buffer, which is
+        identical on every process."""
         cfg = self.config
         if cfg.replay_k == 0 or cfg.off_policy_groups == 0 or len(self.buffer) == 0:
-            return {}
+            return prompts, metadata, {}
+        plan = self.step_plan(1)
+        gen = sample_generators(self.seed, self.iteration, _GROUP_CHOICE_STREAM, count=1)[0]
+        if cfg.replay_prompts == "buffer":
+            return self._buffer_groups(prompts, metadata, plan, gen)
         eligible: dict[int, list[ReplayEntry]] = {}
         for i, p in enumerate(prompts):
-            entries = [e for e in self.buffer.lookup(p, cfg.replay_k) if self._compatible(e)]
-            if entries and self.truncating:  # copies get different regenerated tails: fill up to k
-                entries = [entries[j % len(entries)] for j in range(cfg.replay_k)]
+            entries = self._entries_for(p, plan)
             if entries:
                 eligible[i] = entries
         if not eligible:
-            return {}
-        gen = sample_generators(self.seed, self.iteration, _GROUP_CHOICE_STREAM, count=1)[0]
+            return prompts, metadata, {}
         u = float(torch.rand((), generator=gen))
         count = min(len(eligible), int(math.floor(cfg.off_policy_groups * len(eligible) + u)))
         order = torch.randperm(len(eligible), generator=gen)[:count].sort().values.tolist()
         keys = sorted(eligible)
-        return {keys[j]: eligible[keys[j]] for j in order}
+        return prompts, metadata, {keys[j]: eligible[keys[j]] for j in order}
+
+    def _buffer_groups(self, prompts, metadata, plan: StepPlan, gen: torch.Generator):
+        """Buffer mode: the last ``buffer_group_count`` groups take distinct buffer prompts, drawn uniformly (in the
+        buffer's order, then a seeded permutation) among the prompts with a compatible entry; fewer while the
+        buffer holds fewer such prompts (warm-up)."""
+        stored: dict[str, ReplayEntry] = {}  # prompt -> its first compatible entry, in buffer order
+        for e in self.buffer.entries:
+            if e.prompt not in stored and self._compatible(e, plan):
+                stored[e.prompt] = e
+        count = min(self.buffer_group_count(len(prompts)), len(stored))
+        if count == 0:
+            return prompts, metadata, {}
+        candidates = list(stored.values())
+        chosen = [candidates[j] for j in torch.randperm(len(candidates), generator=gen)[:count].tolist()]
+        keep = len(prompts) - count
+        prompts = prompts[:keep] + [e.prompt for e in chosen]
+        metadata = metadata[:keep] + [dict(e.metadata) for e in chosen]
+        return prompts, metadata, {keep + j: self._entries_for(e.prompt, plan) for j, e in enumerate(chosen)}
 
     @torch.no_grad()
     def _recompute_old(self, traj: Trajectory, reused: torch.Tensor) -> torch.Tensor:
@@ -220,7 +282,7 @@ class OPGRPO(Algorithm):
         cfg = self.config
         g = cfg.group_size
         self._info = {}
-        groups = self._choose_groups(prompts)
+        prompts, metadata, groups = self._choose_groups(list(prompts), list(metadata))
         if not groups:
             return self.fresh_rollout(prompts, metadata)
         parts = []
@@ -267,14 +329,20 @@ class OPGRPO(Algorithm):
         return Trajectory.cat(parts)
 
     def after_update(self, traj: Trajectory, stats: StepStats) -> None:
+        cfg = self.config
         before = dict(self.buffer.counts)
         self.buffer.step()
-        for entry in self._best_fresh(traj):
-            self.buffer.offer(entry)
         batch = self.dist.gather_batch(traj)
+        gated = 0
+        for gid, entry in self._best_fresh(traj):
+            if admits(entry.reward, batch.rewards[batch.group == gid], cfg.buffer_admission, cfg.buffer_min_reward):
+                self.buffer.offer(entry)
+            else:
+                gated += 1
         extra = stats.extra
-        extra["off_policy_frac"] = float(batch.off_policy.float().mean())
+        extra.setdefault("off_policy_frac", 0.0)  # the realised fraction, set by the base step when it is not 0
         extra["replay_groups"] = float(batch.group[batch.off_policy].unique().numel())
+        extra["buffer_gated"] = float(gated)
         if batch.off_policy.any():
             extra["reward_off"] = float(batch.rewards[batch.off_policy].mean())
             extra["reward_on"] = float(batch.rewards[~batch.off_policy].mean())
@@ -288,9 +356,9 @@ class OPGRPO(Algorithm):
         for key in ("inserted", "replaced"):
             extra[f"buffer_{key}"] = float(self.buffer.counts[key] - before[key])
 
-    def _best_fresh(self, traj: Trajectory) -> list[ReplayEntry]:
-        """The highest-reward fresh trajectory of each group, in group order, over all processes (the first of equal
-        rewards in batch order wins, and a NaN reward wins, as torch's argmax in one process)."""
+    def _best_fresh(self, traj: Trajectory) -> list[tuple[int, ReplayEntry]]:
+        """(group, its highest-reward fresh trajectory) for each group, in group order, over all processes (the first
+        of equal rewards in batch order wins, and a NaN reward wins, as torch's argmax in one process)."""
         candidates = [c for part in self.dist.all_gather_object(self._local_best_fresh(traj)) for c in part]
         best: dict[int, ReplayEntry] = {}
         for gid, entry in candidates:
@@ -298,7 +366,7 @@ class OPGRPO(Algorithm):
             beats = math.isnan(entry.reward) or (held is not None and entry.reward > held.reward)
             if held is None or (not math.isnan(held.reward) and beats):
                 best[gid] = entry
-        return [best[gid] for gid in sorted(best)]
+        return [(gid, best[gid]) for gid in sorted(best)]
 
     def _local_best_fresh(self, traj: Trajectory) -> list[tuple[int, ReplayEntry]]:
         keep = self.t_off + 1

@@ -3,6 +3,13 @@
 Rules (the papers give the rules, not the numbers; every number here is a documented knob, see docs/op_grpo.md):
 
 * **Best of group.** After each rollout the algorithm offers the highest-reward fresh trajectory of each group.
+* **Admission gate** (``admits``): a candidate is offered only if it is a success relative to its group: with the
+  rule ``above_group_mean`` its reward must be strictly greater than the mean reward of its whole group (fresh and
+  replayed samples: the samples its advantage is computed against), i.e. its advantage is positive; a group whose
+  rewards are all equal (e.g. all zero under a sparse reward) offers nothing. ``min_reward`` further requires
+  ``reward >= min_reward``. Why: the method keeps a "high-quality" buffer (seeds/000 sec. 2A); without a gate the
+  best of an all-failure group is stored and later replayed in place of a fresh sample, which under sparse rewards
+  replays failures. ``any`` (no gate) is the ablation.
 * **Uniqueness** (``unique=True``): at most one entry per prompt. A candidate whose prompt already has an entry is
   compared with *that* entry only and replaces it iff ``candidate.reward > score(entry)``.
 * **Capacity.** A candidate for a prompt without an entry (or any candidate when ``unique=False``) is inserted while
@@ -32,6 +39,22 @@ from typing import Any, Literal
 import torch
 
 Outcome = Literal["inserted", "replaced", "rejected"]
+Admission = Literal["above_group_mean", "any"]
+
+
+def admits(reward: float, group_rewards: torch.Tensor, rule: Admission = "above_group_mean",
+           min_reward: float | None = None) -> bool:
+    """Whether a candidate of reward ``reward`` from a group whose rewards (its own included) are ``group_rewards``
+    passes the admission gate (module docstring). A non-finite reward or group mean never passes."""
+    if not math.isfinite(reward) or (min_reward is not None and not reward >= min_reward):
+        return False
+    if rule == "any":
+        return True
+    if rule != "above_group_mean":
+        raise ValueError(f"unknown admission rule {rule!r}; valid: above_group_mean, any")
+    group = group_rewards.double()
+    # all-equal groups are rejected explicitly: their float mean may round a hair below the common value
+    return bool(group.max() > group.min()) and reward > float(group.mean())
 
 
 @dataclass

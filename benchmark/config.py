@@ -151,6 +151,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     config.algorithm = {"name": config.algorithm_name, **to_mapping(alg_config)}
 
     _check_kwargs("model", config.model.name, models.get(config.model.name), config.model.args)
+    alg_config.check_num_steps(alg_config.num_steps or models.get(config.model.name).default_num_steps)
     reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
     for name in reward_names:
         rewards.get(name)

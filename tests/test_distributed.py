@@ -30,6 +30,9 @@ ALGORITHMS = {
     # replay from step 2 on (every prompt repeats), truncated at t_off, self-normalised weights
     "op_grpo": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.weight_self_normalize=true",
                 "algorithm.off_policy_groups=1.0"],
+    # buffer prompts: 1 or 2 of the 3 groups per step take a buffer prompt, with k = 2 replayed samples each
+    "op_grpo_buffer": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.replay_prompts=buffer",
+                       "algorithm.off_policy_groups=0.5", "algorithm.replay_k=2"],
 }
 ACCELERATE = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
 
@@ -65,7 +68,7 @@ def test_two_processes_give_the_metrics_of_one(tmp_path, name):
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = _metrics(single), _metrics(double)
     assert list(one.columns) == list(two.columns) and len(one) == len(two) == 4
-    if name == "op_grpo":
+    if name.startswith("op_grpo"):
         assert (one["off_policy_frac"].fillna(0) > 0).any(), "no replayed samples: the test would not test the buffer"
     for column in one.columns:
         a, b = one[column].to_numpy(float), two[column].to_numpy(float)

@@ -63,8 +63,9 @@ def test_presets_and_config_validation():
     assert cfgs["op_grpo_no_truncation"].t_off is None
     assert cfgs["op_grpo_no_decay"].buffer_decay == 1.0
     assert algorithms.get("op_grpo_no_decay")(model, reward, {**BASE, "buffer_decay": 0.5}).config.buffer_decay == 0.5
-    for bad in ({"replay_k": 4}, {"off_policy_groups": 1.5}, {"t_off": -1}, {"buffer_decay": 0.0},
-                {"weight_cap": 0.0}, {"correction": "other"}):
+    for bad in ({"replay_k": 4}, {"off_policy_groups": 1.5}, {"t_off": -1}, {"t_off": 11}, {"buffer_decay": 0.0},
+                {"weight_cap": 0.0}, {"correction": "other"}, {"replay_prompts": "buffer"},
+                {"replay_prompts": "other"}, {"buffer_admission": "other"}, {"num_steps": 4, "t_off": 5}):
         with pytest.raises(ConfigError):
             OPGRPO(model, reward, {**BASE, **bad})
 
@@ -258,9 +259,10 @@ def _run(steps, resume_at=None, **cfg):
     return alg, rewards_seen
 
 
-def test_resume_is_bit_identical():
-    straight, r1 = _run(5)
-    resumed, r2 = _run(5, resume_at=2)
+@pytest.mark.parametrize("cfg", [{}, {"replay_prompts": "buffer"}])
+def test_resume_is_bit_identical(cfg):
+    straight, r1 = _run(5, **cfg)
+    resumed, r2 = _run(5, resume_at=2, **cfg)
     assert r1 == r2
     assert all(torch.equal(a, b) for a, b in zip(params(straight), params(resumed)))
     assert [(e.prompt, e.reward, e.age, e.version) for e in straight.buffer.entries] == [

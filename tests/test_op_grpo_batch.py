@@ -1,0 +1,181 @@
+"""OP-GRPO's batch composition (replay_prompts: buffer), the buffer's admission gate and the t_off range check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import algorithms
+import models
+import rewards
+from algorithms.replay import ReplayEntry, admits
+from benchmark.cli import main
+from benchmark.config import load_config
+from benchmark.runner import prompt_batch
+from flowzoo.errors import ConfigError
+from models.toy2d import prompt_set
+from rewards.base import Reward, RewardOutput
+
+PROMPTS = [p for p, _ in prompt_set()]
+META = [m for _, m in prompt_set()]
+SMALL = dict(hidden=32, layers=2, pretrain_steps=300)  # pretraining is memoised per process
+BASE = {"group_size": 4, "clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}
+CONFIG = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
+
+
+def make(reward="toy_mode", **cfg):
+    model = models.get("toy2d")(**SMALL)
+    reward = rewards.build(reward) if isinstance(reward, str) else reward
+    return algorithms.get("op_grpo")(model, reward, {**BASE, **cfg}, seed=0)
+
+
+class Keep:
+    """Keeps every trajectory batch an algorithm's ``collect`` produced."""
+
+    def __init__(self, alg):
+        self.batches = []
+        inner = alg.collect
+
+        def collect(prompts, metadata):
+            self.batches.append(inner(prompts, metadata))
+            return self.batches[-1]
+
+        alg.collect = collect
+
+
+# ---- batch composition ----------------------------------------------------------------------------------------
+def _simulate(alg, prompts, groups_per_step, steps, success=0.03, seed=0):
+    """Drive the algorithm's group choice over ``steps`` iterations of a prompt list without a model: every sample
+    succeeds (reward 1) with probability ``success``, each group's best fresh sample is offered through the admission
+    gate. Returns the realised off-policy fraction and the number of buffer-prompt groups per step."""
+    g, k = alg.config.group_size, alg.config.replay_k
+    plan = alg.step_plan(1)
+    gen = torch.Generator().manual_seed(seed)
+    fractions, counts = [], []
+    for step in range(steps):
+        alg.iteration = step
+        batch = prompt_batch(prompts, seed, step, groups_per_step)
+        names, meta, groups = alg._choose_groups([p for p, _ in batch], [m for _, m in batch])
+        assert len(names) == len(meta) == groups_per_step
+        replayed = sum(len(e) for e in groups.values())
+        fractions.append(replayed / (groups_per_step * g))
+        counts.append(len(groups))
+        alg.buffer.step()
+        for i, name in enumerate(names):
+            k_i = len(groups.get(i, []))
+            fresh = (torch.rand(g - k_i, generator=gen) < success).float()
+            group_rewards = torch.cat([fresh, (torch.rand(k_i, generator=gen) < success).float()])
+            best = float(fresh.max())
+            if admits(best, group_rewards, alg.config.buffer_admission, alg.config.buffer_min_reward):
+                alg.buffer.offer(ReplayEntry(
+                    prompt=name, metadata=dict(meta[i]), latents=torch.zeros(alg.t_off + 1, 2),
+                    log_probs=torch.zeros(alg.num_steps), sigmas=plan.sigmas.clone(), sde=plan.sde.clone(),
+                    reward=best, version=step, kind=plan.kind, noise_level=plan.noise_level))
+    return fractions, counts
+
+
+def test_buffer_mode_meets_the_target_proportion_on_25k_prompts():
+    """Target 25% = off_policy_groups 2/3 x k 3 / G 8 with 32 groups per step (21.33 buffer groups: 21 or 22 per
+    step), a sparse reward (3% per sample, so ~22% of the groups have a success), a 25,000-prompt list."""
+    prompts = [(f"prompt {i}", {"index": i}) for i in range(25_000)]
+    alg = make(group_size=8, replay_k=3, replay_prompts="buffer", off_policy_groups=2 / 3, t_off=5)
+    fractions, counts = _simulate(alg, prompts, groups_per_step=32, steps=60)
+    warm = 10  # the buffer needs ~22 admitted prompts; ~7 are admitted per step
+    late = fractions[warm:]
+    assert abs(sum(late) / len(late) - 0.25) < 0.02, sum(late) / len(late)
+    assert set(counts[warm:]) <= {21, 22} and abs(sum(counts[warm:]) / len(late) - 32 * 2 / 3) < 1 / len(late)
+    assert all(abs(f - 0.25) < 0.02 for f in late)  # per step as well: 21 or 22 groups x 3 / 256
+    # the same list in batch mode: a group replays only if its drawn prompt is stored, which is rare
+    alg = make(group_size=8, replay_k=3, off_policy_groups=1.0, t_off=5)
+    fractions, _ = _simulate(alg, prompts, groups_per_step=32, steps=60)
+    assert sum(fractions[warm:]) / len(fractions[warm:]) < 0.01
+
+
+def test_buffer_group_count_is_deterministic_and_exact_on_average():
+    alg = make(replay_prompts="buffer", off_policy_groups=0.3)
+    counts = []
+    for i in range(10):
+        alg.iteration = i
+        counts.append(alg.buffer_group_count(8))  # 2.4 per step
+    assert set(counts) == {2, 3} and sum(counts) == 24
+
+
+def test_buffer_mode_replaces_the_last_groups_with_distinct_buffer_prompts():
+    alg = make(replay_prompts="buffer", off_policy_groups=0.5, t_off=5)
+    keep = Keep(alg)
+    alg.step(PROMPTS * 2, META * 2)  # empty buffer: Flow-GRPO's batch
+    assert len(alg.buffer) == 4 and not keep.batches[0].off_policy.any()
+    batch = ["class 0"] * 8  # the dataset offers only class 0; the buffer holds all four
+    stats = alg.step(batch, [META[0]] * 8)
+    traj = keep.batches[-1]
+    assert len(traj) == 32
+    groups = [[traj.prompts[r] for r in (traj.group == gid).nonzero().flatten().tolist()] for gid in range(8)]
+    assert all(len(set(p)) == 1 and len(p) == 4 for p in groups)
+    assert [p[0] for p in groups[:4]] == ["class 0"] * 4  # the first 4 groups keep the dataset prompt
+    assert sorted(p[0] for p in groups[4:]) == PROMPTS  # 8 x 0.5 = 4 groups take the 4 buffer prompts
+    for gid in range(8):
+        rows = traj.group == gid
+        assert int((traj.off_policy & rows).sum()) == (1 if gid >= 4 else 0)
+        cls = int(groups[gid][0].split()[1])
+        assert all(traj.metadata[r] == META[cls] for r in rows.nonzero().flatten().tolist())
+    assert stats.extra["off_policy_frac"] == 4 / 32 and stats.extra["replay_groups"] == 4
+
+
+# ---- admission gate -------------------------------------------------------------------------------------------
+def test_admission_gate_values():
+    t = torch.tensor
+    assert not admits(0.0, t([0.0, 0.0, 0.0, 0.0]))  # an all-failure group offers nothing
+    assert admits(1.0, t([1.0, 0.0, 0.0, 0.0]))  # one success: 1 > 0.25
+    assert not admits(0.5, t([0.5, 0.5, 1.0, 0.0]))  # equal to the mean: not strictly better
+    assert admits(0.1, t([0.1, 0.1, 0.1, 0.1 + 1e-7]), "any")  # no gate
+    assert not admits(0.1, t([0.1] * 8))  # all equal even where the float mean rounds below 0.1
+    assert admits(0.0, t([0.0, -1.0, -1.0, -1.0]))  # above the mean...
+    assert not admits(0.0, t([0.0, -1.0, -1.0, -1.0]), min_reward=0.5)  # ...but below the minimum reward
+    assert admits(0.5, t([0.5, -1.0]), "any", min_reward=0.5)  # >= the minimum
+    assert not admits(float("nan"), t([float("nan"), 0.0]), "any")
+    assert not admits(1.0, t([1.0, float("nan")]))
+
+
+class _Zero(Reward):
+    name = "zero"
+    accepts = ("points",)
+
+    def score(self, samples, prompts, metadata):
+        return RewardOutput(torch.zeros(samples.shape[0]))
+
+
+def test_gate_keeps_zero_reward_trajectories_out_of_the_buffer():
+    alg = make(reward=_Zero())
+    stats = alg.step(PROMPTS, META)
+    assert len(alg.buffer) == 0 and stats.extra["buffer_gated"] == 4
+    alg = make(reward=_Zero(), buffer_admission="any")  # the ablation stores the failures
+    stats = alg.step(PROMPTS, META)
+    assert len(alg.buffer) == 4 and stats.extra["buffer_gated"] == 0
+    alg = make(buffer_min_reward=1e9)  # a dense reward, but nothing reaches the minimum
+    stats = alg.step(PROMPTS, META)
+    assert len(alg.buffer) == 0 and stats.extra["buffer_gated"] == 4
+
+
+# ---- t_off range ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra, bad, valid", [
+    ([], "11", "[0, 10]"),  # T = the toy model's default of 10 steps
+    (["algorithm.num_steps=6"], "7", "[0, 6]"),
+    ([], "-1", "[0, 10]"),
+])
+def test_t_off_out_of_range_is_refused_at_load_with_one_line(tmp_path, capsys, extra, bad, valid):
+    overrides = ["algorithm.name=op_grpo", f"algorithm.t_off={bad}", *extra]
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIG, overrides)
+    message = str(err.value)
+    assert "\n" not in message and f"got {bad}" in message and valid in message and "t_off" in message
+    run_dir = tmp_path / "run"
+    assert main(["train", str(CONFIG), *overrides, f"run_dir={run_dir}", "--quiet"]) == 2
+    assert not run_dir.exists()
+    load_config(CONFIG, ["algorithm.name=op_grpo", "algorithm.t_off=10"])  # T itself: no truncation, valid
+
+
+def test_t_off_above_the_models_default_is_refused_when_building_the_algorithm():
+    with pytest.raises(ConfigError, match=r"\[0, 10\].*got 12"):
+        make(t_off=12)
