@@ -40,6 +40,7 @@ removed from the batch before advantages are computed, and counted (``replay_dro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -135,13 +136,14 @@ class OPGRPO(Algorithm):
         return self.t_off < self.num_steps
 
     def _compatible(self, entry: ReplayEntry, plan: StepPlan) -> bool:
-        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed)."""
+        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed);
+        ``plan``'s tensors on the CPU, as the entries'."""
         return (
             entry.kind == plan.kind
             and entry.noise_level == plan.noise_level
             and entry.latents.shape[0] >= self.t_off + 1
-            and torch.equal(entry.sigmas, plan.sigmas.cpu())
-            and torch.equal(entry.sde, plan.sde.cpu())
+            and torch.equal(entry.sigmas, plan.sigmas)
+            and torch.equal(entry.sde, plan.sde)
         )
 
     def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
@@ -171,6 +173,7 @@ class OPGRPO(Algorithm):
         if cfg.replay_k == 0 or cfg.off_policy_groups == 0 or len(self.buffer) == 0:
             return prompts, metadata, {}
         plan = self.step_plan(1)
+        plan = dataclasses.replace(plan, sigmas=plan.sigmas.cpu(), sde=plan.sde.cpu(), train=plan.train.cpu())
         gen = sample_generators(self.seed, self.iteration, _GROUP_CHOICE_STREAM, count=1)[0]
         if cfg.replay_prompts == "buffer":
             return self._buffer_groups(prompts, metadata, plan, gen)
