@@ -21,6 +21,7 @@ from algorithms.base import AlgorithmConfig
 from benchmark.prompts import PromptSection, check_source
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping, to_mapping
+from flowzoo.secrets import redact, warn_literal_secrets
 
 
 @dataclass
@@ -161,6 +162,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
         _check_kwargs("reward", name, rewards.get(name), kwargs or {})
     check_source(config.prompts)
     check_trackers(config.train.trackers)
+    warn_literal_secrets(to_mapping(config), declared_secrets(config))
     return config
 
 
@@ -169,5 +171,13 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Exper
     return build_config(apply_overrides(data, overrides))
 
 
+def declared_secrets(config: ExperimentConfig) -> set[str]:
+    """Argument names the config's model and reward classes declare secret (``secret_args``; flowzoo/secrets.py)."""
+    names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
+    classes = [models.get(config.model.name), *(rewards.get(name) for name in names)]
+    return {arg for cls in classes for arg in getattr(cls, "secret_args", ())}
+
+
 def resolved_dict(config: ExperimentConfig) -> dict:
-    return to_mapping(config)
+    """The config as stored and shown (config.yaml, trackers): every secret value is ``***``."""
+    return redact(to_mapping(config), declared_secrets(config))

@@ -32,13 +32,14 @@ import rewards
 from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from algorithms.sde import sigma_schedule
-from benchmark.config import ExperimentConfig, resolved_dict
+from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
 from benchmark.prompts import Prompts, load_prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
+from flowzoo.secrets import without_secrets
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
@@ -75,7 +76,8 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
         return False
     stored.pop("run_dir", None)
     wanted.pop("run_dir", None)
-    return stored == wanted
+    declared = declared_secrets(config)  # a key is no part of the experiment: literal, *** or from the environment
+    return without_secrets(stored, declared) == without_secrets(wanted, declared)
 
 
 class Runner:

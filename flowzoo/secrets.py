@@ -102,6 +102,9 @@ def secret_value(literal: str | None, env: str | None, default_env: str | None, 
     """The secret ``name`` a class uses: the literal if given, else the variable that ``<name>_env`` names (which
     must then be set), else ``default_env`` if that variable is set, else None (no secret)."""
     reference = f"{name}{REFERENCE_SUFFIX}"
+    if literal == REDACTED:
+        raise ConfigError(f"{where}: {name} is {REDACTED!r}, the redacted copy of a key (a run's config.yaml); "
+                          f"give {reference}: VARIABLE instead")
     if _has_value(literal):
         if env:
             raise ConfigError(f"{where}: give {name} or {reference}, not both")

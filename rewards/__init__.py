@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
+from flowzoo.secrets import redact
 from rewards.base import Reward, RewardOutput
 from rewards.multi import MultiReward
 
@@ -46,7 +47,8 @@ def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]]
         try:
             built[name] = cls(**args.get(name, {}))
         except TypeError as e:
-            raise ConfigError(f"reward {name!r}: bad arguments {args.get(name)}: {e}") from None
+            shown = redact(args.get(name), getattr(cls, "secret_args", ()))  # the error names no key
+            raise ConfigError(f"reward {name!r}: bad arguments {shown}: {e}") from None
     if isinstance(spec, str):
         return built[spec]
     return MultiReward(built, weights)

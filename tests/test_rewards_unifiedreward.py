@@ -15,14 +15,16 @@ from PIL import Image
 import rewards
 from flowzoo.errors import ConfigError
 from rewards.errors import RewardError
-from rewards.unifiedreward import UnifiedReward, parse_score
+from rewards.unifiedreward import DEFAULT_KEY_VARIABLE, UnifiedReward, parse_score
 
 
 class FakeServer:
-    """Answers POST /v1/chat/completions with ``self.reply(request_json)`` -> (status, body bytes), optionally late."""
+    """Answers POST /v1/chat/completions with ``self.reply(request_json)`` -> (status, body bytes) or (status, body,
+    {"reason": phrase, "headers": {...}}), optionally late; records each request and its headers."""
 
     def __init__(self):
         self.requests = []
+        self.headers = []
         self.delay_s = 0.0
         self.reply = lambda request: (200, chat_response("Final Score: 4"))
         server = self
@@ -31,10 +33,14 @@ class FakeServer:
             def do_POST(self):
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append((self.path, request))
+                server.headers.append(dict(self.headers))
                 time.sleep(server.delay_s)
-                status, body = server.reply(request)
+                status, body, *extra = server.reply(request)
+                extra = extra[0] if extra else {}
                 try:
-                    self.send_response(status)
+                    self.send_response(status, extra.get("reason"))
+                    for name, value in extra.get("headers", {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
@@ -133,5 +139,76 @@ def test_retry_recovers_from_a_transient_failure(server):
 def test_unreachable_server_and_bad_config():
     with pytest.raises(RewardError, match="cannot reach server"):
         UnifiedReward(base_url="http://127.0.0.1:9/v1", retries=0, timeout=2)(images(1), ["a cat"])
-    with pytest.raises(ConfigError, match="base_url"):
-        UnifiedReward(base_url="localhost:8000")
+    for url in ("localhost:8000", "file:///etc/passwd", "ftp://host/v1", "http:///v1", "http://host:port/v1"):
+        with pytest.raises(ConfigError, match="base_url must be http"):
+            UnifiedReward(base_url=url)
+
+
+KEY = "sk-test-3f9a1c7e5b"
+
+
+def test_key_sources_and_their_errors(server, monkeypatch):
+    monkeypatch.delenv(DEFAULT_KEY_VARIABLE, raising=False)
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    assert "Authorization" not in _sent_headers(server, UnifiedReward(base_url=server.base_url))  # no key: none sent
+    monkeypatch.setenv(DEFAULT_KEY_VARIABLE, "from-default-variable")
+    default = UnifiedReward(base_url=server.base_url)
+    assert _sent_headers(server, default)["Authorization"] == "Bearer from-default-variable"
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    reward = UnifiedReward(base_url=server.base_url, api_key_env="JUDGE_KEY")  # the named variable wins
+    assert _sent_headers(server, reward)["Authorization"] == f"Bearer {KEY}" and KEY not in repr(reward)
+    literal = UnifiedReward(base_url=server.base_url, api_key="sk-literal")
+    assert _sent_headers(server, literal)["Authorization"] == "Bearer sk-literal"
+    monkeypatch.delenv("JUDGE_KEY")
+    with pytest.raises(ConfigError, match="api_key_env names the environment variable JUDGE_KEY, which is not set"):
+        UnifiedReward(base_url=server.base_url, api_key_env="JUDGE_KEY")
+    with pytest.raises(ConfigError, match="give api_key or api_key_env, not both"):
+        UnifiedReward(base_url=server.base_url, api_key=KEY, api_key_env="JUDGE_KEY")
+    with pytest.raises(ConfigError, match="redacted copy"):  # a run's config.yaml reused as a config
+        UnifiedReward(base_url=server.base_url, api_key="***")
+
+
+def _sent_headers(server, reward):
+    reward(images(1), ["a cat"])
+    return server.headers[-1]
+
+
+def test_credentials_in_base_url_are_refused_without_echoing_them():
+    for url in (f"https://user:{KEY}@judge.example/v1", f"https://judge.example/v1?api-key={KEY}"):
+        with pytest.raises(ConfigError, match="no credentials, query or fragment") as error:
+            UnifiedReward(base_url=url)
+        assert KEY not in str(error.value) and "https://judge.example/v1" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        UnifiedReward(base_url=f"http://u:{KEY}@judge.example:port/v1")
+    assert KEY not in str(error.value)
+
+
+def test_no_key_in_error_text_even_when_the_server_echoes_it(server):
+    server.reply = lambda req: (401, b"{}", {"reason": f"bad key {server.headers[-1]['Authorization']}"})
+    reward = UnifiedReward(base_url=server.base_url, api_key=KEY, retries=0)
+    with pytest.raises(RewardError, match=r"HTTP 401 bad key Bearer \*\*\*") as error:
+        reward(images(1), ["a cat"])
+    assert KEY not in str(error.value)
+
+
+def test_a_reply_over_the_size_cap_is_refused(server):
+    server.reply = lambda req: (200, chat_response("Final Score: 4" + " " * 5000))
+    reward = UnifiedReward(base_url=server.base_url, retries=0, max_response_bytes=4096)
+    with pytest.raises(RewardError, match="reply larger than max_response_bytes=4096"):
+        reward(images(1), ["a cat"])
+    roomy = UnifiedReward(base_url=server.base_url, max_response_bytes=8192)
+    assert roomy(images(1), ["a cat"]).score.tolist() == pytest.approx([0.8])
+
+
+def test_redirects_are_not_followed(server):
+    elsewhere = FakeServer()
+    try:
+        target = elsewhere.base_url + "/chat/completions"
+        server.reply = lambda req: (302, b"{}", {"headers": {"Location": target}})
+        reward = UnifiedReward(base_url=server.base_url, api_key=KEY, retries=0)
+        with pytest.raises(RewardError, match="HTTP 302 .*redirects are not followed"):
+            reward(images(1), ["a cat"])
+        assert elsewhere.requests == []  # neither the request nor the key went to the other address
+    finally:
+        elsewhere.httpd.shutdown()
+        elsewhere.httpd.server_close()
