@@ -6,6 +6,7 @@
     flowzoo list
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
+    flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from benchmark.recipes import recipe_table
+
+    table = recipe_table()
+    if args.out:
+        Path(args.out).write_text(table)
+        print(f"recipes written to {args.out}")
+    else:
+        print(table, end="")
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     import algorithms
     import models
@@ -151,6 +164,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=_cmd_grad_snr)
+
+    rc = sub.add_parser("recipes", help="the table of every algorithm's recipe values with their sources")
+    rc.add_argument("--out", default=None, help="write the markdown here (e.g. docs/recipes.md) instead of printing it")
+    rc.set_defaults(func=_cmd_recipes)
 
     ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
     ls.set_defaults(func=_cmd_list)

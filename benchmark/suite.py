@@ -2,9 +2,13 @@
 
 A suite YAML (``benchmark/suites/*.yaml``) holds ``name``, ``seeds``, ``algorithms``, ``defaults`` (config keys for
 every run) and ``tasks`` (task name -> config keys: model, reward, prompts, train, ...; plus optionally
-``algorithms`` and ``seeds`` to run a subset of the suite's algorithms or other seeds on that task). Per-algorithm
-hyper-parameters come from ``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style): a mapping from a
-task name, a model name or ``default`` to algorithm keys; the most specific entry wins.
+``algorithms`` and ``seeds`` to run a subset of the suite's algorithms or other seeds on that task).
+
+A run's algorithm keys, lowest precedence first: the class defaults (with its preset); the suite's shared
+``algorithm`` block (``defaults.algorithm``, then ``tasks.<task>.algorithm``); the algorithm's own recipe,
+``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style, see :mod:`benchmark.recipes`); the suite's
+per-algorithm block (``defaults.per_algorithm.<algorithm>``, then ``tasks.<task>.per_algorithm.<algorithm>``);
+``key=value`` overrides from the command line.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from tqdm.auto import tqdm
 
 import algorithms
 from benchmark.config import ExperimentConfig, apply_overrides, build_config, read_yaml
+from benchmark.recipes import recipe
 from benchmark.runner import is_finished, train
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SUITES_DIR = PACKAGE_DIR / "suites"
-HYPERPARAMS_DIR = PACKAGE_DIR / "hyperparams"
 
 
 @dataclass
@@ -64,21 +68,6 @@ def load_suite(name_or_path: str) -> Suite:
     return suite
 
 
-def hyperparams(algorithm: str, task: str, model: str) -> dict[str, Any]:
-    """The algorithm's tuned keys for this task: ``default`` < model name < task name.
-
-    An algorithm without a file of its own uses the nearest base class's (a preset its algorithm's, MixGRPO-Flash
-    MixGRPO's)."""
-    names = [getattr(cls, "name", None) for cls in algorithms.get(algorithm).__mro__]
-    paths = [HYPERPARAMS_DIR / f"{name}.yaml" for name in dict.fromkeys(n for n in names if n)]
-    path = next((p for p in paths if p.is_file()), None)
-    table = read_yaml(path) if path else {}
-    merged: dict[str, Any] = {}
-    for key in ("default", model, task):
-        merged.update(table.get(key) or {})
-    return merged
-
-
 def _deep_update(base: dict, extra: dict) -> dict:
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
@@ -86,6 +75,28 @@ def _deep_update(base: dict, extra: dict) -> dict:
         else:
             base[key] = copy.deepcopy(value)
     return base
+
+
+def _mapping(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping of algorithm keys, got {value!r}")
+    return value
+
+
+def algorithm_keys(suite_name: str, task: str, alg: str, model: str, data: dict) -> dict:
+    """The run's algorithm keys: shared block < the algorithm's recipe < the suite's per-algorithm block.
+
+    ``data`` is the run's merged suite config (defaults deep-updated by the task); its ``per_algorithm`` is consumed.
+    """
+    where = f"suite {suite_name}, task {task}"
+    shared = _mapping(data.get("algorithm"), f"{where}: `algorithm`")
+    per_algorithm = _mapping(data.pop("per_algorithm", None), f"{where}: `per_algorithm`")
+    for name in per_algorithm:
+        algorithms.get(name)  # a misspelt name fails with the list of known ones
+    own = _mapping(per_algorithm.get(alg), f"{where}: `per_algorithm.{alg}`")
+    return {**shared, **recipe(alg, task, model), **own, "name": alg}
 
 
 def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
@@ -106,11 +117,7 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
             for seed in task_seeds:
                 data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
                 model = (data.get("model") or {}).get("name", "toy2d")
-                # the suite's recipe for every algorithm, then the algorithm's own tuned keys, then its name
-                recipe = data.get("algorithm") or {}
-                if not isinstance(recipe, dict):
-                    raise ConfigError(f"suite {suite.name}: `algorithm` in defaults/tasks must be a mapping of keys")
-                data["algorithm"] = {**recipe, **hyperparams(alg, task, model), "name": alg}
+                data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
                 data.update(task=task, seed=seed, run_dir=str(runs_dir / suite.name / task / alg / f"s{seed}"))
                 configs.append(build_config(apply_overrides(data, list(overrides))))
     return configs

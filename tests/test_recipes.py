@@ -1,0 +1,226 @@
+"""Recipes: every value has a source, the precedence of a suite run's layers, docs/recipes.md is current, and every
+paper suite resolves, per algorithm, to the released recipe.
+
+The expected values below are typed from a reading of the released code (not from our YAML files); sources:
+FG = yifan123/flow_grpo (config/grpo.py at 31c71b9, config/base.py at 54809b5, scripts/train_sd3.py and
+flow_grpo/stat_tracking.py at ac4c86e, scripts/train_wan2_1.py at 32b48fd); DG = XueZeyue/DanceGRPO at 15cc71d
+(scripts/finetune/finetune_flux_grpo_8gpus_lora.sh "lora.sh", finetune_wan_2_1_grpo.sh "wan.sh",
+fastvideo/train_grpo_flux.py, train_grpo_wan_2_1.py); MG = Tencent-Hunyuan/MixGRPO at e5cdd6a
+(scripts/finetune/finetune_flux_grpo_MixGRPO.sh "mix.sh", ..._Flash.sh, fastvideo/train_grpo_flux.py).
+"""
+
+from pathlib import Path
+
+import pytest
+
+import algorithms
+from benchmark import recipes
+from benchmark.cli import main
+from benchmark.suite import Suite, expand, load_suite
+from flowzoo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---- released recipes, per model family ---------------------------------------------------------------------------
+FLOW_SD3 = dict(
+    group_size=24,  # FG grpo.py:96,138,218 num_image_per_prompt
+    num_steps=10, guidance=4.5,  # FG grpo.py:90,92
+    shift=3.0,  # SD3.5-Medium's scheduler shift (the suite's sampling setup)
+    kernel="flow_grpo", noise_level=0.7,  # FG base.py:61
+    timestep_fraction=0.99,  # FG grpo.py:104
+    shared_noise=False,  # FG grpo.py:110 same_latent False
+    clip_range=1e-4, adv_clip=5.0,  # FG base.py:99,97
+    adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4,  # FG grpo.py:108 global_std; stat_tracking.py:27 np.std + 1e-4
+    drop_zero_advantage=True,  # FG train_sd3.py:796-816
+    kl_beta=0.04, kl_variance="release",  # FG grpo.py:106,147; train_sd3.py:895 / (2 std_dev_t^2)
+    cfg_grad="cond",  # FG train_sd3.py:194 noise_pred_uncond.detach()
+    lr=3e-4, weight_decay=1e-4, adam_eps=1e-8, max_grad_norm=1.0,  # FG base.py:76,82,84,89
+    inner_epochs=1, minibatches=2,  # FG grpo.py:102 gradient_accumulation_steps = batches per epoch // 2
+    log_prob_reduction="mean",
+)
+FLOW_WAN = dict(
+    FLOW_SD3,
+    group_size=4, num_steps=20, guidance=4.5,  # FG grpo.py:44,35,37 (general_ocr_wan2_1)
+    shift=None,  # the Wan model's own scheduler shift
+    clip_range=1e-3, kl_beta=0.004, lr=1e-4,  # FG grpo.py:56,54,55
+    adv_std="group",  # FG grpo.py:64 global_std False
+    cfg_grad="both",  # FG train_wan2_1.py compute_log_prob: no detach
+    minibatches=2,  # FG grpo.py:46-50: 2 batches per epoch, accumulation 1
+)
+FAST_SD3 = dict(
+    group_size=24, num_steps=10,  # FG grpo.py:178,170 (geneval_sd3_fast_nocfg)
+    guidance=1.0,  # FG grpo.py:172,174: guidance 1, train.cfg False
+    kernel="cps", noise_level=0.8,  # FG grpo.py:191,188
+    sde_window_size=3, sde_window_range=None,  # FG grpo.py:189-190: (0, T // 2)
+    shared_prefix=False, shared_noise=False,  # FG base.py:63 same_latent False
+    clip_range=1e-5, kl_beta=0.0,  # FG grpo.py:185,186
+    adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4, drop_zero_advantage=True,
+    lr=3e-4, minibatches=2, inner_epochs=1,  # FG base.py:76; grpo.py:183-184
+)
+FAST_WAN = dict(  # no released Wan Fast recipe: the Wan recipe with the Fast sampler (ours, flow_grpo_fast.yaml)
+    FAST_SD3, group_size=4, num_steps=20, guidance=4.5, clip_range=1e-3, adv_std="group", lr=1e-4,
+)
+DANCE_SD3 = dict(
+    group_size=12,  # DG lora.sh:49 num_generations
+    num_steps=10, guidance=4.5, shift=3.0,  # ours: the SD3 task's sampling setup (DanceGRPO releases no SD3 recipe)
+    kernel="dance_grpo", noise_level=0.3,  # DG lora.sh:43 eta
+    timestep_fraction=0.6,  # DG lora.sh:53
+    shared_noise=True,  # DG lora.sh:54 init_same_noise
+    sigma_grid="linspace",  # DG train_grpo_flux.py:311-313
+    clip_range=1e-4, adv_clip=5.0,  # DG lora.sh:55-56
+    adv_std="group", adv_std_unbiased=True, adv_eps=1e-8,  # DG train_grpo_flux.py:542
+    drop_zero_advantage=False, kl_beta=0.0,  # DG train_grpo_flux.py:597-603, no mask, no KL
+    cfg_grad="both",  # DG train_grpo_wan_2_1.py:238-248 (its trainers with CFG)
+    lr=3e-4, weight_decay=1e-4, max_grad_norm=1.0,  # DG lora.sh:33,47,46
+    minibatches=2,  # DG lora.sh:26,31: 2 x 12 samples per GPU / accumulation 12
+)
+DANCE_WAN = dict(
+    DANCE_SD3,
+    group_size=12, num_steps=20, guidance=5.0, shift=3.0,  # DG wan.sh:47,40,55,48
+    lr=1e-4,  # ours: the suite's LoRA lr (DanceGRPO's Wan run fine-tunes all weights at 1e-5, wan.sh:32)
+    minibatches=1,  # DG wan.sh:24,29: 2 x 12 samples per GPU / accumulation 24
+)
+MIX_SD3 = dict(
+    group_size=12,  # MG mix.sh:150
+    num_steps=10, guidance=4.5, shift=3.0,  # ours: the SD3 task's sampling setup (MixGRPO releases FLUX only)
+    kernel="flow_grpo", noise_level=0.7,  # MG mix.sh:196 --flow_grpo_sampling, :55 eta 0.7
+    shared_noise=True, sigma_grid="linspace",  # MG mix.sh:155; train_grpo_flux.py:187-189
+    window_size=4, window_stride=1, window_tau=25,  # MG mix.sh:58,60,57
+    window_strategy="progressive", window_rollback=True, window_bound="released",  # MG mix.sh:59,168; grpo_states.py:148
+    reward_aggregation="advantage",  # MG mix.sh:62 advantage_aggr
+    kl_beta=0.0, clip_range=1e-4, adv_clip=5.0,  # MG mix.sh:56,156,157
+    adv_std="group", adv_std_unbiased=True, adv_eps=1e-8, drop_zero_advantage=False,  # MG train_grpo_flux.py:448
+    lr=3e-4,  # ours: LoRA (MixGRPO's 1e-5 fine-tunes all FLUX weights)
+    minibatches=4,  # MG mix.sh:68,128,150: 12 samples per GPU / accumulation 3
+)
+MIX_WAN = dict(MIX_SD3, num_steps=20, shift=None, lr=1e-4)  # the Wan task's sampling setup and LoRA lr (ours)
+FLASH = dict(window_tau=20, compress_ratio=0.4)  # MG ..._MixGRPO_Flash.sh:57,77
+
+EXPECTED = {
+    ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): FLOW_SD3, ("sd3", "flow_grpo_fast"): FAST_SD3,
+    ("sd3", "dance_grpo"): DANCE_SD3, ("sd3", "mix_grpo"): MIX_SD3, ("sd3", "mix_grpo_flash"): dict(MIX_SD3, **FLASH),
+    ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): FLOW_WAN, ("wan", "flow_grpo_fast"): FAST_WAN,
+    ("wan", "dance_grpo"): DANCE_WAN, ("wan", "mix_grpo"): MIX_WAN, ("wan", "mix_grpo_flash"): dict(MIX_WAN, **FLASH),
+}
+PER_TASK = {
+    ("sd3_pickscore", "flow_grpo"): {"kl_beta": 0.01},  # FG grpo.py:227
+    ("sd3_pickscore", "op_grpo"): {"kl_beta": 0.01},
+    ("sd3_pickscore", "flow_grpo_fast"): {"group_size": 18},  # FG grpo.py:338 (pickscore_sd3_fast_nocfg)
+}
+PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video"]
+
+
+@pytest.fixture
+def prompt_dir(tmp_path):
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.txt").write_text("a photo of a cat\n")
+    return [f"prompts.train={tmp_path}", f"prompts.test={tmp_path}"]
+
+
+@pytest.mark.parametrize("suite_name", PAPER_SUITES)
+def test_paper_suite_resolves_to_the_released_recipes(suite_name, prompt_dir, tmp_path):
+    suite = load_suite(suite_name)
+    configs = expand(suite, tmp_path / "runs", prompt_dir)
+    assert sorted({c.algorithm_name for c in configs}) == sorted(suite.algorithms)
+    wrong = []
+    for c in configs:
+        family = c.model.name
+        expected = {**EXPECTED[(family, c.algorithm_name)], **PER_TASK.get((c.task, c.algorithm_name), {})}
+        resolved = {k: c.algorithm[k] for k in expected}
+        print(f"{suite_name} {c.task} {c.algorithm_name}: {resolved}")
+        wrong += [f"{c.task}/{c.algorithm_name}.{k}: resolved {resolved[k]!r}, released {v!r}"
+                  for k, v in expected.items() if resolved[k] != v]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_docs_recipes_md_is_current():
+    doc = ROOT / "docs" / "recipes.md"
+    assert doc.read_text() == recipes.recipe_table(), "docs/recipes.md is stale: run `flowzoo recipes --out docs/recipes.md`"
+
+
+def test_every_recipe_value_names_a_real_knob_and_a_source():
+    rows = [row for path in sorted(recipes.RECIPES_DIR.glob("*.yaml")) for row in recipes.read_recipe_file(path)]
+    assert len(rows) > 100 and all(row.source for row in rows)
+    assert {row.file for row in rows} >= {"flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash"}
+
+
+def _recipe_dir(tmp_path, monkeypatch, files: dict[str, str]) -> Path:
+    folder = tmp_path / "hyperparams"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / f"{name}.yaml").write_text(text)
+    monkeypatch.setattr(recipes, "RECIPES_DIR", folder)
+    return folder
+
+
+def test_a_value_without_a_source_or_an_unknown_knob_is_refused(tmp_path, monkeypatch):
+    folder = _recipe_dir(tmp_path, monkeypatch, {"flow_grpo": "sd3:\n  lr: 1.0e-3\n"})
+    with pytest.raises(ConfigError, match=r"flow_grpo.yaml:2: sd3.lr has no source"):
+        recipes.read_recipe_file(folder / "flow_grpo.yaml")
+    (folder / "flow_grpo.yaml").write_text("sd3:\n  lrate: 1.0e-3  # ours\n")
+    with pytest.raises(ConfigError, match=r"unknown flow_grpo knob 'lrate'; valid: .*\blr\b"):
+        recipes.read_recipe_file(folder / "flow_grpo.yaml")
+    (folder / "flow_grpo.yaml").write_text("sd3: {lr: 1.0e-3}  # ours\n")
+    with pytest.raises(ConfigError, match=r"flow_grpo.yaml:1: expected `scope:` or `  knob: value  # source`"):
+        recipes.read_recipe_file(folder / "flow_grpo.yaml")
+
+
+PRECEDENCE_RECIPE = """\
+default:
+  clip_range: 0.2  # test
+  kl_beta: 0.1  # test
+  noise_level: 0.5  # test
+  group_size: 4  # test
+  max_grad_norm: 2.0  # test
+  minibatches: 1  # test
+toy2d:
+  kl_beta: 0.2  # test
+  noise_level: 0.6  # test
+t:
+  kl_beta: 0.3  # test
+"""
+
+
+def test_precedence_class_shared_recipe_per_algorithm_command_line(tmp_path, monkeypatch):
+    _recipe_dir(tmp_path, monkeypatch, {"flow_grpo": PRECEDENCE_RECIPE, "op_grpo": "inherits: flow_grpo\n"
+                                        "default:\n  t_off: 3  # test\n  lr: 0.005  # test\n"})
+    suite = Suite(name="s", algorithms=["flow_grpo", "op_grpo", "op_grpo_no_truncation"], seeds=[0], defaults={
+        "algorithm": {"lr": 0.002, "clip_range": 0.3, "kl_beta": 0.9},  # shared block
+        "per_algorithm": {"flow_grpo": {"group_size": 6, "max_grad_norm": 3.0}, "op_grpo": {"adv_clip": 2.0}},
+    }, tasks={"t": {
+        "model": {"name": "toy2d"}, "reward": "toy_mode", "prompts": {"source": "toy2d"},
+        "algorithm": {"lr": 0.001},  # the task's shared block over the suite's
+        "per_algorithm": {"flow_grpo": {"group_size": 8, "minibatches": 2}},
+    }})
+    runs = {c.algorithm_name: c.algorithm for c in expand(suite, tmp_path / "runs", ["algorithm.minibatches=3"])}
+    flow = runs["flow_grpo"]
+    assert flow["adv_clip"] == 5.0  # class default: nobody sets it
+    assert flow["lr"] == 0.001  # shared block only (the task's over the suite's)
+    assert flow["clip_range"] == 0.2  # recipe over the shared block
+    assert flow["noise_level"] == 0.6 and flow["kl_beta"] == 0.3  # recipe: default < model < task
+    assert flow["max_grad_norm"] == 3.0  # per-algorithm block over the recipe
+    assert flow["group_size"] == 8  # the task's per-algorithm block over the suite's
+    assert flow["minibatches"] == 3  # the command line over everything
+    op = runs["op_grpo"]
+    assert op["adv_clip"] == 2.0 and op["group_size"] == 4  # its own block only; the flow_grpo block does not leak
+    assert op["kl_beta"] == 0.3 and op["lr"] == 0.005 and op["t_off"] == 3  # flow_grpo.yaml, then op_grpo.yaml over it
+    assert runs["op_grpo_no_truncation"]["t_off"] is None  # the preset's identity over its base's recipe
+
+    suite.tasks["t"]["per_algorithm"] = {"flow_grpoo": {"lr": 0.1}}
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'flow_grpoo'; known: .*flow_grpo"):
+        expand(suite, tmp_path / "runs")
+
+
+def test_recipes_command_prints_and_writes_the_table(tmp_path, capsys):
+    assert main(["recipes"]) == 0
+    assert capsys.readouterr().out == recipes.recipe_table()
+    out = tmp_path / "recipes.md"
+    assert main(["recipes", "--out", str(out)]) == 0 and out.read_text() == recipes.recipe_table()
+
+
+def test_every_algorithm_reads_its_own_file_after_its_bases():
+    assert [p.name for p in recipes.recipe_files("mix_grpo_flash_star")] == ["mix_grpo.yaml", "mix_grpo_flash.yaml"]
+    assert [p.name for p in recipes.recipe_files("op_grpo_naive_is")] == ["flow_grpo.yaml", "op_grpo.yaml"]
+    star = recipes.recipe("mix_grpo_flash_star", "sd3_geneval", "sd3")
+    assert star["compress_ratio"] == 0.2 and star["window_tau"] == 20  # preset over mix_grpo_flash.yaml; tau from it
+    assert algorithms.get("mix_grpo_flash_star").preset["compress_ratio"] == 0.2
