@@ -9,7 +9,10 @@ What differs from Flow-GRPO (the base template):
   without replacement among the first T - 1 (the reference shuffles the T - 1 transitions left once the last one is
   dropped, ``samples["latents"][:, :-1]``, and trains ``int(len * timestep_fraction)`` of them), so the final
   transition is never trained;
-* no KL term (``kl_beta`` 0).
+* no KL term (``kl_beta`` 0);
+* the sigma grid ``shift(linspace(1, 0, T + 1))`` (``sigma_grid: linspace``; XueZeyue/DanceGRPO
+  fastvideo/train_grpo_flux.py:311-313 with ``sd3_time_shift`` :127-128), not diffusers' SD3 grid, which ends at the
+  shifted 1/1000 before 0 (``sigma_grid: diffusers``, the other algorithms' grid).
 
 The subsets come from a generator seeded by (seed, iteration), so a resumed run draws the same ones.
 NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1):
@@ -19,13 +22,13 @@ sampling T * B * c; training E * k * c * B * int((T - 1) * timestep_fraction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.plans import PURPOSE_TRAIN_SUBSETS, iteration_generator, random_step_subsets
+from algorithms.plans import PURPOSE_TRAIN_SUBSETS, algorithm_sigmas, iteration_generator, random_step_subsets
 from algorithms.trajectory import StepPlan
 from flowzoo.errors import ConfigError
 
@@ -37,12 +40,17 @@ class DanceGRPOConfig(AlgorithmConfig):
     timestep_fraction: float = 0.6
     shared_noise: bool = True
     kl_beta: float = 0.0
+    sigma_grid: Literal["diffusers", "linspace"] = "linspace"
 
 
 @register("dance_grpo")
 class DanceGRPO(Algorithm):
     name = "dance_grpo"
     Config = DanceGRPOConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sigmas = algorithm_sigmas(self)
 
     def trained_steps_per_sample(self) -> int:
         """int((T - 1) * timestep_fraction), at least 1: the size of each sample's random subset."""

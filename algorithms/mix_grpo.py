@@ -4,18 +4,30 @@ arXiv 2507.21802).
 MixGRPO: the rollout is stochastic (``flow_grpo`` kernel, a = 0.7) only inside a sliding window of ``window_size``
 (w = 4) consecutive steps and deterministic Euler elsewhere; only the window's steps are trained, so a sample costs
 T forward passes to sample but only w to train. Defaults follow the paper and its released FLUX script
-(``finetune_flux_grpo_MixGRPO.sh``): w = 4, stride 1, tau = 25 iterations per position, ``progressive`` strategy with
-roll-back, one shared initial noise per group (``--init_same_noise``), no KL, clip 1e-4 (the base default); the
+(Tencent-Hunyuan/MixGRPO ``scripts/finetune/finetune_flux_grpo_MixGRPO.sh``): w = 4, stride 1, tau = 25 iterations
+per position, ``progressive`` strategy with roll-back, one shared initial noise per group (``--init_same_noise``),
+no KL, clip 1e-4 (the base default), several rewards merged by advantage (``multi_reward_mix="advantage_aggr"``,
+:62: each reward's group advantage, weighted, summed, and the sum clamped, see ``algorithms.advantages``), and the
+sigma grid ``shift(linspace(1, 0, T + 1))`` (``sigma_grid: linspace``, fastvideo/train_grpo_flux.py:187-189); the
 paper samples T = 25 steps, here ``num_steps`` stays the model's default so that tiers compare at equal T.
 
 Window position (``window_start(iteration)``; a pure function of the iteration, which ``state_dict`` stores, so a
-resumed run continues with the same windows). Valid starts are ``0 .. L`` with ``L = T - 1 - w``: the window never
-contains the final transition (the reference trains timesteps up to T - 2 only).
+resumed run continues with the same windows). ``window_bound`` says where the window must end:
+
+* ``released`` (default): its steps lie in ``0 .. T - 3``. The reference builds its window state with
+  ``max_timesteps = T - 2`` (fastvideo/train_grpo_flux.py:919) and trains ``range(cur, min(cur + w, max_timesteps))``
+  (fastvideo/utils/grpo_states.py:148), an exclusive bound, so step T - 2 is never trained. A progressive start
+  runs up to T - 2 (it rolls back once past it, :95-97) and the window is cut at T - 3: it shrinks over the last
+  w - 1 positions and is empty at start T - 2, where an iteration samples with the ODE only and makes no optimizer
+  step (the reference's training loop has no step to run). A random start is drawn in ``0 .. T - 2 - w`` (:102).
+* ``whole``: the window stays whole and may contain step T - 2; a start is at most ``L = T - 1 - w``.
+
+Strategies (``L`` = the last start: T - 2 for a released progressive window, else the last whole-window start):
 
 * ``progressive``: ``start = window_start + stride * (iteration // tau)``. Reaching past ``L``, MixGRPO's rule
-  (``GRPOTrainingStates.update_iteration``) is: with roll-back, return to the initial start and slide again
-  (so positions cycle with period ``(L - window_start) // stride + 1`` shifts); without, stay at the end (``L``).
-  The reference clips at T - 2 and lets the window shrink there; we keep the window whole and clip its start at L.
+  (``GRPOTrainingStates.update_iteration``, grpo_states.py:85-99) is: with roll-back, return to the initial start
+  and slide again (so positions cycle with period ``(L - window_start) // stride + 1`` shifts); without, stay at
+  ``L``.
 * ``random``: a uniform start in ``0 .. L`` each iteration (the reference draws one per iteration), from a generator
   seeded by (seed, iteration).
 * ``fixed``: always ``window_start`` (the reference's progressive with stride 0: Flash*'s frozen window).
@@ -24,10 +36,13 @@ MixGRPO-Flash: after the window, the remaining ``T - 1 - last`` steps (``last`` 
 by a coarser schedule of ``P = max(int((T - 1 - last) * r), 2)`` points from ``sigmas[last + 1]`` to 0 (``P - 1``
 steps; r = ``compress_ratio`` = 0.4, the released script's ``dpm_post_compress_ratio``), solved with DPM-Solver++ 2M
 (``algorithms.sde.dpm_solver_pp_2m_step``), see ``algorithms.plans.compressed_tail_sigmas`` for the sigmas.
-Steps before the window stay Euler. ``mix_grpo_flash_star`` is Flash* (r = 0.2 and a frozen window at step 0).
+Steps before the window stay Euler. Flash's tau is 20 (both released Flash scripts). ``mix_grpo_flash_star`` is
+Flash* (r = 0.2 and a frozen window at step 0). An empty window (released bound, start T - 2) has ``last = start - 1``
+(the reference fails there: it finds no SDE step to compress after).
 
-NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1):
-MixGRPO sampling T * B * c, training E * k * c * B * w; Flash sampling (last + P) * B * c, training the same.
+NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1, w' = the window's steps
+this iteration: w, or fewer where a released window is cut at T - 3):
+MixGRPO sampling T * B * c, training E * k * c * B * w'; Flash sampling (last + P) * B * c, training the same.
 """
 
 from __future__ import annotations
@@ -39,7 +54,9 @@ import torch
 
 from algorithms import register, register_preset
 from algorithms.base import Algorithm, AlgorithmConfig, StepStats
-from algorithms.plans import PURPOSE_WINDOW, compressed_tail_sigmas, iteration_generator, window_plan
+from algorithms.plans import (
+    PURPOSE_WINDOW, algorithm_sigmas, compressed_tail_sigmas, iteration_generator, window_plan,
+)
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
@@ -54,6 +71,9 @@ class MixGRPOConfig(AlgorithmConfig):
     window_strategy: Literal["progressive", "random", "fixed"] = "progressive"
     window_start: int = 0  # the first (progressive) or only (fixed) start
     window_rollback: bool = True
+    window_bound: Literal["released", "whole"] = "released"  # where the window must end (see the module)
+    sigma_grid: Literal["diffusers", "linspace"] = "linspace"
+    reward_aggregation: Literal["sum", "advantage"] = "advantage"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,20 +90,33 @@ class MixGRPO(Algorithm):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.sigmas = algorithm_sigmas(self)
         if self.config.window_start > self.last_window_start:
             raise ConfigError(
                 f"algorithm.window_start {self.config.window_start} is past the last start {self.last_window_start} "
-                f"(T = {self.num_steps}, window_size = {self.config.window_size})"
+                f"(T = {self.num_steps}, window_size = {self.config.window_size}, "
+                f"window_bound = {self.config.window_bound})"
             )
 
     @property
+    def window_end(self) -> int:
+        """One past the last step a window may hold: T - 2 (``released``) or T - 1 (``whole``; never the final
+        transition)."""
+        return self.num_steps - (2 if self.config.window_bound == "released" else 1)
+
+    @property
     def last_window_start(self) -> int:
-        """L = T - 1 - w: the window never contains the final transition."""
-        last = self.num_steps - 1 - self.config.window_size
+        """L: T - 2 for a released progressive window (which shrinks at the end), else the last whole-window start."""
+        cfg = self.config
+        last = self.window_end - cfg.window_size
         if last < 0:
+            needed = cfg.window_size + self.num_steps - self.window_end
             raise ConfigError(
-                f"algorithm.window_size {self.config.window_size} needs num_steps >= {self.config.window_size + 1}"
+                f"algorithm.window_size {cfg.window_size} needs num_steps >= {needed} "
+                f"(window_bound {cfg.window_bound}), got {self.num_steps}"
             )
+        if cfg.window_bound == "released" and cfg.window_strategy == "progressive" and cfg.window_stride > 0:
+            return self.window_end
         return last
 
     def window_start(self, iteration: int | None = None) -> int:
@@ -101,9 +134,13 @@ class MixGRPO(Algorithm):
             shifts %= (last - first) // cfg.window_stride + 1
         return min(first + cfg.window_stride * shifts, last)
 
+    def window_steps(self, iteration: int | None = None) -> int:
+        """The number of steps in the window at ``iteration``: w, less where it is cut at ``window_end``."""
+        return max(0, min(self.config.window_size, self.window_end - self.window_start(iteration)))
+
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config
-        return window_plan(self.sigmas, self.window_start(), cfg.window_size, batch, cfg.kernel, cfg.noise_level)
+        return window_plan(self.sigmas, self.window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level)
 
     def after_update(self, traj: Trajectory, stats: StepStats) -> None:
         stats.extra["window_start"] = float(self.window_start())
@@ -112,6 +149,7 @@ class MixGRPO(Algorithm):
 @dataclass
 class MixGRPOFlashConfig(MixGRPOConfig):
     compress_ratio: float = 0.4
+    window_tau: int = 20  # iters_per_group=20 in both released Flash scripts (finetune_flux_grpo_MixGRPO_Flash*.sh:57)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -127,12 +165,12 @@ class MixGRPOFlash(MixGRPO):
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config
         start = self.window_start()
-        last = start + cfg.window_size - 1
+        last = start + self.window_steps() - 1  # start - 1 for an empty window: the tail follows the ODE steps
         shift = self.model.default_shift if cfg.shift is None else cfg.shift
         sigmas = compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift)
         dpm = torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)
         dpm[last + 1 :] = True
-        return window_plan(sigmas, start, cfg.window_size, batch, cfg.kernel, cfg.noise_level, dpm)
+        return window_plan(sigmas, start, self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)
 
 
 register_preset(

@@ -4,6 +4,7 @@
   (MixGRPO, MixGRPO-Flash, Flow-GRPO-Fast);
 * :func:`random_step_subsets`: each sample trains its own random subset of steps (DanceGRPO);
 * :func:`compressed_tail_sigmas`: MixGRPO-Flash's coarser schedule after the window;
+* :func:`algorithm_sigmas`: the sigma grid an algorithm's ``sigma_grid`` names;
 * :func:`iteration_generator`: a random stream that is a pure function of (seed, iteration, purpose), so a plan drawn
   at iteration k is the same after a resume.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from algorithms.rollout import sample_generators
-from algorithms.sde import time_shift
+from algorithms.sde import sigma_schedule, time_shift
 from algorithms.trajectory import StepPlan
 
 #: ``purpose`` keys of :func:`iteration_generator`; far from the small group offsets fresh_rollout uses as its key
@@ -24,6 +25,14 @@ PURPOSE_WINDOW = 1_000_002
 def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Generator:
     """A generator seeded by (seed, iteration, purpose) only."""
     return sample_generators(seed, iteration, purpose, count=1)[0]
+
+
+def algorithm_sigmas(algorithm) -> torch.Tensor:
+    """The training sigmas of an algorithm whose config has a ``sigma_grid`` (DanceGRPO, MixGRPO): its T steps and
+    shift (the model's default when unset) on that grid, see :func:`algorithms.sde.sigma_schedule`."""
+    cfg = algorithm.config
+    shift = algorithm.model.default_shift if cfg.shift is None else cfg.shift
+    return sigma_schedule(algorithm.num_steps, shift, grid=cfg.sigma_grid)
 
 
 def window_mask(num_steps: int, start: int, size: int) -> torch.Tensor:

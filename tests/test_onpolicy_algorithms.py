@@ -16,6 +16,7 @@ from models.base import Condition, FlowModel
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}
 MINE = ["dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star", "flow_grpo_fast"]
+WHOLE = {"window_bound": "whole"}  # MixGRPO's window kept whole up to step T - 2 (tests/test_sigma_grid.py: released)
 
 
 def build(name, model, config=None, seed=0):
@@ -36,7 +37,7 @@ def starts(alg, iterations):
 
 
 def test_progressive_window_slides_every_tau_and_rolls_back(toy_model):
-    alg = build("mix_grpo", toy_model)  # T = 10, w = 4: starts 0 .. 5
+    alg = build("mix_grpo", toy_model, WHOLE)  # T = 10, w = 4: starts 0 .. 5
     assert alg.last_window_start == 5
     assert starts(alg, [0, 24, 25, 49, 50, 124, 125, 149, 150, 175]) == [0, 0, 1, 1, 2, 4, 5, 5, 0, 1]
     for it in (0, 30, 140):
@@ -45,14 +46,14 @@ def test_progressive_window_slides_every_tau_and_rolls_back(toy_model):
 
 
 def test_progressive_without_rollback_stays_at_the_end(toy_model):
-    alg = build("mix_grpo", toy_model, {"window_rollback": False, "window_tau": 3})
+    alg = build("mix_grpo", toy_model, {"window_rollback": False, "window_tau": 3, **WHOLE})
     assert starts(alg, [0, 2, 3, 15, 17, 18, 300]) == [0, 0, 1, 5, 5, 5, 5]
 
 
 def test_progressive_stride_and_start(toy_model):
-    alg = build("mix_grpo", toy_model, {"window_stride": 2, "window_tau": 1, "window_start": 1})
+    alg = build("mix_grpo", toy_model, {"window_stride": 2, "window_tau": 1, "window_start": 1, **WHOLE})
     assert starts(alg, range(8)) == [1, 3, 5, 1, 3, 5, 1, 3]
-    alg = build("mix_grpo", toy_model, {"window_stride": 2, "window_tau": 2})
+    alg = build("mix_grpo", toy_model, {"window_stride": 2, "window_tau": 2, **WHOLE})
     assert starts(alg, range(8)) == [0, 0, 2, 2, 4, 4, 0, 0]
 
 
@@ -62,9 +63,9 @@ def test_fixed_window_never_moves(toy_model):
 
 
 def test_random_window_is_uniform_in_range_and_reproducible(toy_model):
-    alg = build("mix_grpo", toy_model, {"window_strategy": "random"}, seed=1)
-    again = build("mix_grpo", toy_model, {"window_strategy": "random"}, seed=1)
-    other = build("mix_grpo", toy_model, {"window_strategy": "random"}, seed=2)
+    alg = build("mix_grpo", toy_model, {"window_strategy": "random", **WHOLE}, seed=1)
+    again = build("mix_grpo", toy_model, {"window_strategy": "random", **WHOLE}, seed=1)
+    other = build("mix_grpo", toy_model, {"window_strategy": "random", **WHOLE}, seed=2)
     got = starts(alg, range(200))
     assert got == starts(again, range(200))
     assert got != starts(other, range(200))
@@ -90,7 +91,7 @@ def test_window_must_fit_before_the_last_step(toy_model):
     with pytest.raises(ConfigError, match="window_size"):
         build("mix_grpo", toy_model, {"window_size": 10})
     with pytest.raises(ConfigError, match="window_start"):
-        build("mix_grpo", toy_model, {"window_start": 6})
+        build("mix_grpo", toy_model, {"window_start": 6, **WHOLE})
 
 
 # ---- Flow-GRPO-Fast -------------------------------------------------------------------------------------------
@@ -163,7 +164,8 @@ def test_flow_grpo_fast_noise_is_not_shared(toy_model, toy_prompts):
 )
 def test_flash_step_count_and_sigmas(toy_model, name, start, steps):
     # T = 25, w = 4, last = start + 3: steps = last + max(int((T - 1 - last) * r), 2)
-    alg = build(name, toy_model, {"num_steps": 25, "shift": 3.0, "window_strategy": "fixed", "window_start": start})
+    alg = build(name, toy_model, {"num_steps": 25, "shift": 3.0, "window_strategy": "fixed", "window_start": start,
+                                  **WHOLE})
     plan = alg.step_plan(8)
     assert plan.num_steps == steps
     assert window_of(plan) == (start, 4)
