@@ -1,9 +1,11 @@
 """Group-relative advantages (GRPO) and multi-reward aggregation.
 
 A_i = (r_i - mean_group(r)) / (std + eps), with std either the group's (Flow-GRPO's per-prompt stat tracker) or the
-whole batch's (``global_std``), then clipped to +-adv_clip. With several rewards, ``aggregation="sum"`` normalises
-the weighted sum of rewards; ``aggregation="advantage"`` normalises each reward within its groups and sums the
-weighted advantages (MixGRPO's ``advantage_aggr``).
+whole batch's (``global_std``), then clipped to +-adv_clip. The std is the population one (``np.std``, Flow-GRPO's
+flow_grpo/stat_tracking.py:27-29, eps 1e-4) or, with ``unbiased``, the sample one (``torch.std``, DanceGRPO's and
+MixGRPO's group std, eps 1e-8). With several rewards, ``aggregation="sum"`` normalises the weighted sum of rewards;
+``aggregation="advantage"`` normalises each reward within its groups and sums the weighted advantages (MixGRPO's
+``advantage_aggr``).
 """
 
 from __future__ import annotations
@@ -17,24 +19,38 @@ STD_MODES = ("group", "batch")
 AGGREGATIONS = ("sum", "advantage")
 
 
+def _group_moments(rewards: torch.Tensor, group: torch.Tensor, unbiased: bool):
+    """Per-sample group mean and group std of ``rewards`` (float) by ``group`` id."""
+    ids, inverse, counts = torch.unique(group.to(rewards.device), return_inverse=True, return_counts=True)
+    means = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, rewards) / counts
+    centered = rewards - means[inverse]
+    squares = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, centered**2)
+    var = squares / (counts - 1).clamp(min=1) if unbiased else squares / counts
+    return means[inverse], var.sqrt()[inverse]
+
+
 def group_advantages(
-    rewards: torch.Tensor, group: torch.Tensor, std_mode: str = "group", eps: float = 1e-4, clip: float = 5.0
+    rewards: torch.Tensor, group: torch.Tensor, std_mode: str = "group", eps: float = 1e-4, clip: float = 5.0,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """Advantages [B] of ``rewards`` [B] relative to the samples sharing the same ``group`` id [B]."""
     if std_mode not in STD_MODES:
         raise ValueError(f"unknown std mode {std_mode!r}; known: {', '.join(STD_MODES)}")
     rewards = rewards.float()
-    group = group.to(rewards.device)
-    ids, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
-    sums = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, rewards)
-    means = sums / counts
-    centered = rewards - means[inverse]
-    if std_mode == "group":
-        var = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, centered**2) / counts
-        std = var.sqrt()[inverse]
-    else:
-        std = rewards.std(unbiased=False).expand_as(rewards)
-    return ((centered / (std + eps)).clamp(-clip, clip)).to(torch.float32)
+    mean, std = _group_moments(rewards, group, unbiased)
+    if std_mode == "batch":
+        std = rewards.std(unbiased=unbiased).expand_as(rewards)
+    return (((rewards - mean) / (std + eps)).clamp(-clip, clip)).to(torch.float32)
+
+
+def zero_std_fraction(rewards: torch.Tensor, group: torch.Tensor) -> float:
+    """The fraction of groups whose rewards are all equal (zero std): their advantages are all 0, so they teach
+    nothing (Flow-GRPO logs it as ``zero_std_ratio``, scripts/train_sd3.py:132-166)."""
+    ids, inverse = torch.unique(group.to(rewards.device), return_inverse=True)
+    rewards = rewards.double()
+    lo = torch.full((len(ids),), math.inf, dtype=rewards.dtype).scatter_reduce(0, inverse, rewards, "amin")
+    hi = torch.full((len(ids),), -math.inf, dtype=rewards.dtype).scatter_reduce(0, inverse, rewards, "amax")
+    return float((lo == hi).double().mean())
 
 
 def combined_advantages(
@@ -45,13 +61,16 @@ def combined_advantages(
     aggregation: str = "sum",
     std_mode: str = "group",
     clip: float = 5.0,
+    eps: float = 1e-4,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """Advantages of a (possibly multi-component) reward under the chosen aggregation."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     if aggregation == "sum" or not weights:
-        return group_advantages(total, group, std_mode, clip=clip)
+        return group_advantages(total, group, std_mode, eps=eps, clip=clip, unbiased=unbiased)
     # the merged advantage is clamped, not each reward's: MixGRPO sums the unclipped per-reward advantages
     # (Tencent-Hunyuan/MixGRPO fastvideo/train_grpo_flux.py:449-456) and clamps the sum in the loss (:567)
-    parts = [w * group_advantages(components[name], group, std_mode, clip=math.inf) for name, w in weights.items()]
+    parts = [w * group_advantages(components[name], group, std_mode, eps=eps, clip=math.inf, unbiased=unbiased)
+             for name, w in weights.items()]
     return torch.stack(parts).sum(0).clamp(-clip, clip)

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
-from algorithms.advantages import combined_advantages
+from algorithms.advantages import combined_advantages, zero_std_fraction
 from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
@@ -50,10 +50,26 @@ class AlgorithmConfig:
     shared_noise: bool = False  # one initial noise per group (DanceGRPO)
     clip_range: float = 1e-4  # PPO clip epsilon
     adv_clip: float = 5.0
+    # A = (r - group mean) / (std + adv_eps), std over the group or (``batch``) the whole batch (Flow-GRPO's SD3
+    # recipes: ``global_std``). Released forms: Flow-GRPO population std + 1e-4 (flow_grpo/stat_tracking.py:27-29);
+    # DanceGRPO / MixGRPO group ``.std()`` (unbiased) + 1e-8 (DanceGRPO fastvideo/train_grpo_flux.py:542, MixGRPO
+    # fastvideo/train_grpo_flux.py:448,475).
     adv_std: Literal["group", "batch"] = "group"
+    adv_std_unbiased: bool = False
+    adv_eps: float = 1e-4
+    # Leave samples whose advantage is exactly 0 out of the update (their loss, KL and the loss normaliser), as
+    # Flow-GRPO's scripts/train_sd3.py:796-817 does (it then re-adds a few at random so that the count divides its
+    # number of micro-batches; here minibatches may differ in size by one instead).
+    drop_zero_advantage: bool = False
     reward_aggregation: Literal["sum", "advantage"] = "sum"
     kl_beta: float = 0.04
-    kl_variance: Literal["step", "release"] = "step"  # "release": std without dt, as the released Flow-GRPO code
+    # KL = ||mu - mu_ref||^2 / (2 s^2) with s the step's std (``step``) or, as the released Flow-GRPO code
+    # (scripts/train_sd3.py:895, s = std_dev_t of sd3_sde_with_logprob.py:47, no sqrt(-dt)), ``release``: at the same
+    # beta the ``release`` KL is (-dt) times the ``step`` KL, i.e. weaker.
+    kl_variance: Literal["step", "release"] = "step"
+    # Which CFG branch carries the gradient in the update (models.base.FlowModel.velocity): ``cond`` detaches the
+    # unconditional one (Flow-GRPO's compute_log_prob), ``both`` back-propagates through both.
+    cfg_grad: Literal["cond", "both"] = "cond"
     lr: float = 3e-4
     weight_decay: float = 1e-4
     adam_eps: float = 1e-8
@@ -89,7 +105,7 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        for name in ("noise_level", "clip_range", "adv_clip", "kl_beta", "lr", "max_grad_norm"):
+        for name in ("noise_level", "clip_range", "adv_clip", "adv_eps", "kl_beta", "lr", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -209,6 +225,7 @@ class Algorithm:
             t_training=t3 - t2,
             **update,
         )
+        stats.extra["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.group)
         for name, values in batch.reward_components.items():
             stats.extra[f"reward/{name}"] = float(values.mean())
         if batch.off_policy.any():
@@ -241,7 +258,8 @@ class Algorithm:
         plan = self.make_plan(batch)
         plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
         live = {} if self.config.reuse_rollout_graph else None
-        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance, live=live)
+        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance, live=live,
+                                     cfg_grad=self.config.cfg_grad)
         group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
         return Trajectory.from_rollout(
             plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance, live=live
@@ -269,6 +287,8 @@ class Algorithm:
             aggregation=self.config.reward_aggregation,
             std_mode=self.config.adv_std,
             clip=self.config.adv_clip,
+            eps=self.config.adv_eps,
+            unbiased=self.config.adv_std_unbiased,
         )
 
     def score_transition(self, traj: Trajectory, rows: torch.Tensor, t: int) -> StepOutput:
@@ -277,7 +297,7 @@ class Algorithm:
         x = traj.latents[rows, t]
         sigma = traj.sigmas[t].expand(len(rows))
         sigma_next = traj.sigmas[t + 1].expand(len(rows))
-        v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance)
+        v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad)
         return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
                         prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction)
 
@@ -295,7 +315,7 @@ class Algorithm:
             with torch.no_grad(), self.model.reference():
                 ref = self.score_transition(traj, rows, t)
             sigma, sigma_next = traj.sigmas[t].expand(len(rows)), traj.sigmas[t + 1].expand(len(rows))
-            std = kl_std(out.std, sigma, sigma_next, self.config.kl_variance)
+            std = kl_std(out.std, sigma, sigma_next, self.config.kl_variance, traj.kind)
             kl = gaussian_mean_kl(out.mean, ref.mean, std, traj.reduction)
         return out, kl
 
@@ -304,12 +324,18 @@ class Algorithm:
         cfg = self.config
         # minibatches are drawn over the global batch; this process trains the members it holds (all in one process)
         offset, batch = self.dist.local_span(len(traj))
+        kept = None  # global indices of the samples the update trains (None: all)
+        if cfg.drop_zero_advantage:
+            kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
         weight = torch.exp(traj.log_weight).float()
         sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
         off_pairs = torch.zeros(2)  # [clipped, total] over off-policy samples
         grad_norms = []
         for _ in range(cfg.inner_epochs):
-            perm = torch.randperm(batch, generator=self.update_generator)
+            if kept is None:
+                perm = torch.randperm(batch, generator=self.update_generator)
+            else:
+                perm = kept[torch.randperm(len(kept), generator=self.update_generator)]
             for minibatch in perm.chunk(cfg.minibatches):
                 minibatch = minibatch.sort().values
                 minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
@@ -354,6 +380,8 @@ class Algorithm:
             "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "extra": {},
         }
+        if kept is not None:
+            result["extra"]["zero_adv_dropped_frac"] = 1.0 - len(kept) / max(batch, 1)
         if off_pairs[1] > 0:
             on_total = sums["pairs"] - float(off_pairs[1])
             result["extra"]["clip_frac_off"] = float(off_pairs[0] / off_pairs[1])

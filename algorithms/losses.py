@@ -35,14 +35,25 @@ def approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tenso
     return 0.5 * ((log_prob - old_log_prob) ** 2).mean()
 
 
-def kl_std(step_std: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor, variance: str) -> torch.Tensor:
-    """The std used in the KL term: the step's true std, or (``release``) the released Flow-GRPO code's std_t,
-    which omits the sqrt(-dt) factor of the step (so its KL is larger by 1/(-dt))."""
-    if variance == "step":
+def kl_std(
+    step_std: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor, variance: str, kind: str = "flow_grpo"
+) -> torch.Tensor:
+    """The std used in the KL term.
+
+    ``step``: the step's own std (std_t sqrt(-dt) for the ``flow_grpo`` kernel), so the KL is the true KL between
+    the two Gaussian transitions. ``release``: the std the released Flow-GRPO code divides by, its ``std_dev_t``
+    (yifan123/flow_grpo flow_grpo/diffusers_patch/sd3_sde_with_logprob.py:47, used at scripts/train_sd3.py:895).
+    For the ``flow_grpo`` kernel that is std_t without the sqrt(-dt) factor of the step; since dividing by std^2
+    makes the KL inversely proportional to the variance, the ``release`` KL is then (-dt) times the ``step`` KL
+    (smaller, -dt < 1): the ``step`` form is 1/(-dt) times stronger at the same beta (4-25x over the trained steps
+    at T = 10, shift 3). For the ``cps`` kernel the released ``std_dev_t`` is the step's std itself
+    (sigma_next sin(a pi / 2), the ``cps`` branch of that file), so both forms agree; for ``dance_grpo`` (whose
+    released code has no KL) ``release`` is eta, the step std without sqrt(-dt), by analogy with ``flow_grpo``."""
+    if variance not in KL_VARIANCES:
+        raise ValueError(f"unknown kl_variance {variance!r}; known: {', '.join(KL_VARIANCES)}")
+    if variance == "step" or kind == "cps":
         return step_std
-    if variance == "release":
-        return step_std / torch.sqrt(sigma - sigma_next)
-    raise ValueError(f"unknown kl_variance {variance!r}; known: {', '.join(KL_VARIANCES)}")
+    return step_std / torch.sqrt(sigma - sigma_next)
 
 
 def gaussian_mean_kl(

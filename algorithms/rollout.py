@@ -44,6 +44,7 @@ def rollout(
     guidance: float | None = None,
     start_step: int = 0,
     live: dict[int, StepOutput] | None = None,
+    cfg_grad: str = "cond",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. T-1`` from state ``x`` (the latent at ``plan.sigmas[start_step]``).
 
@@ -51,7 +52,8 @@ def rollout(
     behaviour ``log_probs`` [B, T] (0 on ODE steps and before ``start_step``). No gradients are kept, unless
     ``live`` is a dict: then the steps the plan trains are evaluated with gradients and their StepOutputs (with the
     autograd graph) are stored in ``live[t]``, so the first update can back-propagate without recomputing them
-    (the recompute-free schedule of LeanGRPO, arXiv 2609.03528).
+    (the recompute-free schedule of LeanGRPO, arXiv 2609.03528); ``cfg_grad`` is then the CFG gradient form of those
+    graphs (see ``FlowModel.velocity``).
     ODE steps marked in ``plan.dpm_solver`` use DPM-Solver++ 2M, whose history is the data prediction
     ``x - sigma v`` of the previous step whatever its kind (as MixGRPO-Flash's reference feeds its solver state during
     the SDE window); the first step after ``start_step`` has no history.
@@ -67,7 +69,7 @@ def rollout(
         sigma_next = plan.sigmas[t + 1].expand(batch)
         keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
         with torch.set_grad_enabled(keep_graph):
-            v = model.velocity(x, sigma, cond, guidance)
+            v = model.velocity(x, sigma, cond, guidance, cfg_grad=cfg_grad)
             if plan.sde[t]:
                 out = sde_step(
                     x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators),

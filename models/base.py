@@ -16,6 +16,9 @@ from typing import ClassVar, Iterator, Sequence
 
 import torch
 
+#: which CFG branch carries the gradient in training (see ``FlowModel.velocity``)
+CFG_GRADS = ("cond", "both")
+
 
 @dataclass
 class Condition:
@@ -102,9 +105,27 @@ class FlowModel:
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def velocity(
-        self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition, guidance: float | None = None
+        self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition, guidance: float | None = None,
+        cfg_grad: str = "cond",
     ) -> torch.Tensor:
-        """Guided velocity ``v_u + g * (v_c - v_u)``; ``g == 1`` makes a single conditional pass."""
+        """Guided velocity ``v_u + g * (v_c - v_u)``; ``g == 1`` makes a single conditional pass.
+
+        ``cfg_grad`` says which branch carries the gradient when autograd is on (it changes nothing without it):
+
+        * ``"cond"``: the unconditional branch is a constant, so d v = g d v_c, as released Flow-GRPO's
+          ``compute_log_prob`` (yifan123/flow_grpo scripts/train_sd3.py:189-195 at ac4c86e, where
+          ``noise_pred_uncond.detach()`` was added in 2d76907; note that later stored revisions of that file, e.g.
+          74db691, and train_sd3_fast.py there, no longer detach). It runs as its own pass under ``no_grad``, which
+          keeps no activations for it and back-propagates through B rows instead of 2 B.
+        * ``"both"``: both branches carry gradient, d v = g d v_c + (1 - g) d v_u, as DanceGRPO's released trainers
+          that use CFG in training (XueZeyue/DanceGRPO fastvideo/train_grpo_sd.py:611-622,
+          fastvideo/train_grpo_wan_2_1.py:238-248; its FLUX/HunyuanVideo trainers and MixGRPO's FLUX trainer use
+          no CFG in training, only FLUX's guidance embedding).
+
+        Without autograd (rollouts, evaluation) both run as one batched pass of 2 B rows.
+        """
+        if cfg_grad not in CFG_GRADS:
+            raise ValueError(f"unknown cfg_grad {cfg_grad!r}; known: {', '.join(CFG_GRADS)}")
         g = self.default_guidance if guidance is None else float(guidance)
         batch = x.shape[0]
         if sigma.dim() == 0:
@@ -112,9 +133,14 @@ class FlowModel:
         if g == 1.0:
             self.nfe += batch
             return self.predict(x, sigma, cond)
+        self.nfe += 2 * batch
+        if cfg_grad == "cond" and torch.is_grad_enabled():
+            v_cond = self.predict(x, sigma, cond)
+            with torch.no_grad():
+                v_uncond = self.predict(x, sigma, self.null_condition(batch))
+            return v_uncond + g * (v_cond - v_uncond)
         both = Condition.cat([cond, self.null_condition(batch)])
         v = self.predict(torch.cat([x, x]), torch.cat([sigma, sigma]), both)
-        self.nfe += 2 * batch
         v_cond, v_uncond = v.chunk(2)
         return v_uncond + g * (v_cond - v_uncond)
 
