@@ -7,7 +7,7 @@ unconditional half detached (Flow-GRPO scripts/train_sd3.py:180-195 at ac4c86e),
 log-densities (flow_grpo/diffusers_patch/sd3_sde_with_logprob.py:45-68; DanceGRPO fastvideo/train_grpo_flux.py:141-167),
 the PPO ratio and clip, the KL on the means over the released std_dev_t (train_sd3.py:880-897), and the accumulation:
 Flow-GRPO averages each timestep's loss over its micro-batch and accumulates over the trained timesteps
-(train_sd3.py:360-370, 872-923); DanceGRPO / MixGRPO loop over single samples and divide each (sample, timestep)
+(train_sd3.py:360, 872-939); DanceGRPO / MixGRPO loop over single samples and divide each (sample, timestep)
 loss by gradient_accumulation_steps * train_timesteps (DanceGRPO train_grpo_flux.py:570-611, MixGRPO
 train_grpo_flux.py:540-608).
 """
