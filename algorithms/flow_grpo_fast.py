@@ -1,28 +1,49 @@
 """Flow-GRPO-Fast (Liu et al., "Flow-GRPO: Training Flow Matching Models via Online RL", arXiv 2505.05470, and its
-released ``train_sd3_fast`` recipe).
+released ``train_sd3_fast`` script; sources below are yifan123/flow_grpo at commit 9745241, 2025-11-04).
 
-The rollout is deterministic (Euler ODE) everywhere except an SDE window of ``sde_window_size`` consecutive steps
-(2; 3 in some recipes), and only the window is trained. The window's start is uniform in
-``0 .. sde_window_range - sde_window_size`` so the whole window lies in the first ``sde_window_range`` steps, as the
-reference pipeline draws it (``random.randint(range[0], range[1] - size)``); ``sde_window_range`` None means T // 2,
-capped at T - 1 so the final transition is never in the window. It is drawn once per iteration (the same for every
-sample of the batch) from a generator seeded by (seed, iteration), so a resumed run draws the same windows.
-``kernel`` may be ``cps`` (Coefficients-Preserving Sampling, Flow-GRPO's ``sde_type="cps"``). Other defaults are
-Flow-GRPO's (a = 0.7, KL beta 0.04).
+The rollout is deterministic (Euler ODE) everywhere except an SDE window of ``sde_window_size`` consecutive steps,
+and only the window is trained. The window's start is uniform in ``0 .. sde_window_range - sde_window_size`` so the
+whole window lies in the first ``sde_window_range`` steps, as the released pipeline draws it
+(``random.randint(range[0], range[1] - size)``, flow_grpo/diffusers_patch/sd3_pipeline_with_logprob_fast.py:136-139);
+``sde_window_range`` None means T // 2 (the released ``(0, num_steps // 2)``, config/grpo.py:190), capped at T - 1 so
+the final transition is never in the window. It is drawn once per iteration (the same for every sample of the batch)
+from a generator seeded by (seed, iteration), so a resumed run draws the same windows. The released script draws one
+window per sampling call (``train_batch_size`` samples on one process) from Python's ``random``, so its samples of
+one prompt may sit in different windows.
 
-NFE per iteration (B samples, CFG factor c, E inner epochs, k = 2 if kl_beta > 0 else 1):
-sampling T * B * c; training E * k * c * B * sde_window_size.
+The released Fast recipes (config/grpo.py ``geneval_sd3_fast_nocfg`` :163-203, ``pickscore_sd3_fast_nocfg``
+:323-363) are: ``kernel: cps`` (``sde_type="cps"``), ``noise_level`` 0.8, window 3 in the first T // 2 = 5 of 10
+steps, ``clip_range`` 1e-5, ``kl_beta`` 0, batch std (``global_std``), and no CFG in sampling or training
+(``guidance_scale = 1``, ``train.cfg = False``). They live in ``benchmark/hyperparams/flow_grpo_fast.yaml``; the class
+keeps the base defaults.
+
+``shared_prefix`` (off by default, as in the released script since its 2025-10-14 refactor, where every sample has
+its own initial noise: ``same_latent`` False, config/base.py:63): the G samples of a group start from one initial
+noise and share the deterministic steps before the window, which run once per group instead of G times, and then
+branch into G SDE continuations. This is Flow-GRPO-Fast as first released (2025-07-31 .. 10-14: the pipeline ran the
+prompt alone up to the branch step and repeated its latent ``mini_num_image_per_prompt`` times there,
+sd3_pipeline_with_logprob_fast.py:148-157 at commit 6cc454f; the README: "sampling before branching requires only a
+single prompt without group expansion").
+
+NFE per iteration (P prompts, G samples each, B = P G, window start s and size w, CFG factor c, E inner epochs,
+k = 2 if kl_beta > 0 else 1):
+sampling T * B * c, or with ``shared_prefix`` (s * P + (T - s) * B) * c; training E * k * c * B * w.
+Under several processes a group split between two processes runs its prefix on both, so the prefix term counts
+the (process, group) pairs instead of P (P when the prompts per step divide by the number of processes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig, StepStats
 from algorithms.plans import PURPOSE_WINDOW, iteration_generator, window_plan
+from algorithms.rollout import branched_rollout, initial_noise, sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
@@ -31,11 +52,16 @@ from flowzoo.errors import ConfigError
 class FlowGRPOFastConfig(AlgorithmConfig):
     sde_window_size: int = 2
     sde_window_range: int | None = None  # the window lies in steps 0 .. range - 1; None = T // 2
+    # one initial noise per group and the deterministic steps before the window run once per group (see the module)
+    shared_prefix: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sde_window_size < 1:
             raise ConfigError(f"algorithm.sde_window_size must be >= 1, got {self.sde_window_size}")
+        if self.shared_prefix and not self.shared_noise:
+            # a shared prefix starts from the group's one noise; say so in the resolved config
+            self.shared_noise = True
 
 
 @register("flow_grpo_fast")
@@ -62,6 +88,39 @@ class FlowGRPOFast(Algorithm):
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config
         return window_plan(self.sigmas, self.window_start(), cfg.sde_window_size, batch, cfg.kernel, cfg.noise_level)
+
+    def collect(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
+        if not self.config.shared_prefix:
+            return self.fresh_rollout(prompts, metadata)
+        return self.branched_rollout(prompts, metadata)
+
+    def branched_rollout(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
+        """G samples per prompt that branch from their group's one ODE prefix at the window's start.
+
+        The layout, seeds and sharding are :meth:`Algorithm.fresh_rollout`'s (sample j of prompt i seeded by
+        (seed, iteration, i, j), this process's contiguous slice of the global batch); a group whose members sit on
+        two processes computes its prefix on each, from the same noise."""
+        g = self.config.group_size
+        batch = len(prompts) * g
+        rows = self.dist.shard(batch)
+        first, last = rows.start // g, (rows.stop - 1) // g + 1  # the prompts these rows belong to
+        local = slice(rows.start - first * g, rows.stop - first * g)
+        cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
+        cond = cond.repeat_interleave(g).index(local)
+        gens = sample_generators(self.seed, self.iteration, 0, count=batch)
+        x1 = initial_noise(self.model, gens[first * g: last * g], g, shared=True)[local]
+        plan = self.make_plan(batch)
+        plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
+        group = torch.arange(len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
+        live = {} if self.config.reuse_rollout_graph else None
+        latents, log_probs = branched_rollout(
+            self.model, cond, plan, x1, gens[rows.start: rows.stop], group, self.window_start(),
+            self.config.guidance, live, cfg_grad=self.config.cfg_grad,
+        )
+        return Trajectory.from_rollout(
+            plan, [prompts[i // g] for i in rows], [metadata[i // g] for i in rows], cond, latents, log_probs, group,
+            self.config.guidance, live=live,
+        )
 
     def after_update(self, traj: Trajectory, stats: StepStats) -> None:
         stats.extra["window_start"] = float(self.window_start())

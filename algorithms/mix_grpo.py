@@ -19,7 +19,8 @@ resumed run continues with the same windows). ``window_bound`` says where the wi
   (fastvideo/utils/grpo_states.py:148), an exclusive bound, so step T - 2 is never trained. A progressive start
   runs up to T - 2 (it rolls back once past it, :95-97) and the window is cut at T - 3: it shrinks over the last
   w - 1 positions and is empty at start T - 2, where an iteration samples with the ODE only and makes no optimizer
-  step (the reference's training loop has no step to run). A random start is drawn in ``0 .. T - 2 - w`` (:102).
+  step (the reference gets there after tau (T - 2) iterations and would fail: train_grpo_flux.py:611-612 prints the
+  ``ratio`` of a loop that did not run). A random start is drawn in ``0 .. T - 2 - w`` (:102).
 * ``whole``: the window stays whole and may contain step T - 2; a start is at most ``L = T - 1 - w``.
 
 Strategies (``L`` = the last start: T - 2 for a released progressive window, else the last whole-window start):

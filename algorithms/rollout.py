@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -45,11 +46,13 @@ def rollout(
     start_step: int = 0,
     live: dict[int, StepOutput] | None = None,
     cfg_grad: str = "cond",
+    stop_step: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the plan's steps ``start_step .. T-1`` from state ``x`` (the latent at ``plan.sigmas[start_step]``).
+    """Run the plan's steps ``start_step .. stop_step - 1`` (default: to the last, T - 1) from state ``x`` (the
+    latent at ``plan.sigmas[start_step]``).
 
-    Returns ``latents`` [B, T+1, ...] (entries before ``start_step`` are zeros: the caller owns them) and
-    behaviour ``log_probs`` [B, T] (0 on ODE steps and before ``start_step``). No gradients are kept, unless
+    Returns ``latents`` [B, T+1, ...] (entries before ``start_step`` and after ``stop_step`` are zeros: the caller
+    owns them) and behaviour ``log_probs`` [B, T] (0 on ODE steps and outside the run). No gradients are kept, unless
     ``live`` is a dict: then the steps the plan trains are evaluated with gradients and their StepOutputs (with the
     autograd graph) are stored in ``live[t]``, so the first update can back-propagate without recomputing them
     (the recompute-free schedule of LeanGRPO, arXiv 2609.03528); ``cfg_grad`` is then the CFG gradient form of those
@@ -64,7 +67,7 @@ def rollout(
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
     prev_x0 = prev_sigma = None
-    for t in range(start_step, num_steps):
+    for t in range(start_step, num_steps if stop_step is None else stop_step):
         sigma = plan.sigmas[t].expand(batch)
         sigma_next = plan.sigmas[t + 1].expand(batch)
         keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
@@ -88,6 +91,44 @@ def rollout(
             x = euler_step(x, v, sigma, sigma_next)
         prev_x0, prev_sigma = x0, sigma
         latents[:, t + 1] = x
+    return latents, log_probs
+
+
+def branched_rollout(
+    model: FlowModel,
+    cond: Condition,
+    plan: StepPlan,
+    x: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    group: torch.Tensor,
+    branch_step: int,
+    guidance: float | None = None,
+    live: dict[int, StepOutput] | None = None,
+    cfg_grad: str = "cond",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rollout` for groups that share one deterministic prefix (Flow-GRPO-Fast's branching).
+
+    The samples of a group (equal ``group`` ids) must share their initial latent ``x`` and their conditioning, and
+    the plan's steps before ``branch_step`` must be deterministic: those steps are then the same for every member, so
+    they run once per group, on the group's first member, and every member continues from the group's latent at
+    ``branch_step``. Same results as :func:`rollout` on the whole batch (to the float rounding of a smaller batch),
+    with ``branch_step`` forward passes per group instead of per sample.
+    """
+    if bool(plan.sde[:branch_step].any()):
+        raise ValueError(f"a shared prefix must be deterministic, but the plan has SDE steps before {branch_step}")
+    _, inverse = torch.unique(group, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), len(group), dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(group)), reduce="amin")  # each group's first member
+    if not torch.equal(x[first[inverse]], x):
+        raise ValueError("the samples of a group do not share their initial latent; a shared prefix needs them to")
+    heads = dataclasses.replace(plan, train=plan.train[first])
+    prefix, _ = rollout(model, cond.index(first), heads, x[first], [], guidance, stop_step=branch_step)
+    prefix = prefix[inverse]
+    latents, log_probs = rollout(
+        model, cond, plan, prefix[:, branch_step], generators, guidance, start_step=branch_step, live=live,
+        cfg_grad=cfg_grad,
+    )
+    latents[:, :branch_step] = prefix[:, :branch_step]
     return latents, log_probs
 
 
