@@ -22,8 +22,8 @@ its own initial noise: ``same_latent`` False, config/base.py:63): the G samples 
 noise and share the deterministic steps before the window, which run once per group instead of G times, and then
 branch into G SDE continuations. This is Flow-GRPO-Fast as first released (2025-07-31 .. 10-14: the pipeline ran the
 prompt alone up to the branch step and repeated its latent ``mini_num_image_per_prompt`` times there,
-sd3_pipeline_with_logprob_fast.py:148-157 at commit 6cc454f; the README: "sampling before branching requires only a
-single prompt without group expansion").
+sd3_pipeline_with_logprob_fast.py:148-157 at commit 6cc454f; its README's Flow-GRPO-Fast section says the same:
+the steps before branching run on the prompt alone, without the group).
 
 NFE per iteration (P prompts, G samples each, B = P G, window start s and size w, CFG factor c, E inner epochs,
 k = 2 if kl_beta > 0 else 1):
