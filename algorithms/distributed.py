@@ -25,11 +25,20 @@ gradients with one ``all_reduce`` per (device, dtype) bucket.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
+
+from flowzoo.errors import FlowZooError
+
+
+class PeerFailure(FlowZooError):
+    """A collective failed because another process of the run stopped (its own error names the cause)."""
 
 
 @dataclass
@@ -66,6 +75,13 @@ class SingleProcess:
 
     def barrier(self) -> None:
         """Wait for every rank (one process: nothing to wait for)."""
+
+    def shutdown(self, clean: bool) -> None:
+        """Leave the process group (one process: nothing to leave). See :func:`process_group`."""
+
+    def describe(self) -> str:
+        """``"rank r of n"`` under several processes, else ``""`` (for messages)."""
+        return f"rank {self.rank} of {self.world_size}" if self.world_size > 1 else ""
 
     # ---- built on the primitives ----------------------------------------------------------------------------
     def shard(self, count: int, even: bool = True) -> range:
@@ -133,32 +149,55 @@ class TorchDistributed(SingleProcess):
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        self._dist.all_gather_object(out, obj)
+        with self._collective("all_gather_object"):
+            self._dist.all_gather_object(out, obj)
         return out
+
+    @contextlib.contextmanager
+    def _collective(self, what: str) -> Iterator[None]:
+        """A collective whose peer died ends in one line, not a backend traceback (the peer names the cause)."""
+        try:
+            yield
+        except RuntimeError as error:  # DistBackendError and gloo's "Connection closed by peer" are RuntimeErrors
+            detail = (str(error).splitlines() or [""])[0][:160]
+            raise PeerFailure(f"{self.describe()}: {what} failed because another process stopped "
+                              f"({type(error).__name__}: {detail})") from None
 
     def all_reduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         params = list(params)
         if not params:
             return
         has_grad = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
-        self._dist.all_reduce(has_grad)
+        with self._collective("all_reduce"):
+            self._dist.all_reduce(has_grad)
         buckets: dict[tuple, list[torch.nn.Parameter]] = {}
         for p, has in zip(params, has_grad.tolist()):
             if has:
                 buckets.setdefault((p.device, p.dtype), []).append(p)
         for bucket in buckets.values():
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
-            self._dist.all_reduce(flat)
+            with self._collective("all_reduce"):
+                self._dist.all_reduce(flat)
             for p, chunk in zip(bucket, flat.split([p.numel() for p in bucket])):
                 p.grad = chunk.view_as(p).clone()
 
     def broadcast_parameters(self, params: Iterable[torch.Tensor]) -> None:
-        with torch.no_grad():
+        with torch.no_grad(), self._collective("broadcast"):
             for p in params:
                 self._dist.broadcast(p.data, src=0)
 
     def barrier(self) -> None:
-        self._dist.barrier()
+        with self._collective("barrier"):
+            self._dist.barrier()
+
+    def shutdown(self, clean: bool) -> None:
+        """Leave the group. ``clean``: every rank got here; wait for all of them, then destroy the group, so no rank
+        tears its gloo threads down while a peer still talks to it. Not clean (this rank failed): nothing here;
+        the caller ends the process at once (``os._exit``), because a collective or a teardown could wait for, or
+        trip over, peers that are gone."""
+        if clean and self._dist.is_initialized():
+            self.barrier()
+            self._dist.destroy_process_group()
 
 
 #: the default context of an Algorithm and a Runner
@@ -181,6 +220,36 @@ def from_environment() -> SingleProcess:
     else:
         dist.init_process_group("gloo")
     return TorchDistributed()
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[SingleProcess]:
+    """The data-parallel context of a command, shut down cleanly whatever happens.
+
+    Success: every rank meets at a barrier, then the process group is destroyed while the interpreter is still fully
+    alive. Left to the interpreter's exit, gloo's worker threads can still hold finished work objects whose tensors
+    are released during finalization, which aborts the process ("terminate called without an active exception",
+    SIGABRT; pytorch/pytorch issue 190489 and PR 179291 describe the same crash). Failure on one rank: the exception propagates at once (no
+    waiting for peers); the command prints one line naming the rank and the cause and ends the process with
+    ``os._exit``. A launcher's SIGTERM to the surviving ranks ends them with one line instead of a traceback.
+    """
+    dist = from_environment()
+    if dist.world_size == 1:
+        yield dist
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stopped(signum: int, frame: Any) -> None:
+        print(f"flowzoo: {dist.describe()} stopped by the launcher (another process failed; its message names the "
+              "cause)", file=sys.stderr, flush=True)
+        os._exit(128 + signum)  # no teardown of a group whose peer is gone: that is what could abort
+
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield dist
+        dist.shutdown(clean=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _to_cpu(value: Any) -> Any:

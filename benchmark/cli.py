@@ -20,14 +20,40 @@ from flowzoo.errors import FlowZooError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from algorithms.distributed import process_group
     from benchmark.config import load_config
     from benchmark.runner import train
 
     config = load_config(args.config, args.overrides)
-    run_dir = train(config, progress=not args.quiet)
-    if os.environ.get("RANK", "0") == "0":  # once under a multi-process launch
+    with process_group() as dist:  # under a launcher: joined here, left cleanly (or at once on failure) below
+        try:
+            run_dir = train(config, progress=not args.quiet, dist=dist)
+        except BaseException as error:
+            if dist.world_size > 1:
+                _end_failed_rank(dist.describe(), error)
+            raise
+    if dist.is_main:  # once under a multi-process launch
         print(f"run written to {run_dir}")
     return 0
+
+
+def _end_failed_rank(rank: str, error: BaseException) -> None:
+    """One process of a multi-process run failed: one line naming the rank and the cause (a traceback above it only
+    for an unexpected error, i.e. a bug), then end this process at once. Its peers may be blocked in a collective or
+    already gone, so neither a barrier nor the interpreter's teardown of the process group is safe here; the launcher
+    stops the other ranks, which say so in one line each."""
+    import traceback
+
+    if isinstance(error, KeyboardInterrupt):
+        line, code = f"flowzoo: {rank}: interrupted; rerun the same command to resume from the last checkpoint", 130
+    elif isinstance(error, FlowZooError):
+        line, code = f"flowzoo: error: {rank}: {error}", 2
+    else:
+        traceback.print_exception(error, file=sys.stderr)
+        line, code = f"flowzoo: error: {rank} failed: {type(error).__name__}: {error}", 1
+    print(line.splitlines()[0] if line else line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

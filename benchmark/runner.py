@@ -278,5 +278,6 @@ class Runner:
         return run_dir
 
 
-def train(config: ExperimentConfig, progress: bool = True) -> Path:
-    return Runner(config, progress=progress).run()
+def train(config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None) -> Path:
+    """One run; ``dist``: the data-parallel context (default: joined from the launcher's environment)."""
+    return Runner(config, progress=progress, dist=dist).run()

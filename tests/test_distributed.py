@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,28 @@ def test_uneven_split_under_accelerate_launch_fails_with_one_line(tmp_path):
     assert proc.returncode != 0
     assert "3 x 3 = 9 samples does not split evenly over 2 processes" in proc.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.skipif(not Path(ACCELERATE).exists(), reason="accelerate is not installed")
+def test_a_failing_rank_ends_every_rank_within_seconds_with_one_line(tmp_path):
+    """Rank 1 raises in its second training step while rank 0 waits in a collective: both end within seconds, the
+    failing rank says which rank failed and why in one line, the other says in one line that it was stopped."""
+    stamp = tmp_path / "fault_time"
+    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(ROOT / "tests" / "distributed_fault.py"), "train", str(CONFIG), *TINY, f"run_dir={tmp_path / 'run'}",
+           "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "FLOWZOO_TEST_FAIL_RANK": "1",
+           "FLOWZOO_TEST_FAIL_STEP": "2", "FLOWZOO_TEST_FAIL_STAMP": str(stamp)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    ended = time.time()
+    assert proc.returncode != 0
+    assert stamp.is_file(), proc.stderr[-3000:]
+    assert ended - float(stamp.read_text()) < 20, "the ranks did not end within seconds of the fault"
+    lines = proc.stderr.splitlines()
+    failed = [line for line in lines if line.startswith("flowzoo: error: rank 1 of 2 failed:")]
+    assert failed == ["flowzoo: error: rank 1 of 2 failed: RuntimeError: injected fault in the training step"], \
+        proc.stderr[-3000:]
+    assert not any("terminate called" in line for line in lines), proc.stderr[-3000:]
+    # rank 0, blocked in a collective with the failed rank, ends with one line of its own (stopped, or lost its peer)
+    assert any(line.startswith("flowzoo: ") and "rank 0 of 2" in line for line in lines), proc.stderr[-3000:]
