@@ -178,7 +178,9 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("--ema", type=float, default=0.998, help="decay of the parameter average that is shipped")
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--threads", type=int, default=2, help="torch threads")
-    pt.add_argument("--out", default=None, help="weights file (default: models/weights/tiny_<data>.safetensors)")
+    pt.add_argument("--out", default=None,
+                    help="weights file (default: <run-dir>/tiny_<data>.safetensors; the shipped "
+                         "models/weights/tiny_<data>.safetensors is replaced only when named here)")
     pt.add_argument("--run-dir", default=None, help="checkpoint directory (default: runs/pretrain_tiny_<data>)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
     pt.set_defaults(func=_cmd_pretrain)

@@ -11,12 +11,17 @@ Batch ``k`` holds the data samples ``k*B .. (k+1)*B - 1`` of the stream ``data_s
 generator seeded by ``(seed, k)``, so a resumed run continues exactly. The run directory holds ``checkpoint.pt``
 (written atomically every ``checkpoint_minutes``) and ``pretrain.json`` (command, seed, steps, wall time); the
 EMA weights are exported to ``out`` (atomically) at every checkpoint and at the end.
+
+``out`` defaults to ``<run_dir>/tiny_<data>.safetensors`` (a run uses them with ``model.args.weights=...``). The
+shipped weights (``models/weights/``) are replaced only when ``out`` names one of them explicitly, and never by a run
+that trained no step (its weights would be the random initialisation).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -28,7 +33,7 @@ import torch
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save, atomic_write_text
 from models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
-from models.tiny_data import PRETRAIN_DATA_SEED, sample_batch
+from models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -81,10 +86,18 @@ def pretrain(
     if threads:
         torch.set_num_threads(int(threads))
     arch_cfg = TinyArch.from_dict({**(arch or {}), "data": data})
-    out = Path(out) if out else shipped_weights(data)
     run_dir = Path(run_dir) if run_dir else Path("runs") / f"pretrain_tiny_{data}"
+    out = Path(out) if out else run_dir / f"tiny_{data}.safetensors"
+    shipped = out.resolve() in {shipped_weights(name).resolve() for name in DATASETS}
     if batch < 1 or steps < 1:
         raise ConfigError("pretrain: batch and steps must be positive")
+    for name, value in {"minutes": minutes, "lr": lr, "ema": ema, "cond_dropout": cond_dropout,
+                        "checkpoint_minutes": checkpoint_minutes}.items():
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"pretrain: {name} must be a finite number >= 0, got {value}")
+    if shipped and minutes == 0:
+        raise ConfigError(f"pretrain: --minutes 0 trains nothing; it would replace the shipped weights {out} with "
+                          f"untrained ones")
     tokenizer, text_encoder, transformer = build_networks(arch_cfg, seed)
     nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
     ema_nets = copy.deepcopy(nets).eval().requires_grad_(False)
@@ -112,7 +125,8 @@ def pretrain(
         record = {"command": command or " ".join(sys.argv), "settings": settings, "steps_done": step,
                   "wall_s": round(wall_s, 1), "final_loss_ema": losses[-1] if losses else None,
                   "threads": torch.get_num_threads()}
-        save_weights(out, arch_cfg, ema_nets["transformer"], ema_nets["text_encoder"], {"pretrain": record})
+        if step > 0 or not shipped:  # untrained weights never replace the shipped ones
+            save_weights(out, arch_cfg, ema_nets["transformer"], ema_nets["text_encoder"], {"pretrain": record})
         atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
 
     budget_s = None if minutes is None else 60.0 * minutes
