@@ -34,8 +34,11 @@ Strategies (``L`` = the last start: T - 2 for a released progressive window, els
 * ``fixed``: always ``window_start`` (the reference's progressive with stride 0: Flash*'s frozen window).
 
 MixGRPO-Flash: after the window, the remaining ``T - 1 - last`` steps (``last`` = the window's last step) are replaced
-by a coarser schedule of ``P = max(int((T - 1 - last) * r), 2)`` points from ``sigmas[last + 1]`` to 0 (``P - 1``
-steps; r = ``compress_ratio`` = 0.4, the released script's ``dpm_post_compress_ratio``), solved with DPM-Solver++ 2M
+by a coarser schedule of ``P = max(int(n * r), 2)`` points from ``sigmas[last + 1]`` to 0 (``P - 1`` steps;
+r = ``compress_ratio`` = 0.4, the released script's ``dpm_post_compress_ratio``), with ``n = T - last`` as the
+reference counts (``compress_count: released``, fastvideo/utils/sampling_utils.py:44) or ``n = T - 1 - last``
+(``remaining``). The floor of 2 points is ours: the reference's floor of 1 (reached at the last released window
+positions) would end its schedule at ``sigmas[last + 1]`` instead of 0. Solved with DPM-Solver++ 2M
 (``algorithms.sde.dpm_solver_pp_2m_step``), see ``algorithms.plans.compressed_tail_sigmas`` for the sigmas.
 Steps before the window stay Euler. Flash's tau is 20 (both released Flash scripts). ``mix_grpo_flash_star`` is
 Flash* (r = 0.2 and a frozen window at step 0). An empty window (released bound, start T - 2) has ``last = start - 1``
@@ -151,6 +154,8 @@ class MixGRPO(Algorithm):
 class MixGRPOFlashConfig(MixGRPOConfig):
     compress_ratio: float = 0.4
     window_tau: int = 20  # iters_per_group=20 in both released Flash scripts (finetune_flux_grpo_MixGRPO_Flash*.sh:57)
+    # the steps the compress ratio multiplies: "released" T - last (sampling_utils.py:44), "remaining" T - 1 - last
+    compress_count: Literal["released", "remaining"] = "released"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -168,7 +173,8 @@ class MixGRPOFlash(MixGRPO):
         start = self.window_start()
         last = start + self.window_steps() - 1  # start - 1 for an empty window: the tail follows the ODE steps
         shift = self.model.default_shift if cfg.shift is None else cfg.shift
-        sigmas = compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift)
+        counted = self.num_steps - last if cfg.compress_count == "released" else None
+        sigmas = compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift, counted)
         dpm = torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)
         dpm[last + 1 :] = True
         return window_plan(sigmas, start, self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)

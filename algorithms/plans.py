@@ -73,20 +73,23 @@ def unshift_sigma(s: torch.Tensor, shift: float) -> torch.Tensor:
     return s / (shift - (shift - 1) * s)
 
 
-def compressed_tail_sigmas(sigmas: torch.Tensor, last: int, ratio: float, shift: float) -> torch.Tensor:
+def compressed_tail_sigmas(
+    sigmas: torch.Tensor, last: int, ratio: float, shift: float, counted: int | None = None
+) -> torch.Tensor:
     """MixGRPO-Flash's schedule: ``sigmas[: last + 2]`` then a coarser tail down to 0.
 
     ``last`` is the window's last step, so the original schedule has ``n = T - 1 - last`` steps after it. The tail has
-    ``P = max(int(n * ratio), 2)`` points from ``sigmas[last + 1]`` to 0 inclusive (``P - 1`` steps), spaced evenly in
-    the *unshifted* time and then shifted, as MixGRPO's reference builds it (``linspace(t_{last+1}, 0, P)`` then
-    ``sd3_time_shift``; its count uses T - last instead of T - 1 - last). The result has ``last + P + 1`` sigmas, i.e.
+    ``P = max(int(counted * ratio), 2)`` points from ``sigmas[last + 1]`` to 0 inclusive (``P - 1`` steps), spaced
+    evenly in the *unshifted* time and then shifted, as MixGRPO's reference builds it (``linspace(t_{last+1}, 0, P)``
+    then ``sd3_time_shift``, fastvideo/utils/sampling_utils.py:47-49). ``counted`` is the step count the ratio
+    multiplies: ``n`` by default; the reference uses ``T - last`` (:44). The result has ``last + P + 1`` sigmas, i.e.
     ``last + P`` steps.
     """
     num_steps = sigmas.shape[0] - 1
     remaining = num_steps - 1 - last
     if remaining < 1:
         raise ValueError(f"no step left after the window ending at step {last} of {num_steps}")
-    points = max(int(remaining * ratio), 2)
+    points = max(int((remaining if counted is None else counted) * ratio), 2)
     start = unshift_sigma(sigmas[last + 1].double(), shift)
     tail = time_shift(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
     tail[0] = sigmas[last + 1]  # exact, so the window's steps see the original sigmas

@@ -163,9 +163,10 @@ def test_flow_grpo_fast_noise_is_not_shared(toy_model, toy_prompts):
     [("mix_grpo_flash", 0, 3 + 8), ("mix_grpo_flash", 7, 10 + 5), ("mix_grpo_flash", 10, 13 + 4), ("mix_grpo_flash", 20, 23 + 2), ("mix_grpo_flash_star", 0, 3 + 4)],
 )
 def test_flash_step_count_and_sigmas(toy_model, name, start, steps):
-    # T = 25, w = 4, last = start + 3: steps = last + max(int((T - 1 - last) * r), 2)
+    # T = 25, w = 4, last = start + 3: steps = last + max(int((T - 1 - last) * r), 2) (tests/test_sigma_grid.py:
+    # the released count T - last)
     alg = build(name, toy_model, {"num_steps": 25, "shift": 3.0, "window_strategy": "fixed", "window_start": start,
-                                  **WHOLE})
+                                  "compress_count": "remaining", **WHOLE})
     plan = alg.step_plan(8)
     assert plan.num_steps == steps
     assert window_of(plan) == (start, 4)
@@ -322,10 +323,11 @@ def expected_nfe(alg, samples):
     elif alg.name == "dance_grpo":
         steps, trained = T, max(1, int((T - 1) * cfg.timestep_fraction))
     elif alg.name == "mix_grpo":
-        steps, trained = T, cfg.window_size
+        steps, trained = T, alg.window_steps()
     elif alg.name in ("mix_grpo_flash", "mix_grpo_flash_star"):
-        last = alg.window_start() + cfg.window_size - 1
-        steps, trained = last + max(int((T - 1 - last) * cfg.compress_ratio), 2), cfg.window_size
+        last = alg.window_start() + alg.window_steps() - 1
+        counted = T - last if cfg.compress_count == "released" else T - 1 - last
+        steps, trained = last + max(int(counted * cfg.compress_ratio), 2), alg.window_steps()
     elif alg.name == "flow_grpo_fast":
         steps, trained = T, cfg.sde_window_size
     else:

@@ -126,6 +126,17 @@ def test_training_nfe_counts_the_cut_window(toy_model, toy_prompts, iteration, s
     assert (stats.nfe_sampling, stats.nfe_training) == (10 * 8 * c, 8 * size * c)
 
 
+@pytest.mark.parametrize("start, released, remaining", [(0, 8, 8), (2, 8, 7), (7, 6, 5), (15, 2, 2), (18, 2, 2)])
+def test_flash_tail_counts_t_minus_last_as_released(toy_model, start, released, remaining):
+    # T = 25, r = 0.4, a whole window of 4 (fixed starts stay whole), last = start + 3; a floor of 2 points
+    config = {"num_steps": 25, "shift": 3.0, "window_strategy": "fixed", "window_start": start}
+    last = start + 3
+    for count, points in (("released", released), ("remaining", remaining)):
+        plan = build("mix_grpo_flash", toy_model, {**config, "compress_count": count}).step_plan(2)
+        assert plan.num_steps == last + points and plan.sigmas[-1] == 0
+    assert released == max(int((25 - last) * 0.4), 2) and remaining == max(int((24 - last) * 0.4), 2)
+
+
 def test_flash_tau_is_20(toy_model):
     assert build("mix_grpo_flash", toy_model).config.window_tau == 20
     assert build("mix_grpo", toy_model).config.window_tau == 25
