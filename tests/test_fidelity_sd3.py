@@ -35,6 +35,7 @@ GUIDANCE = 4.5
 CASES = [
     ("flow_grpo", "flow_grpo", {"kl_beta": 0.04, "kl_variance": "release"}),
     ("flow_grpo_fast", "flow_grpo", {"kl_beta": 0.04, "kl_variance": "release"}),
+    ("flow_grpo_fast", "flow_grpo", {"kl_beta": 0.04, "kl_variance": "release", "kernel": "cps", "noise_level": 0.8}),
     ("op_grpo", "flow_grpo", {"kl_beta": 0.04, "kl_variance": "release", "t_off": 3}),
     ("dance_grpo", "dance_grpo", {}),
     ("mix_grpo", "dance_grpo", {}),
@@ -100,6 +101,13 @@ def released_dance_step(v, x, prev, sigma, sigma_next, eta):
     return _gaussian_log_prob(prev, mean, std), mean, std
 
 
+def released_cps_step(v, x, prev, sigma, sigma_next, a):
+    """The ``cps`` branch of sd3_sde_with_logprob.py (at 54809b5): constants dropped from the log-density."""
+    std = sigma_next * math.sin(a * math.pi / 2)
+    mean = (x - sigma * v) * (1 - sigma_next) + (x + v * (1 - sigma)) * torch.sqrt(sigma_next**2 - std**2)
+    return (-((prev - mean) ** 2)).mean(dim=tuple(range(1, x.dim()))), mean, std
+
+
 def released_pair_loss(model, traj, adv, rows, t, cfg, detach_uncond=True):
     """The per-sample loss of transition t for ``rows`` (policy surrogate + beta KL) and its ratio."""
     x, prev = traj.latents[rows, t].float(), traj.latents[rows, t + 1].float()
@@ -111,6 +119,8 @@ def released_pair_loss(model, traj, adv, rows, t, cfg, detach_uncond=True):
     def kernel(v):
         if traj.kind == "flow_grpo":
             return released_flow_grpo_step(v, x, prev, sigma, sigma_next, traj.sigmas[1], traj.noise_level)
+        if traj.kind == "cps":
+            return released_cps_step(v, x, prev, sigma, sigma_next, traj.noise_level)
         assert traj.kind == "dance_grpo", traj.kind
         return released_dance_step(v, x, prev, sigma, sigma_next, traj.noise_level)
 
@@ -118,7 +128,7 @@ def released_pair_loss(model, traj, adv, rows, t, cfg, detach_uncond=True):
     ratio = torch.exp(log_prob - traj.log_probs[rows, t])
     a = adv[rows]
     loss = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - cfg.clip_range, 1 + cfg.clip_range))
-    if cfg.kl_beta > 0:  # train_sd3.py:880-897; only Flow-GRPO's kernel has a released KL
+    if cfg.kl_beta > 0:  # train_sd3.py:880-897 (std: the kernel's released std_dev_t)
         with torch.no_grad(), model.reference():
             _, ref_mean, _ = kernel(released_velocity(model, x, sigma_b, cond, null, GUIDANCE))
         loss = loss + cfg.kl_beta * ((mean - ref_mean) ** 2).mean(dim=(1, 2, 3)) / (2 * std**2)
@@ -191,7 +201,7 @@ def _ours_and_released(model, name, style, extra, detach_uncond=True):
     return seen["ours"], seen["released"], stats
 
 
-@pytest.mark.parametrize("name,style,extra", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,style,extra", CASES, ids=[c[0] + ("_cps" if "kernel" in c[2] else "") for c in CASES])
 def test_update_gradient_is_the_released_losss_gradient(model, lora, name, style, extra):
     ours, released, stats = _ours_and_released(model, name, style, extra)
     assert 0.2 < stats.clip_frac < 0.8  # both branches of the clipped surrogate are exercised
