@@ -94,7 +94,8 @@ MIX_SD3 = dict(
     minibatches=4,  # MG mix.sh:68,128,150: 12 samples per GPU / accumulation 3
 )
 MIX_WAN = dict(MIX_SD3, num_steps=20, shift=None, lr=1e-4)  # the Wan task's sampling setup and LoRA lr (ours)
-FLASH = dict(window_tau=20, compress_ratio=0.4)  # MG ..._MixGRPO_Flash.sh:57,77
+FLASH = dict(window_tau=20, compress_ratio=0.4,  # MG ..._MixGRPO_Flash.sh:57,77
+             compress_count="released")  # MG sampling_utils.py:44 int((T - last) * ratio)
 
 EXPECTED = {
     ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): FLOW_SD3, ("sd3", "flow_grpo_fast"): FAST_SD3,
