@@ -29,10 +29,11 @@ from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
 from algorithms.trajectory import StepPlan, Trajectory
-from flowzoo.errors import ConfigError
+from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
 from models.base import FlowModel
 from rewards.base import Reward
+from rewards.errors import RewardError
 from rewards.multi import MultiReward
 
 
@@ -106,8 +107,11 @@ class AlgorithmConfig:
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         for name in ("noise_level", "clip_range", "adv_clip", "adv_eps", "kl_beta", "lr", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not math.isfinite(value):  # NaN passes `value < 0`
+                raise ConfigError(f"algorithm.{name} must be a finite number, got {value}")
+            if value < 0:
+                raise ConfigError(f"algorithm.{name} must be >= 0, got {value}")
 
     def check_num_steps(self, num_steps: int) -> None:
         """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);
@@ -273,7 +277,13 @@ class Algorithm:
     def score(self, traj: Trajectory) -> None:
         """Decode the final latents and score them; fills ``samples``, ``rewards`` and ``reward_components``."""
         traj.samples = self.model.decode(traj.final)
-        out = self.reward(traj.samples, traj.prompts, traj.metadata)
+        try:
+            out = self.reward(traj.samples, traj.prompts, traj.metadata)
+        except FlowZooError:  # already one line (a RewardError, non-finite samples, a bad prompt, ...)
+            raise
+        except Exception as error:  # as the evaluation's reward pool says it: one line naming the reward
+            name = self.reward.name
+            raise RewardError(f"reward {name!r} failed in training: {type(error).__name__}: {error}") from error
         traj.rewards = out.score
         traj.reward_components = dict(out.components)
 

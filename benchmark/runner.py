@@ -33,6 +33,7 @@ from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from algorithms.sde import sigma_schedule
 from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
+from benchmark.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.prompts import Prompts, load_prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
@@ -221,13 +222,19 @@ class Runner:
 
         start, rows, wall_s, nfe = 0, [], 0.0, 0
         checkpoint = run_dir / "checkpoint.pt"
+        guard = DivergenceGuard(self.algorithm.config)  # a non-finite step stops the run in one line
         if checkpoint.is_file():
             state = self._load_checkpoint(checkpoint)
             self.algorithm.load_state_dict(state["algorithm"])
+            if nonfinite_parameters(self.model.trainable_parameters()):
+                raise RunError(f"checkpoint {checkpoint} holds non-finite parameters; delete it to restart the run "
+                               f"from step 0")
             start, rows, wall_s, nfe = state["step"], state["rows"], state["wall_s"], state["nfe"]
+            guard.saved(start)
         else:
             t0 = time.perf_counter()
-            evaluation = self.evaluate(0)
+            with guard.during(0):
+                evaluation = self.evaluate(0)
             rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, **evaluation, "t_eval": time.perf_counter() - t0})
             self._write_metrics(rows)
         trackers = None
@@ -242,14 +249,17 @@ class Runner:
         for step in range(start + 1, cfg.train.steps + 1):
             batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
             t0 = time.perf_counter()
-            stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
+            with guard.during(step):
+                stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
+            guard.check(step, stats, self.model.trainable_parameters())
             wall_s += time.perf_counter() - t0
             nfe += stats.nfe
             row = {"step": step, "nfe": nfe, "wall_s": wall_s, **stats.row()}
             last = step == cfg.train.steps
             if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 t0 = time.perf_counter()
-                row.update(self.evaluate(step))
+                with guard.during(step):
+                    row.update(self.evaluate(step))
                 row["t_eval"] = time.perf_counter() - t0
             rows.append(row)
             self._write_metrics(rows)
@@ -257,6 +267,7 @@ class Runner:
                 trackers.log(row, step)
             if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 self._checkpoint(step, rows, wall_s, nfe)
+                guard.saved(step)
             bar.update(1)
             postfix = {"reward": f"{stats.reward_mean:.3f}"}
             evals = [r["eval_reward"] for r in rows if "eval_reward" in r]

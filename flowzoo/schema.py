@@ -1,13 +1,15 @@
 """Typed config sections: dataclasses built from plain mappings (YAML) with strict checking.
 
-Unknown keys, wrong types and values outside a ``Literal`` fail with a :class:`ConfigError` naming the key, the bad
-value and the valid choices. Integers are accepted where floats are expected; nothing else is coerced.
+Unknown keys, wrong types, values outside a ``Literal`` and non-finite floats (NaN, inf) fail with a
+:class:`ConfigError` naming the key, the bad value and the valid choices. Integers are accepted where floats are
+expected; nothing else is coerced.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -40,6 +42,8 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: bad value {value!r}; valid: {', '.join(map(str, typing.get_args(tp)))}")
         return value
     if origin in (Union, types.UnionType):
+        if isinstance(value, float) and not math.isfinite(value) and float in typing.get_args(tp):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         errors = []
         for option in typing.get_args(tp):
             try:
@@ -56,7 +60,13 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; it is meant as a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):  # NaN would pass every range check (`x < 0` is False for NaN)
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")

@@ -7,6 +7,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from rewards.errors import NonFiniteSamplesError
+
 
 @dataclass
 class RewardOutput:
@@ -41,6 +43,9 @@ class Reward:
                 f"reward {self.name!r}: got {samples.shape[0]} samples, {len(prompts)} prompts, "
                 f"{len(metadata)} metadata entries"
             )
+        if samples.is_floating_point() and not torch.isfinite(samples).all():
+            bad = int((~torch.isfinite(samples.reshape(samples.shape[0], -1))).any(dim=1).sum())
+            raise NonFiniteSamplesError(self.name, bad, samples.shape[0])
         out = self.score(samples, prompts, metadata)
         out.score = out.score.detach().to(torch.float32).cpu()
         if out.score.shape != (samples.shape[0],):

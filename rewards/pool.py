@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from rewards.base import Reward, RewardOutput
-from rewards.errors import RewardError
+from rewards.errors import NonFiniteSamplesError, RewardError
 
 
 class RewardPool:
@@ -41,6 +41,8 @@ class RewardPool:
         for attempt in range(self.retries + 1):
             try:
                 return self.reward(samples, prompts, metadata)
+            except NonFiniteSamplesError:  # the model's fault, not the reward's: no retry, no blame
+                raise
             except Exception as error:
                 if attempt == self.retries:
                     tries = f"{attempt + 1} attempt{'s' if attempt else ''}"

@@ -60,3 +60,89 @@ def test_pretrain_rejects_nan_minutes(tmp_path, shipped_copy, capsys):
     assert main([*PRETRAIN, "--minutes", "nan", "--run-dir", str(tmp_path / "pre")]) == 2
     assert "minutes must be a finite number" in capsys.readouterr().err
     assert not (tmp_path / "pre").exists()
+
+
+# ---- divergence: one line naming the step and the quantity, never the reward ----------------------------------
+TOY = ["train", "benchmark/configs/toy_flow_grpo.yaml", "--quiet", "model.args.pretrain_steps=30",
+       "model.args.hidden=32", "train.eval_every=0", "train.save_samples=false", "train.eval_samples_per_prompt=2",
+       "train.prompts_per_step=2", "algorithm.group_size=4"]
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_lr_one_diverges_with_one_line_naming_the_policy_not_the_reward(tmp_path, capsys):
+    import pandas as pd
+
+    rc = main([*TOY, "algorithm.lr=1", "train.steps=8", "train.checkpoint_every=1", f"run_dir={tmp_path}"])
+    err = _one_error_line(capsys)
+    assert rc == 2 and "training diverged at step" in err and "lr=1.0" in err
+    assert "decoded samples are not finite" in err and "returned non-finite scores" not in err
+    step = int(err.split("training diverged at step ")[1].split(":")[0])
+    assert f"the last good checkpoint is step {step - 1}" in err
+    assert list(pd.read_csv(tmp_path / "metrics.csv")["step"]) == list(range(step))  # the failing step wrote nothing
+
+
+def test_guard_names_a_non_finite_gradient_norm_loss_or_parameter():
+    from algorithms.base import AlgorithmConfig, StepStats
+    from benchmark.divergence import DivergenceError, DivergenceGuard
+
+    def stats(loss=0.1, grad_norm=1.0):
+        return StepStats(0.5, 0.1, 0.0, 0.0, 0.0, 1.0, loss, grad_norm, 1, 1, 0.0, 0.0, 0.0)
+
+    guard = DivergenceGuard(AlgorithmConfig(lr=3e-4), last_good=None)
+    fine = [torch.ones(3), torch.zeros(2)]
+    guard.check(1, stats(), fine)
+    guard.saved(5)
+    with pytest.raises(DivergenceError, match=r"step 7: the gradient norm is not finite \(inf\) \(lr=0.0003, .*"
+                                              r"the last good checkpoint is step 5"):
+        guard.check(7, stats(grad_norm=math.inf), fine)
+    with pytest.raises(DivergenceError, match="step 7: the loss is not finite"):
+        guard.check(7, stats(loss=math.nan), fine)
+    with pytest.raises(DivergenceError, match=r"step 8: the trainable parameters are not finite \(1 tensors"):
+        guard.check(8, stats(), [torch.ones(3), torch.tensor([0.0, math.nan])])
+    assert issubclass(DivergenceError, FlowZooError)
+
+
+def test_checkpoint_with_non_finite_parameters_is_refused_on_resume(tmp_path, capsys):
+    args = [*TOY, "train.steps=2", f"run_dir={tmp_path}"]
+    assert main(args) == 0
+    (tmp_path / "done.json").unlink()  # as if killed after its last checkpoint
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    name, tensor = next(iter(state["algorithm"]["model"].items()))
+    tensor.view(-1)[0] = math.inf  # an exponent bit flipped to all-ones
+    torch.save(state, tmp_path / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "holds non-finite parameters" in _one_error_line(capsys)
+
+
+def test_a_reward_that_raises_in_training_is_one_line_naming_it(toy_model, toy_prompts):
+    import algorithms
+    from rewards.base import Reward
+    from rewards.errors import RewardError
+
+    class Broken(Reward):
+        name = "broken"
+        accepts = ("points",)
+
+        def score(self, samples, prompts, metadata):
+            raise ZeroDivisionError("no judge")
+
+    prompts, metadata = toy_prompts
+    alg = algorithms.get("flow_grpo")(toy_model, Broken(), {"group_size": 2, "num_steps": 2})
+    with pytest.raises(RewardError, match="reward 'broken' failed in training: ZeroDivisionError: no judge"):
+        alg.step(prompts[:2], metadata[:2])
+
+
+def test_non_finite_samples_are_not_blamed_on_the_reward_in_evaluation():
+    from rewards.errors import NonFiniteSamplesError
+    from rewards.pool import RewardPool
+    from rewards.toy import ToyModeReward
+
+    samples = torch.tensor([[0.0, 1.0], [math.nan, 0.0]])
+    with RewardPool(ToyModeReward()) as pool, pytest.raises(NonFiniteSamplesError, match=r"\(1 of 2\)"):
+        pool.submit(samples, ["a", "b"], [{"mode_target": [0, 0]}] * 2).result()
