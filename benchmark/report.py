@@ -3,13 +3,15 @@
 ``write_report(runs_dir, out_dir)`` is a pure function of the run directories: no timestamps, sorted iteration,
 fixed bootstrap seeds and SVG hash salt, so the same runs give the same bytes (PNG/SVG up to the matplotlib
 version). Every file is written atomically (temporary sibling, then ``os.replace``). All numbers come from
-:mod:`benchmark.stats`; this module only formats and plots them.
+:mod:`benchmark.stats` (and :mod:`benchmark.aggregate`); this module only formats them, :mod:`benchmark.figures`
+plots them.
 
 Layout of ``out_dir``::
 
     index.md, index.html          the report (the HTML is the markdown converted here: no network, no JS)
     tables/<task>_final.tex       booktabs final-reward table per task
     tables/<task>_ablation.tex    booktabs OP-GRPO ablation table per task (when op_grpo* runs exist)
+    figures/performance_profiles.{png,svg}   rliable-style profiles of normalized final reward across tasks
     figures/<task>_reward_vs_{step,nfe,wall_s}.{png,svg}
     figures/<task>_clip_fraction.{png,svg}, figures/<task>_abs_log_ratio.{png,svg}   (when logged)
     samples/<task>/<algorithm>_seed<S>_step_<N>.png   copies of the runs' sample grids at matched steps
@@ -25,14 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark import stats
+from benchmark import figures, stats
 from flowzoo.io import atomic_write, atomic_write_text
 
 ABLATION_PREFIX = "op_grpo"
-X_AXES = {"step": "training step", "nfe": "network evaluations (NFE)", "wall_s": "training wall-clock (s)"}
-CURVE_GRID_POINTS = 50
+X_AXES = figures.X_AXES
 MAX_SAMPLE_STEPS = 4
-PLOT_BOOTSTRAPS = 1000
 CENSORING_NOTE = (
     "Runs that never reach the target are censored: they count at the cost of their last logged step (their true "
     "cost is larger), so a ratio with censored seeds of the algorithm is a lower bound, one with censored seeds of "
@@ -183,141 +183,14 @@ def markdown_to_html(markdown: str, title: str = "FlowZoo report") -> str:
     ])
 
 
-# ------------------------------------------------------------------------------------------------------------ figures
-
-
-def save_figure(fig, stem: Path) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically and without dates, then close it."""
-    import matplotlib
-    import matplotlib.pyplot as plt
-
-    paths = []
-    with matplotlib.rc_context({"svg.hashsalt": "flowzoo-report"}):
-        for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None, "Creator": None})):
-            path = stem.with_suffix(f".{fmt}")
-            atomic_write(path, lambda f: fig.savefig(f, format=fmt, metadata=metadata), "wb")
-            paths.append(path)
-    plt.close(fig)
-    return paths
-
-
-def new_axes(plt, legend_outside: bool = False):
-    """A 6x4 inch figure (8x4 with room for a legend on the right) with fixed margins (a layout engine would cost
-    an extra draw per saved file)."""
-    fig, ax = plt.subplots(figsize=(8, 4) if legend_outside else (6, 4))
-    fig.subplots_adjust(left=0.09 if legend_outside else 0.12, right=0.72 if legend_outside else 0.97,
-                        bottom=0.12, top=0.92)
-    return fig, ax
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def align_curves(curves: pd.DataFrame, x: str, grid_points: int = CURVE_GRID_POINTS) -> pd.DataFrame:
-    """Eval curves with a shared x per algorithm, so that seeds can be averaged at each x.
-
-    Where the seeds of an algorithm were evaluated on one common schedule of x values (steps, usually NFE; an
-    unfinished seed may stop early) they are used as they are; otherwise (wall-clock) each seed is linearly
-    interpolated onto an even grid from 0 to the largest x of the algorithm, and a seed contributes only inside its
-    own range (beyond it, fewer seeds make the band).
-    """
-    frames = []
-    for algorithm, group in curves.groupby("algorithm", sort=True):
-        longest = group.groupby("run")[x].count().max()
-        if group[x].nunique() <= longest:
-            frames.append(group[["algorithm", "run", x, "eval_reward"]])
-            continue
-        grid = np.linspace(0.0, float(group[x].max()), grid_points)
-        for run, g in group.groupby("run", sort=True):
-            inside = grid <= g[x].max()
-            values = np.interp(grid[inside], g[x].to_numpy(float), g["eval_reward"].to_numpy(float))
-            frames.append(pd.DataFrame({"algorithm": algorithm, "run": run, x: grid[inside], "eval_reward": values}))
-    return pd.concat(frames, ignore_index=True)
-
-
 def _hue_order(algorithms, baseline: str) -> list[str]:
     return sorted(set(algorithms), key=lambda a: (a != baseline, a))
-
-
-def mean_and_band(data: pd.DataFrame, by: list[str], y: str) -> pd.DataFrame:
-    """Mean of ``y`` across seeds per ``by`` group, with the 95% bootstrap band of :func:`stats.bootstrap_ci`."""
-    rows = []
-    for key, group in data.dropna(subset=[y]).groupby(by, sort=True):
-        values = group[y].to_numpy(float)
-        lo, hi = stats.bootstrap_ci(values, np.mean, resamples=PLOT_BOOTSTRAPS)
-        rows.append({**dict(zip(by, key)), y: values.mean(), "lo": lo, "hi": hi})
-    return pd.DataFrame(rows)
-
-
-def draw_lines(ax, data: pd.DataFrame, x: str, y: str, hue_order: list[str], style: str | None = None,
-               style_order: list[str] | None = None, marker: str | None = None) -> None:
-    """Seaborn lines of the mean per ``algorithm`` (and ``style``), each with its shaded bootstrap band."""
-    import seaborn as sns
-
-    # the default palette repeats after 10 colours; husl gives as many distinct hues as there are algorithms
-    colors = sns.color_palette(n_colors=len(hue_order)) if len(hue_order) <= 10 else sns.color_palette("husl", len(hue_order))
-    palette = dict(zip(hue_order, colors))
-    by = ["algorithm"] + ([style] if style else []) + [x]
-    band = mean_and_band(data, by, y)
-    sns.lineplot(data=band, x=x, y=y, hue="algorithm", hue_order=hue_order, palette=palette, style=style,
-                 style_order=style_order, marker=marker, errorbar=None, ax=ax)
-    for key, group in band.groupby(by[:-1], sort=True):
-        algorithm = key[0]
-        ax.fill_between(group[x], group["lo"], group["hi"], color=palette[algorithm], alpha=0.2, linewidth=0)
-
-
-def plot_eval_curves(curves: pd.DataFrame, task: str, x: str, target: float, baseline: str, stem: Path) -> list[Path]:
-    """Mean eval reward across seeds with a 95% bootstrap band, one line per algorithm, target dashed."""
-    plt = _pyplot()
-    fig, ax = new_axes(plt, legend_outside=True)
-    data = align_curves(curves, x)
-    draw_lines(ax, data, x, "eval_reward", _hue_order(data["algorithm"], baseline))
-    if not math.isnan(target):
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target")
-    # many algorithms: the legend goes beside the axes instead of over the curves
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set(xlabel=X_AXES[x], ylabel="eval reward", title=f"{task}: eval reward vs {X_AXES[x]}")
-    return save_figure(fig, stem)
-
-
-def plot_clip_fractions(runs: pd.DataFrame, task: str, stem: Path) -> list[Path]:
-    """On- and off-policy clip fractions over training (mean and 95% band across seeds), per algorithm."""
-    plt = _pyplot()
-    columns = [c for c in ("clip_frac_on", "clip_frac_off") if c in runs.columns]
-    data = runs.melt(id_vars=["algorithm", "run", "step"], value_vars=columns, var_name="samples", value_name="clip")
-    data = data.dropna(subset=["clip"])
-    data["samples"] = data["samples"].map({"clip_frac_on": "on-policy", "clip_frac_off": "off-policy"})
-    fig, ax = new_axes(plt)
-    draw_lines(ax, data, "step", "clip", sorted(data["algorithm"].unique()), style="samples",
-               style_order=[s for s in ("on-policy", "off-policy") if s in set(data["samples"])])
-    ax.set(xlabel="training step", ylabel="clip fraction", title=f"{task}: PPO clip fraction, on- vs off-policy")
-    return save_figure(fig, stem)
 
 
 def log_ratio_columns(runs: pd.DataFrame) -> list[str]:
     """The ``abs_log_ratio_t{k}`` columns, ordered by k."""
     columns = [c for c in runs.columns if re.fullmatch(r"abs_log_ratio_t\d+", c)]
     return sorted(columns, key=lambda c: int(c.rsplit("t", 1)[1]))
-
-
-def plot_log_ratio_by_step(runs: pd.DataFrame, task: str, stem: Path) -> list[Path]:
-    """Mean |log-ratio| at each denoising step k: averaged over training per seed, then mean and 95% band over seeds."""
-    plt = _pyplot()
-    columns = log_ratio_columns(runs)
-    per_seed = runs.groupby(["algorithm", "run"], sort=True)[columns].mean().reset_index()
-    data = per_seed.melt(id_vars=["algorithm", "run"], value_vars=columns, var_name="k", value_name="abs_log_ratio")
-    data = data.dropna(subset=["abs_log_ratio"])
-    data["k"] = data["k"].str.rsplit("t", n=1).str[1].astype(int)
-    fig, ax = new_axes(plt)
-    draw_lines(ax, data, "k", "abs_log_ratio", sorted(data["algorithm"].unique()), marker="o")
-    ax.set(xlabel="denoising step k", ylabel="mean |log ratio|", title=f"{task}: |log-ratio| by denoising step")
-    return save_figure(fig, stem)
 
 
 # ----------------------------------------------------------------------------------------------------------- sections
@@ -334,7 +207,7 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         "# FlowZoo benchmark report",
         "",
         f"- Runs: {len(summary)} ({summary['task'].nunique()} tasks, {summary['algorithm'].nunique()} algorithms); "
-        f"unfinished: {len(unfinished)}",
+        f"unfinished: {len(unfinished)}; skipped (unreadable): {len(analysis.skipped)}",
         f"- Baseline: `{analysis.baseline}`",
         f"- Target: {analysis.target_description}",
         f"- Smoothing: trailing mean over the last {analysis.smooth} evaluations; a run's final reward is its smoothed "
@@ -344,6 +217,9 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         f"- Confidence intervals: {int(100 * stats.DEFAULT_CONFIDENCE)}% percentile bootstrap over seeds "
         f"({stats.DEFAULT_RESAMPLES} resamples, seed {stats.DEFAULT_BOOTSTRAP_SEED}; ratios resample algorithm and "
         "baseline seeds independently); 'n<2' where fewer than 2 seeds. IQM: mean of the middle 50% of seeds.",
+        "- Across tasks (rliable's definitions): a run's normalized score is (final - base) / (baseline final - base), "
+        "0 for the base model and 1 for the baseline's mean; IQM over all (task, seed) scores and the probability "
+        "of improvement over the baseline with stratified bootstrap CIs (seeds resampled within each task).",
         f"- Censoring: {CENSORING_NOTE}",
         "",
     ]
@@ -364,7 +240,13 @@ def runs_section(analysis: stats.Analysis) -> list[str]:
         lines += [f"- `{r.run}` (`{r.task}`, `{r.algorithm}`, seed {r.seed}): {int(r.last_step)}/{r.train_steps} steps"
                   for r in unfinished.itertuples()]
         lines.append("")
-    return lines
+    lines += ["### Skipped runs", ""]
+    if analysis.skipped:
+        lines += ["Run directories left out of every table and figure, with the cause:", ""]
+        lines += [f"- `{r.run}`: {r.cause}" for r in analysis.skipped]
+    else:
+        lines += ["None: every run directory was readable."]
+    return lines + [""]
 
 
 def target_phrase(analysis: stats.Analysis, task: str, target) -> str:
@@ -373,7 +255,52 @@ def target_phrase(analysis: stats.Analysis, task: str, target) -> str:
     if isinstance(target, stats.Target) and target.kind == "relative":
         share = "" if target.value == 1.0 else f"{100 * target.value:g}% of "
         return f"{share}`{analysis.baseline}`'s final reward"
+    if isinstance(target, stats.Target) and target.kind == "gain":
+        return f"{100 * target.value:g}% of `{analysis.baseline}`'s gain"
     return f"the target reward {analysis.targets[task]:g}"
+
+
+def target_line(analysis: stats.Analysis, task: str, target) -> str:
+    """The task's target value and where it comes from; for an undefined target, why."""
+    base, top, value = analysis.bases.get(task, math.nan), analysis.baseline_finals.get(task, math.nan), \
+        analysis.targets[task]
+    origin = (f"base model (`{analysis.baseline}` at step 0) {fmt_number(base)}, `{analysis.baseline}`'s final "
+              f"reward {fmt_number(top)}")
+    if not math.isnan(value):
+        return f"Target: eval reward >= {fmt_number(value)} ({origin})."
+    target = stats.as_target(target)
+    if isinstance(target, stats.Target) and target.kind == "gain" and not math.isnan(top):
+        return (f"No target on this task: {origin}; `{analysis.baseline}` did not improve on the base model, so a "
+                "share of its gain is undefined (pass an absolute `--target` to compare costs here).")
+    return f"No target on this task ({origin})."
+
+
+def _excludes_one(row: pd.Series, cost: str) -> str | None:
+    """'faster' / 'slower' when the ratio's CI lies below / above 100% and censoring allows that reading."""
+    lo, hi, bound = row[f"{cost}_lo"], row[f"{cost}_hi"], row["bound"]
+    if hi < 1.0 and bound in ("exact", "upper bound"):
+        return "below"
+    if lo > 1.0 and bound in ("exact", "lower bound"):
+        return "above"
+    return None
+
+
+def task_verdict(table: pd.DataFrame, baseline: str) -> str:
+    """One sentence: does the baseline reach the target in every seed, and which ratios' CIs exclude 100%."""
+    first = table.iloc[0]
+    reached, n = int(first["baseline_reached"]), int(first["baseline_n"])
+    found = []
+    for _, row in table.iterrows():
+        sides = {cost: _excludes_one(row, cost) for cost in stats.COSTS}
+        named = [f"{stats.COST_LABELS[c]} {side} 100%" for c, side in sides.items() if side]
+        if named:
+            found.append(f"`{row['algorithm']}` ({', '.join(named)})")
+    reach = (f"`{baseline}` reaches the target in all {n} seeds" if reached == n else
+             f"`{baseline}` reaches the target in only {reached} of {n} seeds (its censored seeds bound the ratios)")
+    if found:
+        return f"{reach}; ratios whose 95% CI excludes 100%: {'; '.join(found)}."
+    return (f"{reach}; no ratio's 95% CI excludes 100%: with these seeds no algorithm's cost to the target can be told "
+            "apart from the baseline's.")
 
 
 def ratio_cell(row: pd.Series, cost: str) -> str:
@@ -415,12 +342,16 @@ def headline_sentence(row: pd.Series, baseline: str, phrase: str) -> str:
 def headline_section(analysis: stats.Analysis, target) -> list[str]:
     lines = ["## Headline: cost to reach the target, relative to the baseline", "", CENSORING_NOTE, ""]
     for task in sorted(analysis.targets):
-        lines += [f"### `{task}`", "", f"Target: eval reward >= {fmt_number(analysis.targets[task])}.", ""]
+        lines += [f"### `{task}`", "", target_line(analysis, task, target), ""]
+        if math.isnan(analysis.targets[task]):
+            continue
         table = analysis.efficiency[analysis.efficiency["task"] == task] if len(analysis.efficiency) else []
         if len(table) == 0:
             lines += [f"No algorithm other than `{analysis.baseline}` on this task.", ""]
             continue
         phrase = target_phrase(analysis, task, target)
+        if int(table.iloc[0]["baseline_n"]):
+            lines += [f"**{task_verdict(table, analysis.baseline)}**", ""]
         lines += [f"- {headline_sentence(row, analysis.baseline, phrase)}" for _, row in table.iterrows()] + [""]
         rows = [[f"`{r['algorithm']}`", f"{r['reached']}/{r['n']}", f"{r['baseline_reached']}/{r['baseline_n']}"]
                 + [ratio_cell(r, c) for c in stats.COSTS]
@@ -508,22 +439,63 @@ def _figure_lines(paths: list[Path], out_dir: Path, alt: str) -> list[str]:
     return [f"![{alt}]({png})", "", f"SVG: [{svg}]({svg})", ""]
 
 
+def _palette(analysis: stats.Analysis) -> dict:
+    return figures.styles(analysis.summary["algorithm"])
+
+
+def aggregate_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
+    lines = ["## Across tasks: IQM, probability of improvement, performance profiles", "",
+             f"Normalized final reward: 0 = the base model (`{analysis.baseline}` at step 0), 1 = `{analysis.baseline}`'s"
+             " mean final reward, per task. IQM over every (task, seed) score; P(improvement): the chance that a seed "
+             f"of the algorithm ends above a seed of `{analysis.baseline}` on the same task (ties count 1/2), averaged"
+             " over tasks, on raw final rewards. 95% stratified bootstrap CIs. Each algorithm is scored on the tasks "
+             f"it shares with `{analysis.baseline}` where `{analysis.baseline}` improves on the base model.", ""]
+    table = analysis.aggregate
+    excluded = sorted(t for t in analysis.targets
+                      if not (analysis.baseline_finals.get(t, math.nan) - analysis.bases.get(t, math.nan) > 0))
+    if excluded:
+        lines += ["Left out (the baseline does not improve on the base model there, or has no step-0 evaluation): "
+                  + ", ".join(f"`{t}`" for t in excluded) + ".", ""]
+    if table.empty or not table["n"].any():
+        return lines + ["No task where the aggregates are defined.", ""]
+    rows = []
+    for _, r in table[table["n"] > 0].iterrows():
+        poi = ("(baseline)" if r["algorithm"] == analysis.baseline else
+               f"{fmt_number(r['poi'], 2)} {fmt_ci(r['poi_lo'], r['poi_hi'], lambda v: fmt_number(v, 2))}")
+        rows.append([f"`{r['algorithm']}`", ", ".join(f"`{t}`" for t in r["tasks"]), r["n"],
+                     f"{fmt_number(r['iqm'])} {fmt_ci(r['iqm_lo'], r['iqm_hi'])}", poi])
+    lines += markdown_table(["algorithm", "tasks", "runs", "IQM normalized final [95% CI]",
+                             f"P(better than `{analysis.baseline}`) [95% CI]"], rows) + [""]
+    if len(analysis.profiles):
+        paths = figures.plot_performance_profiles(analysis.profiles, analysis.baseline, _palette(analysis),
+                                                  out_dir / "figures" / "performance_profiles")
+        lines += _figure_lines(paths, out_dir, "performance profiles of normalized final reward")
+    return lines
+
+
 def curves_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     lines = ["## Eval reward curves", "",
-             "Mean over seeds with 95% bootstrap bands (raw, unsmoothed eval reward); dashed: the target. On the NFE "
-             "and wall-clock axes seeds evaluated at different x are interpolated onto a shared grid.", ""]
+             "Mean over seeds with 95% bootstrap bands (raw, unsmoothed eval reward); colours by family (Flow-GRPO "
+             "blue, DanceGRPO green, MixGRPO orange, OP-GRPO purple), main methods, variants and OP-GRPO ablations in "
+             "separate panels, each with the baseline. Dashed: the target; on it, each algorithm's mean cost to reach "
+             "it (filled: every seed reached it; hollow: some seeds never did and count at their last step, so the "
+             "mark is a lower bound). On the NFE and wall-clock axes seeds evaluated at different x are interpolated "
+             "onto a shared grid.", ""]
+    palette = _palette(analysis)
     for task, curves in analysis.curves.groupby("task", sort=True):
         lines += [f"### `{task}`", ""]
+        costs = analysis.costs[analysis.costs["task"] == task]
         for x in X_AXES:
             stem = out_dir / "figures" / f"{slug(task)}_reward_vs_{x}"
-            paths = plot_eval_curves(curves, task, x, analysis.targets[task], analysis.baseline, stem)
+            paths = figures.plot_eval_curves(curves, costs, task, x, analysis.targets[task], analysis.baseline,
+                                             palette, stem)
             lines += _figure_lines(paths, out_dir, f"{task}: eval reward vs {X_AXES[x]}")
     return lines
 
 
 def diagnostics_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     lines = ["## OP-GRPO diagnostics", ""]
-    drawn = False
+    drawn, palette = False, _palette(analysis)
     for task, runs in analysis.runs.groupby("task", sort=True):
         clip = [c for c in ("clip_frac_on", "clip_frac_off") if c in runs.columns and runs[c].notna().any()]
         ratio = [c for c in log_ratio_columns(runs) if runs[c].notna().any()]
@@ -532,10 +504,11 @@ def diagnostics_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
         drawn = True
         lines += [f"### `{task}`", ""]
         if clip:
-            paths = plot_clip_fractions(runs, task, out_dir / "figures" / f"{slug(task)}_clip_fraction")
+            paths = figures.plot_clip_fractions(runs, task, palette, out_dir / "figures" / f"{slug(task)}_clip_fraction")
             lines += _figure_lines(paths, out_dir, f"{task}: clip fraction on/off-policy")
         if ratio:
-            paths = plot_log_ratio_by_step(runs, task, out_dir / "figures" / f"{slug(task)}_abs_log_ratio")
+            paths = figures.plot_log_ratio_by_step(runs, ratio, task, palette,
+                                                   out_dir / "figures" / f"{slug(task)}_abs_log_ratio")
             lines += _figure_lines(paths, out_dir, f"{task}: |log-ratio| by denoising step")
     return lines if drawn else lines + ["No run logged `clip_frac_on`/`clip_frac_off` or `abs_log_ratio_t{k}`.", ""]
 
@@ -595,14 +568,17 @@ def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
                  smooth: int = stats.DEFAULT_SMOOTH) -> Path:
     """Write the report of every run under ``runs_dir`` into ``out_dir``; return the path of ``index.md``.
 
-    ``target``: None (the baseline's final reward), a number (absolute), ``{task: value}`` (absolute per task) or a
-    :class:`benchmark.stats.Target` (e.g. ``Target("relative", 0.9)``). Raises ``ConfigError`` for a runs directory
-    without runs, an unknown baseline or a target naming unknown tasks.
+    ``target``: None (90% of the baseline's gain over the base model), a number (absolute), ``{task: value}``
+    (absolute per task) or a :class:`benchmark.stats.Target` (e.g. ``Target("relative", 1.0)``: the baseline's final
+    reward). Raises ``ConfigError`` (before writing anything) for an invalid target, a runs directory without
+    readable runs, an unknown baseline, a target naming unknown tasks or runs of different budgets in one
+    (task, algorithm) cell; unreadable runs are skipped with a warning and listed in the report.
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     analysis = stats.analyze(runs_dir, baseline=baseline, target=target, smooth=smooth)
     lines = (header_section(analysis) + runs_section(analysis) + headline_section(analysis, target)
-             + final_section(analysis, out_dir) + ablation_section(analysis, out_dir)
+             + aggregate_section(analysis, out_dir) + final_section(analysis, out_dir)
+             + ablation_section(analysis, out_dir)
              + curves_section(analysis, out_dir) + diagnostics_section(analysis, out_dir)
              + samples_section(analysis, runs_dir, out_dir))
     markdown = "\n".join(lines).rstrip("\n") + "\n"

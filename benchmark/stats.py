@@ -27,6 +27,7 @@ so the report is reproducible from the runs alone. The definitions, in one place
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from benchmark.aggregate import (aggregate_iqm_ci, iqm, percentile_interval, performance_profile_ci,
+                                 probability_of_improvement_ci)
 from flowzoo.errors import ConfigError
 
 COSTS = ("step", "nfe", "wall_s")
@@ -48,6 +51,7 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_BOOTSTRAP_SEED = 0
 TARGET_TOLERANCE = 1e-9
+LOG = logging.getLogger("flowzoo.report")
 
 
 # ----------------------------------------------------------------------------------------------------------- loading
@@ -74,22 +78,24 @@ def _config_value(config: Mapping, dotted_key: str, path: Path):
 def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.DataFrame:
     """One run as tidy rows: the run keys (``RUN_KEYS``) repeated on every row of its metrics.csv.
 
-    ``run`` is the run directory relative to ``runs_dir`` (POSIX style), unique within a runs directory.
+    ``run`` is the run directory relative to ``runs_dir`` (POSIX style), unique within a runs directory. Raises
+    ``ConfigError`` naming the file for a config.yaml or metrics.csv that cannot be read or lacks what is needed.
     """
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) or {}
+    try:
+        config = yaml.safe_load(config_path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"{config_path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"{config_path}: expected a mapping with task, seed, algorithm.name, train.steps")
     algorithm, task = config.get("algorithm"), config.get("task")
     algorithm_name = algorithm if isinstance(algorithm, str) else _config_value(config, "algorithm.name", config_path)
     task_label = _config_value(config, "task.name" if isinstance(task, Mapping) else "task", config_path)
-    train_steps = int(_config_value(config, "train.steps", config_path))
+    train_steps = _config_int(config, "train.steps", config_path)
+    seed = _config_int(config, "seed", config_path)
 
-    metrics = pd.read_csv(run_dir / "metrics.csv")
-    missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
-    if missing:
-        raise ConfigError(f"{run_dir / 'metrics.csv'}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+    metrics = read_metrics(run_dir / "metrics.csv")
     # a resumed run may log a step twice: the later row is the one that continued
     metrics = metrics.drop_duplicates("step", keep="last").sort_values("step", kind="stable").reset_index(drop=True)
 
@@ -98,7 +104,7 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
         "run": run_dir.relative_to(runs_dir).as_posix() if runs_dir is not None else run_dir.name,
         "task": str(task_label),
         "algorithm": str(algorithm_name),
-        "seed": int(_config_value(config, "seed", config_path)),
+        "seed": seed,
         "train_steps": train_steps,
         "finished": bool(last_step >= train_steps),
     }
@@ -107,16 +113,85 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     return metrics
 
 
-def load_runs(runs_dir: str | Path) -> pd.DataFrame:
-    """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent."""
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no detail"
+
+
+def _config_int(config: Mapping, dotted_key: str, path: Path) -> int:
+    value = _config_value(config, dotted_key, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{path}: {dotted_key} is {value!r}, not an integer")
+    return int(value)
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics.csv with its required columns numeric; ``ConfigError`` naming the file otherwise (empty,
+    binary, not CSV, a required column missing or holding text)."""
+    try:
+        metrics = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
+        raise ConfigError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+    for column in REQUIRED_COLUMNS:
+        values = pd.to_numeric(metrics[column], errors="coerce")
+        if (values.isna() & metrics[column].notna()).any():
+            raise ConfigError(f"{path}: column {column!r} holds values that are not numbers")
+        metrics[column] = values
+    if metrics["step"].isna().any():
+        raise ConfigError(f"{path}: rows without a step")
+    return metrics
+
+
+@dataclass(frozen=True)
+class SkippedRun:
+    """A run directory the report could not use, and why (one line)."""
+
+    run: str
+    cause: str
+
+
+def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> pd.DataFrame:
+    """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent.
+
+    A run whose config.yaml or metrics.csv cannot be used is left out with a warning naming the file; when
+    ``skipped`` is a list, a :class:`SkippedRun` is appended to it for each. ``ConfigError`` when no run is usable.
+    """
     run_dirs = find_run_dirs(runs_dir)
     if not run_dirs:
         raise ConfigError(
             f"no runs found in {str(runs_dir)!r}: expected directories holding config.yaml and metrics.csv"
         )
-    frames = [load_run(d, runs_dir) for d in run_dirs]
+    frames, left_out = [], []
+    for run_dir in run_dirs:
+        try:
+            frames.append(load_run(run_dir, runs_dir))
+        except ConfigError as error:
+            left_out.append(SkippedRun(run_dir.relative_to(runs_dir).as_posix(), str(error)))
+            LOG.warning("skipped run %s", error)
+    if skipped is not None:
+        skipped.extend(left_out)
+    if not frames:
+        raise ConfigError(f"no readable runs in {str(runs_dir)!r}: all {len(left_out)} were skipped "
+                          f"(first: {left_out[0].cause})")
     frames = [f for f in frames if len(f)] or frames[:1]
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def check_budgets(runs: pd.DataFrame) -> None:
+    """Runs of one (task, algorithm) must share ``train.steps``: their costs and final rewards would otherwise be
+    averaged over different budgets. ``ConfigError`` naming the cell and the runs of each budget."""
+    cells = runs.groupby(["task", "algorithm"], sort=True)
+    for (task, algorithm), group in cells:
+        budgets = group.groupby("train_steps", sort=True)["run"].unique()
+        if len(budgets) > 1:
+            listed = "; ".join(f"train.steps {steps}: {', '.join(sorted(r))}" for steps, r in budgets.items())
+            raise ConfigError(
+                f"task {task!r}, algorithm {algorithm!r} mixes run budgets ({listed}); a report compares runs of one "
+                "budget: move the others out of the runs directory"
+            )
 
 
 def run_summary(runs: pd.DataFrame) -> pd.DataFrame:
@@ -156,54 +231,87 @@ def final_rewards(curves: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------------------- targets
 
 
+TARGET_KINDS = ("gain", "relative", "absolute")
+DEFAULT_GAIN_FRACTION = 0.9
+TARGET_SYNTAX = ("'0.9gain' or '90%gain' (that share of the baseline's gain over the base model), '0.9x' or '90%' "
+                 "(that share of the baseline's final reward), or a reward value such as '0.8'")
+
+
 @dataclass(frozen=True)
 class Target:
-    """``kind="relative"``: ``value`` times the baseline's final reward (mean over seeds); ``"absolute"``: ``value``."""
+    """How a task's target reward is set from the baseline's runs (``base`` = the baseline's step-0 eval reward, the
+    base model; ``final`` = the baseline's final reward; both means over its seeds):
 
-    kind: str = "relative"
-    value: float = 1.0
+    * ``"gain"``: base + ``value`` x (final - base), i.e. ``value`` of the way from the base model to the baseline's
+      final reward (the default, ``value`` 0.9). Undefined (NaN) where the baseline did not improve on the base.
+    * ``"relative"``: ``value`` x final (assumes a positive reward where larger is better).
+    * ``"absolute"``: ``value`` itself.
+    """
+
+    kind: str = "gain"
+    value: float = DEFAULT_GAIN_FRACTION
 
     def __post_init__(self):
-        if self.kind not in ("relative", "absolute"):
-            raise ConfigError(f"target kind {self.kind!r} is not one of ['absolute', 'relative']")
+        if self.kind not in TARGET_KINDS:
+            raise ConfigError(f"target kind {self.kind!r} is not one of {sorted(TARGET_KINDS)}")
+        check_target_value(self.value, f"{self.kind} target")
+        if self.kind != "absolute" and self.value <= 0:
+            raise ConfigError(f"{self.kind} target fraction must be > 0, got {self.value!r}")
 
     def describe(self, baseline: str) -> str:
         if self.kind == "absolute":
             return f"eval reward >= {self.value:g} (absolute)"
+        if self.kind == "gain":
+            return (f"{100 * self.value:g}% of the way from the base model (`{baseline}`'s step-0 eval reward) to "
+                    f"`{baseline}`'s final eval reward (smoothed; both means over its seeds)")
         share = "" if self.value == 1.0 else f"{100 * self.value:g}% of "
         return f"{share}`{baseline}`'s final eval reward (smoothed, mean over its seeds)"
 
 
+def check_target_value(value, what: str = "target") -> float:
+    """A finite number, else ``ConfigError`` naming the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{what} {value!r} is not a finite number; use {TARGET_SYNTAX}")
+    return float(value)
+
+
 def as_target(target: "Target | float | Mapping[str, float] | None") -> "Target | dict[str, float]":
-    """Normalize a user target: None -> relative 1.0; a number -> absolute; a mapping -> absolute per task."""
+    """Normalize a user target: None -> the default (90% of the baseline's gain); a number -> absolute; a mapping ->
+    absolute per task."""
     if target is None:
         return Target()
     if isinstance(target, Target):
         return target
     if isinstance(target, Mapping):
-        return {str(task): float(value) for task, value in target.items()}
+        return {str(task): check_target_value(value, f"target of task {task!r}") for task, value in target.items()}
     if isinstance(target, (int, float)) and not isinstance(target, bool):
         return Target("absolute", float(target))
     raise ConfigError(f"target {target!r} is not None, a number, a {{task: value}} mapping or a Target")
 
 
 def parse_target(text: str | None) -> "Target":
-    """A command-line target: '' or None -> the baseline's final reward; '0.9x' or '90%' -> that fraction of it;
-    a plain number such as '0.8' -> that absolute eval reward."""
+    """A command-line target: '' or None -> the default; '0.9gain' / '90%gain' -> that share of the baseline's gain;
+    '0.9x' / '90%' -> that share of the baseline's final reward; a plain number such as '0.8' -> that eval reward.
+    ``ConfigError`` (one line, naming the text and the valid forms) for anything else, NaN and infinities included."""
     if text is None or not str(text).strip():
         return Target()
-    text = str(text).strip()
+    raw = str(text).strip()
+    body, kind = raw.lower(), "absolute"
+    for suffix, suffix_kind in (("gain", "gain"), ("x", "relative")):
+        if body.endswith(suffix):
+            body, kind = body[: -len(suffix)].strip(), suffix_kind
+            break
+    divisor = 1.0
+    if body.endswith("%"):
+        body, divisor = body[:-1].strip(), 100.0
+        kind = "relative" if kind == "absolute" else kind
     try:
-        if text.endswith("x"):
-            return Target("relative", float(text[:-1]))
-        if text.endswith("%"):
-            return Target("relative", float(text[:-1]) / 100.0)
-        return Target("absolute", float(text))
+        value = float(body) / divisor
     except ValueError:
-        raise ConfigError(
-            f"target {text!r} is not valid; use a reward value (0.8), a fraction of the baseline (0.9x) "
-            "or a share (90%)"
-        ) from None
+        value = math.nan
+    if not math.isfinite(value) or (kind != "absolute" and value <= 0):
+        raise ConfigError(f"target {raw!r} is not valid; use {TARGET_SYNTAX}")
+    return Target(kind, value)
 
 
 def check_baseline(runs: pd.DataFrame, baseline: str) -> None:
@@ -212,8 +320,25 @@ def check_baseline(runs: pd.DataFrame, baseline: str) -> None:
         raise ConfigError(f"baseline {baseline!r} has no runs; algorithms with runs: {algorithms}")
 
 
-def task_targets(finals: pd.DataFrame, baseline: str, target=None) -> dict[str, float]:
-    """The target reward of every task (NaN where it cannot be defined, e.g. a task without baseline runs)."""
+def base_rewards(curves: pd.DataFrame, baseline: str) -> dict[str, float]:
+    """Per task: the baseline's step-0 eval reward (the base model before training), mean over its seeds; NaN where
+    no baseline run evaluated at step 0."""
+    start = curves[(curves["algorithm"] == baseline) & (curves["step"] == 0)]
+    means = start.groupby("task")["eval_reward"].mean()
+    return {task: float(means.get(task, math.nan)) for task in sorted(curves["task"].unique())}
+
+
+def baseline_finals(finals: pd.DataFrame, baseline: str) -> dict[str, float]:
+    """Per task: the baseline's final reward, mean over its seeds (NaN without baseline runs)."""
+    means = finals[finals["algorithm"] == baseline].groupby("task")["final_reward"].mean()
+    return {task: float(means.get(task, math.nan)) for task in sorted(finals["task"].unique())}
+
+
+def task_targets(finals: pd.DataFrame, baseline: str, target=None, bases: Mapping[str, float] | None = None
+                 ) -> dict[str, float]:
+    """The target reward of every task (NaN where it cannot be defined: a task without baseline runs, or for a gain
+    target one where the baseline's base reward is unknown or its final reward is not above it). ``bases``: the
+    base reward per task (:func:`base_rewards`), needed by a gain target."""
     target = as_target(target)
     tasks = sorted(finals["task"].unique())
     if isinstance(target, dict):
@@ -223,8 +348,16 @@ def task_targets(finals: pd.DataFrame, baseline: str, target=None) -> dict[str, 
         return {task: target.get(task, math.nan) for task in tasks}
     if target.kind == "absolute":
         return {task: target.value for task in tasks}
-    base = finals[finals["algorithm"] == baseline].groupby("task")["final_reward"].mean()
-    return {task: target.value * base.get(task, math.nan) for task in tasks}
+    final = baseline_finals(finals, baseline)
+    if target.kind == "relative":
+        return {task: target.value * final[task] for task in tasks}
+    bases = bases or {}
+    targets = {}
+    for task in tasks:
+        base = bases.get(task, math.nan)
+        gain = final[task] - base
+        targets[task] = base + target.value * gain if gain > 0 else math.nan
+    return targets
 
 
 def describe_target(baseline: str, target=None) -> str:
@@ -264,27 +397,8 @@ def costs_to_target(runs: pd.DataFrame, curves: pd.DataFrame, targets: Mapping[s
 # ------------------------------------------------------------------------------------------------------- aggregates
 
 
-def iqm(values, axis: int = -1) -> np.ndarray | float:
-    """Interquartile mean along ``axis``: sort, drop floor(n/4) values at each end, average the rest."""
-    values = np.sort(np.asarray(values, dtype=float), axis=axis)
-    n = values.shape[axis]
-    if n == 0:
-        return math.nan
-    cut = n // 4
-    return np.take(values, np.arange(cut, n - cut), axis=axis).mean(axis=axis)
-
-
 def _bootstrap_indices(n: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, n, size=(resamples, n))
-
-
-def _percentile_interval(samples: np.ndarray, confidence: float) -> tuple[float, float]:
-    alpha = (1.0 - confidence) / 2.0
-    samples = samples[~np.isnan(samples)]
-    if samples.size == 0:
-        return math.nan, math.nan
-    lo, hi = np.percentile(samples, [100 * alpha, 100 * (1 - alpha)])
-    return float(lo), float(hi)
 
 
 def bootstrap_ci(
@@ -300,7 +414,7 @@ def bootstrap_ci(
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
     stats = statistic(values[_bootstrap_indices(values.size, resamples, rng)], axis=-1)
-    return _percentile_interval(np.asarray(stats, dtype=float), confidence)
+    return percentile_interval(np.asarray(stats, dtype=float), confidence)
 
 
 def ratio_of_means(values, baseline_values) -> float:
@@ -330,7 +444,7 @@ def ratio_ci(
     denominators = baseline_values[_bootstrap_indices(baseline_values.size, resamples, rng)].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(denominators != 0, numerators / denominators, np.nan)
-    return (ratio, *_percentile_interval(ratios, confidence))
+    return (ratio, *percentile_interval(ratios, confidence))
 
 
 def ratio_bound(algorithm_censored: int, baseline_censored: int) -> str:
@@ -401,6 +515,81 @@ def efficiency_table(costs: pd.DataFrame, baseline: str, **bootstrap) -> pd.Data
     return pd.DataFrame(rows)
 
 
+# -------------------------------------------------------------------------------------------- across tasks (rliable)
+
+PROFILE_POINTS = 81
+
+
+def normalized_finals(finals: pd.DataFrame, bases: Mapping[str, float], tops: Mapping[str, float]) -> pd.DataFrame:
+    """``finals`` with ``normalized`` = (final - base) / (top - base): 0 is the base model, 1 the baseline's mean
+    final reward (``tops``). NaN on a task where the baseline's gain (top - base) is not positive."""
+    out = finals.copy()
+    base = out["task"].map(lambda t: bases.get(t, math.nan)).astype(float)
+    gain = out["task"].map(lambda t: tops.get(t, math.nan)).astype(float) - base
+    out["normalized"] = np.where(gain > 0, (out["final_reward"] - base) / gain.where(gain > 0), np.nan)
+    return out
+
+
+def _task_scores(finals: pd.DataFrame, algorithm: str, tasks: list[str], column: str) -> list[np.ndarray]:
+    rows = finals[finals["algorithm"] == algorithm]
+    return [rows.loc[rows["task"] == task, column].to_numpy(float) for task in tasks]
+
+
+def comparable_tasks(normalized: pd.DataFrame, algorithm: str, baseline: str) -> list[str]:
+    """Tasks where both ``algorithm`` and ``baseline`` have runs and the normalized score is defined."""
+    defined = normalized[normalized["normalized"].notna()]
+    have = [set(defined.loc[defined["algorithm"] == a, "task"]) for a in (algorithm, baseline)]
+    return sorted(have[0] & have[1])
+
+
+def aggregate_table(normalized: pd.DataFrame, baseline: str, confidence: float = DEFAULT_CONFIDENCE,
+                    resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Per algorithm, over the tasks it shares with the baseline (where the baseline gains): the IQM of normalized
+    final rewards with a stratified bootstrap CI, and the probability of improvement over the baseline on raw final
+    rewards (``poi``; NaN for the baseline itself) with its CI."""
+    rows = []
+    for algorithm in sorted(normalized["algorithm"].unique(), key=lambda a: (a != baseline, a)):
+        tasks = comparable_tasks(normalized, algorithm, baseline)
+        row = {"algorithm": algorithm, "tasks": tasks, "n": 0, "iqm": math.nan, "iqm_lo": math.nan,
+               "iqm_hi": math.nan, "poi": math.nan, "poi_lo": math.nan, "poi_hi": math.nan}
+        if tasks:
+            scores = _task_scores(normalized, algorithm, tasks, "normalized")
+            row["n"] = int(sum(len(s) for s in scores))
+            row["iqm"], row["iqm_lo"], row["iqm_hi"] = aggregate_iqm_ci(scores, confidence, resamples, seed)
+            if algorithm != baseline:
+                x = _task_scores(normalized, algorithm, tasks, "final_reward")
+                y = _task_scores(normalized, baseline, tasks, "final_reward")
+                row["poi"], row["poi_lo"], row["poi_hi"] = probability_of_improvement_ci(
+                    x, y, confidence, resamples, seed)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def profile_taus(normalized: pd.DataFrame, points: int = PROFILE_POINTS) -> np.ndarray:
+    """Thresholds of the performance profiles: from min(0, lowest score) to max(1.2, highest score)."""
+    values = normalized["normalized"].dropna().to_numpy(float)
+    lo = min(0.0, float(values.min())) if values.size else 0.0
+    hi = max(1.2, float(values.max())) if values.size else 1.2
+    return np.linspace(lo, hi, points)
+
+
+def performance_profiles(normalized: pd.DataFrame, baseline: str, resamples: int = 2000,
+                         confidence: float = DEFAULT_CONFIDENCE, seed: int = DEFAULT_BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Tidy (algorithm, tau, share, lo, hi): the share of an algorithm's (task, seed) normalized final rewards above
+    tau, over the tasks it shares with the baseline, with stratified bootstrap bands (rliable's 2000 resamples)."""
+    taus = profile_taus(normalized)
+    frames = []
+    for algorithm in sorted(normalized["algorithm"].unique()):
+        tasks = comparable_tasks(normalized, algorithm, baseline)
+        if not tasks:
+            continue
+        share, lo, hi = performance_profile_ci(_task_scores(normalized, algorithm, tasks, "normalized"), taus,
+                                               confidence, resamples, seed)
+        frames.append(pd.DataFrame({"algorithm": algorithm, "tau": taus, "share": share, "lo": lo, "hi": hi}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["algorithm", "tau", "share", "lo", "hi"])
+
+
 @dataclass
 class Analysis:
     """Everything the report needs, computed once from a runs directory."""
@@ -416,18 +605,30 @@ class Analysis:
     baseline: str
     target_description: str
     smooth: int
+    bases: dict[str, float]
+    baseline_finals: dict[str, float]
+    normalized: pd.DataFrame
+    aggregate: pd.DataFrame
+    profiles: pd.DataFrame
+    skipped: list[SkippedRun]
 
 
 def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smooth: int = DEFAULT_SMOOTH) -> Analysis:
-    """Load every run under ``runs_dir`` and compute curves, final rewards, targets, costs and both tables."""
-    runs = load_runs(runs_dir)
+    """Load every run under ``runs_dir`` (skipping unreadable ones) and compute curves, final rewards, targets,
+    costs, the per-task tables and the aggregates across tasks. The target is checked before any run is read."""
+    target = as_target(target)
+    skipped: list[SkippedRun] = []
+    runs = load_runs(runs_dir, skipped)
     check_baseline(runs, baseline)
+    check_budgets(runs)
     curves = eval_curves(runs, smooth)
     if curves.empty:
         raise ConfigError(f"no evaluation rows (eval_reward) in any run under {str(runs_dir)!r}")
     finals = final_rewards(curves)
-    targets = task_targets(finals, baseline, target)
+    bases, tops = base_rewards(curves, baseline), baseline_finals(finals, baseline)
+    targets = task_targets(finals, baseline, target, bases)
     costs = costs_to_target(runs, curves, targets)
+    normalized = normalized_finals(finals, bases, tops)
     return Analysis(
         runs=runs,
         summary=run_summary(runs),
@@ -440,4 +641,10 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
         baseline=baseline,
         target_description=describe_target(baseline, target),
         smooth=smooth,
+        bases=bases,
+        baseline_finals=tops,
+        normalized=normalized,
+        aggregate=aggregate_table(normalized, baseline),
+        profiles=performance_profiles(normalized, baseline),
+        skipped=skipped,
     )

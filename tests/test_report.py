@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark import report
+from benchmark import report, stats
 from flowzoo.errors import ConfigError
 
 TRAIN_STEPS = 20
@@ -111,25 +111,49 @@ def test_every_referenced_file_exists(written):
     assert all((out / t).is_file() for t in targets)
 
 
-def test_headline_sentence_for_faster_algorithm(written):
+def test_headline_exact_numbers_for_faster_algorithm(written):
+    """Default target: 90% of flow_grpo's gain. Base (step 0) = 0.1 + 0.01 * mean seed = 0.11; flow_grpo's final
+    reward (mean of its evals at 10, 15, 20) = 0.7 + 0.01 * mean seed = 0.71; target 0.11 + 0.9 * 0.6 = 0.65.
+    flow_grpo's smoothed curve first reaches 0.65 at step 20 in every seed (0.5 + 0.01 s at 15); op_grpo's at 15
+    ((0.55 + 1 + 1) / 3). Steps 15/20, NFE 15*80 / (20*100), wall 15*1.2*mean(1, 1.05, 1.1) / (20*mean(...)) = 0.9."""
     _, _, markdown, _ = written
     toy_a = section(section(markdown, "Headline: cost to reach the target, relative to the baseline"), "`toy_a`")
-    pattern = (r"`op_grpo` reaches `flow_grpo`'s final reward in (\d+\.\d)% \[[\d.]+%, [\d.]+%\] of its steps / "
-               r"[\d.]+% \[[\d.]+%, [\d.]+%\] of its NFE / "
-               r"[\d.]+% \[[\d.]+%, [\d.]+%\] of its wall-clock \(3/3 seeds\)\.")
-    match = re.search(pattern, toy_a)
-    assert match, toy_a
-    # baseline (final ~0.9 smoothed) is reached by op_grpo at step 10 in every seed, by flow_grpo at ~15-20
-    assert 40 < float(match[1]) < 80
+    assert ("Target: eval reward >= 0.650 (base model (`flow_grpo` at step 0) 0.110, `flow_grpo`'s final reward "
+            "0.710).") in toy_a
+    assert ("`op_grpo` reaches 90% of `flow_grpo`'s gain in 75.0% [75.0%, 75.0%] of its steps / "
+            "60.0% [60.0%, 60.0%] of its NFE / 90.0% [") in toy_a
+    assert ("**`flow_grpo` reaches the target in all 3 seeds; ratios whose 95% CI excludes 100%: `op_grpo` (steps "
+            "below 100%, NFE below 100%, wall-clock below 100%).**") in toy_a
+
+
+def test_relative_target_keeps_the_final_reward_phrase(runs_dir, tmp_path):
+    markdown = report.write_report(runs_dir, tmp_path / "out", target=stats.Target("relative", 1.0)).read_text()
+    toy_a = section(section(markdown, "Headline: cost to reach the target, relative to the baseline"), "`toy_a`")
+    # target 0.71: op_grpo's smoothed curve reaches it at 15 (0.85), flow_grpo's at 20 in seeds 1, 2 only (0.70 + 0.01 s)
+    assert "`op_grpo` reaches `flow_grpo`'s final reward in 75.0% [75.0%, 75.0%] of its steps" in toy_a
+    assert "`flow_grpo` reaches the target in only 2 of 3 seeds" in toy_a
 
 
 def test_algorithm_that_never_reaches_is_reported_honestly(written):
     _, _, markdown, _ = written
     toy_b = section(section(markdown, "Headline: cost to reach the target, relative to the baseline"), "`toy_b`")
-    assert "`op_grpo` does not reach `flow_grpo`'s final reward" in toy_b
-    assert "in any of its 3 seeds" in toy_b
+    assert "`op_grpo` does not reach 90% of `flow_grpo`'s gain (target 0.650) in any of its 3 seeds" in toy_b
     assert "`op_grpo` reaches" not in toy_b
-    assert "lower bound" in toy_b or "unknown direction" in toy_b
+    # censored at step 20 like flow_grpo's step 20: the ratio is exactly 1, a lower bound
+    assert "| `op_grpo` | 0/3 | 3/3 | 100.0% [100.0%, 100.0%] |" in toy_b and "lower bound" in toy_b
+
+
+def test_aggregate_across_tasks_exact(written):
+    """Normalized finals (final - 0.11) / 0.6: flow_grpo 0.99, 1, 1.01 per task -> IQM 1.0. op_grpo on toy_a: seeds
+    0, 1 end at 1.0 (smoothed 1, 1, 1), seed 2 (unfinished at 15) at (0.57 + 1 + 1) / 3; on toy_b 0.2 + 0.01 s."""
+    _, _, markdown, _ = written
+    agg = section(markdown, "Across tasks: IQM, probability of improvement, performance profiles")
+    assert re.search(r"\| `flow_grpo` \| `toy_a`, `toy_b` \| 6 \| 1\.000 \[0\.98\d, 1\.01\d\] \| \(baseline\) \|", agg)
+    # op_grpo pooled: 1.4833, 1.4833, 1.2444 (toy_a) and 0.15, 0.1667, 0.1833 (toy_b); IQM drops one at each end:
+    # mean(0.1667, 0.1833, 1.2444, 1.4833) = 0.7694. P(op > flow): toy_a 1 (every op seed above every flow seed),
+    # toy_b 0, in every resample too -> 0.50 [0.50, 0.50]
+    assert re.search(r"\| `op_grpo` \| `toy_a`, `toy_b` \| 6 \| 0\.769 \[[\d.]+, [\d.]+\] \| 0\.50 \[0\.50, 0\.50\] \|", agg)
+    assert "figures/performance_profiles.png" in agg
 
 
 def test_tables_in_markdown(written):
@@ -232,8 +256,8 @@ def test_single_seed_report_says_n_lt_2(tmp_path):
     assert "| `flow_grpo` | 1 | 0.700 | n<2 | 0.700 | n<2 |" in markdown
     assert "No runs of algorithms named `op_grpo*`." in markdown
     assert "No run logged" in markdown
-    # smoothed over 3 evaluations: flow_grpo reaches its final 0.7 at step 20, dance_grpo at step 15
-    assert "`dance_grpo` reaches `flow_grpo`'s final reward in 75.0% n<2 of its steps" in markdown
+    # base 0.1, final 0.7, target 0.1 + 0.9 * 0.6 = 0.64: smoothed flow_grpo reaches it at step 20, dance_grpo at 15
+    assert "`dance_grpo` reaches 90% of `flow_grpo`'s gain in 75.0% n<2 of its steps" in markdown
 
 
 def _efficiency_row(**changes):
@@ -252,3 +276,113 @@ def test_headline_sentence_partial_and_censored_baseline():
     assert "`flow_grpo` itself reaches the target in 1 of 3 seeds" in upper and "an upper bound" in upper
     none = report.headline_sentence(_efficiency_row(baseline_n=0, step_ratio=float("nan")), "flow_grpo", "X")
     assert "no comparison" in none
+
+
+# ------------------------------------------------------------------------------------------------------- bad input
+
+
+def _small_runs(root, **changes):
+    for seed in range(2):
+        write_run(root / f"b{seed}", task="t", algorithm="flow_grpo", seed=seed, curve=baseline_curve,
+                  nfe_per_step=10, wall_per_step=1.0)
+        write_run(root / f"o{seed}", task="t", algorithm="op_grpo", seed=seed, curve=fast_curve, nfe_per_step=10,
+                  wall_per_step=1.0)
+    return root
+
+
+def test_mixed_budgets_in_one_cell_are_an_error_naming_the_runs(tmp_path):
+    runs = _small_runs(tmp_path / "runs")
+    short = runs / "short"
+    write_run(short, task="t", algorithm="op_grpo", seed=5, curve=fast_curve, nfe_per_step=10, wall_per_step=1.0,
+              last_step=4)
+    config = yaml.safe_load((short / "config.yaml").read_text())
+    config["train"]["steps"] = 4
+    (short / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"'op_grpo' mixes run budgets \(train.steps 4: short; train.steps 20: o0, o1\)"):
+        report.write_report(runs, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN%", "infx", "0.9y", "0gain", "-10%", "", "  "])
+def test_invalid_command_line_target_is_one_line_before_any_output(tmp_path, capsys, text):
+    from benchmark.cli import main
+
+    runs = _small_runs(tmp_path / "runs")
+    code = main(["report", str(runs), "--out", str(tmp_path / "out"), f"--target={text}"])
+    if not text.strip():  # empty: the default target
+        assert code == 0
+        return
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"target {text.strip()!r} is not valid" in err and "0.9gain" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_finite_targets_are_refused_in_python_too():
+    with pytest.raises(ConfigError, match="not a finite number"):
+        stats.Target("absolute", float("nan"))
+    with pytest.raises(ConfigError, match="task 't'"):
+        stats.as_target({"t": float("inf")})
+
+
+def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
+    runs = _small_runs(tmp_path / "runs")
+    bad = {"empty": ("metrics.csv", b""), "binary": ("metrics.csv", bytes(range(256)) * 4),
+           "badyaml": ("config.yaml", b"task: [unclosed\n"), "textsteps": ("metrics.csv", b"step,nfe,wall_s,eval_reward\nx,1,1,0.5\n")}
+    for name, (file, content) in bad.items():
+        write_run(runs / name, task="t", algorithm="op_grpo", seed=9, curve=fast_curve, nfe_per_step=10,
+                  wall_per_step=1.0)
+        (runs / name / file).write_bytes(content)
+    with caplog.at_level("WARNING", logger="flowzoo.report"):
+        markdown = report.write_report(runs, tmp_path / "out").read_text()
+    for name, (file, _) in bad.items():
+        assert any(str(runs / name / file) in r.getMessage() for r in caplog.records), name
+    skipped = section(markdown, "Skipped runs")
+    assert [line.split("`")[1] for line in skipped.splitlines() if line.startswith("- ")] == sorted(bad)
+    assert "EmptyDataError" in skipped and "holds values that are not numbers" in skipped
+    assert "skipped (unreadable): 4" in markdown
+    # the good runs are all there and unchanged: 2 seeds each, the same headline as without the bad runs
+    assert "- Runs: 4 (1 tasks, 2 algorithms)" in markdown
+    clean = report.write_report(_small_runs(tmp_path / "clean"), tmp_path / "out2").read_text()
+    headline = "Headline: cost to reach the target, relative to the baseline"
+    assert section(markdown, headline) == section(clean, headline)
+
+
+def test_only_unreadable_runs_is_one_error(tmp_path):
+    write_run(tmp_path / "r", task="t", algorithm="flow_grpo", seed=0, curve=baseline_curve, nfe_per_step=1,
+              wall_per_step=1.0)
+    (tmp_path / "r" / "metrics.csv").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"no readable runs .* all 1 were skipped \(first: .*metrics.csv"):
+        report.write_report(tmp_path, tmp_path / "out")
+
+
+def test_no_target_when_the_baseline_does_not_improve(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        write_run(runs / f"b{seed}", task="flat", algorithm="flow_grpo", seed=seed, curve=flat_curve,
+                  nfe_per_step=10, wall_per_step=1.0)
+        write_run(runs / f"o{seed}", task="flat", algorithm="op_grpo", seed=seed, curve=fast_curve,
+                  nfe_per_step=10, wall_per_step=1.0)
+    markdown = report.write_report(runs, tmp_path / "out").read_text()
+    assert "No target on this task" in markdown and "did not improve on the base model" in markdown
+    assert "Left out (the baseline does not improve on the base model there" in markdown
+
+
+def test_figures_group_families_and_panels():
+    from benchmark import figures
+
+    quick = ["flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star",
+             "op_grpo", "op_grpo_no_correction", "op_grpo_naive_is", "op_grpo_no_truncation", "op_grpo_no_decay"]
+    panels = figures.panels(quick, "flow_grpo")
+    assert panels == [
+        ("methods", ["flow_grpo", "dance_grpo", "mix_grpo", "op_grpo"]),
+        ("variants", ["flow_grpo", "flow_grpo_fast", "mix_grpo_flash", "mix_grpo_flash_star"]),
+        ("OP-GRPO ablations", ["flow_grpo", "op_grpo", "op_grpo_naive_is", "op_grpo_no_correction",
+                               "op_grpo_no_decay", "op_grpo_no_truncation"]),
+    ]
+    assert all(len(members) <= figures.MAX_LINES for _, members in panels)
+    style = figures.styles(quick)
+    assert len({style[a] for a in quick}) == len(quick)  # every algorithm its own colour and line style
+    assert figures.family("mix_grpo_flash_star") == "mix_grpo" and figures.family("other_algo") is None
+    many = figures.panels(["flow_grpo"] + [f"x{i}" for i in range(7)], "flow_grpo")
+    assert [len(m) for _, m in many] == [6, 3] and all(m[0] == "flow_grpo" for _, m in many)

@@ -39,6 +39,9 @@ def write_run(run_dir, *, task="t", algorithm="a", seed=0, train_steps=3, reward
                   "eval_reward": rewards}).to_csv(run_dir / "metrics.csv", index=False)
 
 
+FINAL = stats.Target("relative", 1.0)  # the baseline's final reward
+
+
 # ---------------------------------------------------------------------------------------------------- smoothing
 
 
@@ -97,8 +100,17 @@ def test_relative_and_absolute_targets():
     runs = pd.concat([
         make_run(f"b{s}", [0, 1], [0.0, final], algorithm="base", seed=s) for s, final in enumerate([0.8, 0.9, 1.0])
     ] + [make_run("x0", [0, 1], [0.0, 0.1], algorithm="x")])
-    finals = stats.final_rewards(stats.eval_curves(runs, smooth=1))
-    assert stats.task_targets(finals, "base")["t"] == pytest.approx(0.9)
+    curves = stats.eval_curves(runs, smooth=1)
+    finals = stats.final_rewards(curves)
+    assert stats.task_targets(finals, "base", stats.Target("relative", 1.0))["t"] == pytest.approx(0.9)
+    # the default: 90% of the way from the base (step 0: 0.0) to the final mean 0.9
+    bases = stats.base_rewards(curves, "base")
+    assert bases == {"t": 0.0}
+    assert stats.task_targets(finals, "base", None, bases)["t"] == pytest.approx(0.81)
+    assert stats.task_targets(finals, "base", stats.Target("gain", 0.5), {"t": 0.5})["t"] == pytest.approx(0.7)
+    # no gain over the base: no target
+    assert math.isnan(stats.task_targets(finals, "base", None, {"t": 0.95})["t"])
+    assert math.isnan(stats.task_targets(finals, "base")["t"])  # a gain target without base rewards
     assert stats.task_targets(finals, "base", stats.Target("relative", 0.5))["t"] == pytest.approx(0.45)
     assert stats.task_targets(finals, "base", 0.3)["t"] == 0.3
     assert stats.task_targets(finals, "base", {"t": 0.7})["t"] == 0.7
@@ -109,12 +121,16 @@ def test_relative_and_absolute_targets():
 
 
 def test_parse_target_from_command_line():
-    assert stats.parse_target(None) == stats.Target("relative", 1.0)
+    assert stats.parse_target(None) == stats.Target("gain", 0.9) == stats.Target()
     assert stats.parse_target("0.9x") == stats.Target("relative", 0.9)
     assert stats.parse_target("80%") == stats.Target("relative", 0.8)
     assert stats.parse_target("0.75") == stats.Target("absolute", 0.75)
-    with pytest.raises(ConfigError, match="'high'.*0.9x"):
-        stats.parse_target("high")
+    assert stats.parse_target("-0.5") == stats.Target("absolute", -0.5)
+    assert stats.parse_target("0.8gain") == stats.Target("gain", 0.8)
+    assert stats.parse_target("95%gain") == stats.Target("gain", 0.95)
+    for bad in ("high", "nan", "inf", "-inf", "1e999", "nanx", "0%", "-0.5gain", "%", "gain"):
+        with pytest.raises(ConfigError, match=f"target {bad!r} is not valid; use '0.9gain'"):
+            stats.parse_target(bad)
 
 
 # -------------------------------------------------------------------------------------------------------------- IQM
@@ -190,7 +206,7 @@ def test_efficiency_table_identical_algorithm_has_ratio_one():
     seeds = [[0.0, 0.2, 0.5, 0.9, 1.0], [0.0, 0.4, 0.8, 1.0, 1.0], [0.0, 0.1, 0.3, 0.6, 1.0]]
     runs = _grid({"base": seeds, "twin": seeds})
     curves = stats.eval_curves(runs, smooth=1)
-    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base"))
+    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base", FINAL))
     table = stats.efficiency_table(costs, "base")
     assert table["algorithm"].tolist() == ["twin"]
     for cost in stats.COSTS:
@@ -204,7 +220,7 @@ def test_efficiency_table_faster_and_censored_algorithms():
     never = [[0.0, 0.1, 0.1, 0.1, 0.1]] * 2                     # censored at step 4: ratio 1, lower bound
     runs = _grid({"base": base, "fast": fast, "never": never})
     curves = stats.eval_curves(runs, smooth=1)
-    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base"))
+    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base", FINAL))
     table = stats.efficiency_table(costs, "base").set_index("algorithm")
     assert table.loc["fast", "step_ratio"] == pytest.approx(1.5 / 4)
     assert table.loc["fast", "bound"] == "exact"
