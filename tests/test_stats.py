@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from benchmark import stats
+from benchmark import aggregate, stats
 from flowzoo.errors import ConfigError
 
 
@@ -279,3 +279,101 @@ def test_load_run_task_mapping_and_relogged_steps(tmp_path):
     assert run["task"].unique().tolist() == ["shapes"]
     assert run["step"].tolist() == [0, 1, 2, 3]
     assert run["eval_reward"].tolist() == pytest.approx([0.1, 0.2, 0.9, 0.4])
+
+
+# ------------------------------------------------------------------------------------------ across tasks (rliable)
+
+# a small fixed table: 2 tasks x 4 seeds for X, 2 tasks x 3 seeds for Y
+X = [np.array([0.1, 0.9, 0.5, 0.3]), np.array([1.0, 0.2, 0.6, 0.8])]
+Y = [np.array([0.5, 0.2, 0.4]), np.array([0.6, 0.9, 0.1])]
+
+
+def test_aggregate_iqm_by_hand():
+    # pooled sorted: .1 .2 .3 .5 .6 .8 .9 1.0 -> drop 2 at each end -> mean(.3, .5, .6, .8) = 0.55
+    assert aggregate.aggregate_iqm(X) == pytest.approx(0.55)
+    # 6 values: drop floor(6/4) = 1 at each end: sorted Y .1 .2 .4 .5 .6 .9 -> mean(.2 .4 .5 .6) = 0.425
+    assert aggregate.aggregate_iqm(Y) == pytest.approx(0.425)
+    assert aggregate.aggregate_iqm(X) == pytest.approx(scipy.stats.trim_mean(np.concatenate(X), 0.25))
+
+
+def test_probability_of_improvement_by_hand():
+    # task 0: pairs (x > y) of x in {.1 .9 .5 .3} vs y in {.5 .2 .4}: .1 -> 0, .9 -> 3, .5 -> 2 + tie(.5) 0.5,
+    # .3 -> 1: (0 + 3 + 2.5 + 1) / 12 = 6.5 / 12; task 1: x {1 .2 .6 .8} vs y {.6 .9 .1}: 1 -> 3, .2 -> 1,
+    # .6 -> 1 + tie 0.5, .8 -> 2: 7.5 / 12. Mean: 7 / 12.
+    assert aggregate.probability_of_improvement(X, Y) == pytest.approx(7 / 12)
+    assert aggregate.probability_of_improvement(Y, X) == pytest.approx(1 - 7 / 12)
+    assert aggregate.probability_of_improvement(X, X) == pytest.approx(0.5)
+    # the Mann-Whitney U statistic per task gives the same (rliable's computation)
+    u = [scipy.stats.mannwhitneyu(x, y, alternative="greater").statistic / (x.size * y.size) for x, y in zip(X, Y)]
+    assert aggregate.probability_of_improvement(X, Y) == pytest.approx(np.mean(u))
+
+
+def test_performance_profile_by_hand():
+    profile = aggregate.performance_profile(X, [0.0, 0.5, 0.85, 1.0])
+    np.testing.assert_allclose(profile, [8 / 8, 4 / 8, 2 / 8, 0 / 8])  # strictly above tau
+
+
+def test_stratified_bootstrap_resamples_within_each_task():
+    rng = np.random.default_rng(0)
+    tasks = [np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0])]
+    first, second = aggregate.stratified_resample(tasks, 500, rng)
+    assert first.shape == (500, 3) and second.shape == (500, 2)
+    assert set(np.unique(first)) <= {1.0, 2.0, 3.0} and set(np.unique(second)) <= {10.0, 20.0}
+
+
+def test_aggregate_cis_contain_the_estimate_and_are_reproducible():
+    point, lo, hi = aggregate.aggregate_iqm_ci(X, 0.95, 2000, 0)
+    assert point == pytest.approx(0.55) and lo < point < hi
+    assert aggregate.aggregate_iqm_ci(X, 0.95, 2000, 0) == (point, lo, hi)
+    p, plo, phi = aggregate.probability_of_improvement_ci(X, Y, 0.95, 2000, 0)
+    assert p == pytest.approx(7 / 12) and 0 <= plo < p < phi <= 1
+    # no spread at all: the CI collapses onto the estimate
+    same = [np.full(3, 0.2), np.full(3, 0.4)]
+    assert aggregate.probability_of_improvement_ci(same, [np.full(2, 0.1), np.full(2, 0.5)], 0.95, 500, 0) == (
+        0.5, 0.5, 0.5)
+    profile, plo, phi = aggregate.performance_profile_ci(X, [0.5], 0.95, 2000, 0)
+    assert profile[0] == 0.5 and plo[0] < 0.5 < phi[0]
+    # one seed per task: no interval
+    assert all(math.isnan(v) for v in aggregate.aggregate_iqm_ci([np.array([1.0])], 0.95, 100, 0)[1:])
+
+
+def test_aggregate_table_normalizes_by_the_baseline_gain():
+    # base 0.2 at step 0 on both tasks; baseline finals 0.6, 1.0 (mean 0.8) on t1 and 0.4 on t2 -> gains 0.6, 0.2
+    runs = pd.concat([
+        make_run("b0", [0, 1], [0.2, 0.6], algorithm="base", task="t1", seed=0),
+        make_run("b1", [0, 1], [0.2, 1.0], algorithm="base", task="t1", seed=1),
+        make_run("b2", [0, 1], [0.2, 0.4], algorithm="base", task="t2", seed=0),
+        make_run("x0", [0, 1], [0.2, 0.5], algorithm="x", task="t1", seed=0),
+        make_run("x1", [0, 1], [0.2, 0.8], algorithm="x", task="t1", seed=1),
+        make_run("x2", [0, 1], [0.2, 0.5], algorithm="x", task="t2", seed=0),
+        make_run("f0", [0, 1], [0.7, 0.1], algorithm="base", task="flat", seed=0),  # no gain: left out
+        make_run("f1", [0, 1], [0.7, 0.9], algorithm="x", task="flat", seed=0),
+    ])
+    curves = stats.eval_curves(runs, smooth=1)
+    finals = stats.final_rewards(curves)
+    bases, tops = stats.base_rewards(curves, "base"), stats.baseline_finals(finals, "base")
+    normalized = stats.normalized_finals(finals, bases, tops).set_index("run")["normalized"]
+    # x: (0.5 - 0.2) / 0.6 = 0.5, (0.8 - 0.2) / 0.6 = 1.0 on t1; (0.5 - 0.2) / 0.2 = 1.5 on t2
+    assert normalized[["x0", "x1", "x2"]].tolist() == pytest.approx([0.5, 1.0, 1.5])
+    assert math.isnan(normalized["f1"])
+    table = stats.aggregate_table(stats.normalized_finals(finals, bases, tops), "base", resamples=500)
+    row = table.set_index("algorithm").loc["x"]
+    assert row["tasks"] == ["t1", "t2"] and row["n"] == 3
+    assert row["iqm"] == pytest.approx(1.0)  # 3 values, nothing trimmed: mean(0.5, 1.0, 1.5)
+    # P(x > base): t1: 0.5 vs {0.6, 1.0} -> 0, 0.8 vs {0.6, 1.0} -> 1/2 -> 1/4; t2: 0.5 > 0.4 -> 1; mean 5/8
+    assert row["poi"] == pytest.approx(5 / 8)
+    assert math.isnan(table.set_index("algorithm").loc["base", "poi"])
+
+
+def test_mixed_budgets_and_bad_metrics(tmp_path):
+    write_run(tmp_path / "a", seed=0, train_steps=3)
+    write_run(tmp_path / "b", seed=1, train_steps=5)
+    runs = stats.load_runs(tmp_path)
+    with pytest.raises(ConfigError, match=r"task 't', algorithm 'a' mixes run budgets \(train.steps 3: a; "
+                                          r"train.steps 5: b\)"):
+        stats.check_budgets(runs)
+    (tmp_path / "b" / "metrics.csv").write_bytes(b"\x00\xff\xfe binary \x00" * 50)
+    skipped = []
+    runs = stats.load_runs(tmp_path, skipped)
+    stats.check_budgets(runs)  # one budget left
+    assert [s.run for s in skipped] == ["b"] and str(tmp_path / "b" / "metrics.csv") in skipped[0].cause
