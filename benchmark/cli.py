@@ -164,8 +164,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True)
     r.add_argument("--baseline", default="flow_grpo", help="the algorithm others are compared against")
     r.add_argument("--target", default=None,
-                   help="reward target: '0.9x' or '90%%' of the baseline's final reward, or an absolute value '0.8' "
-                        "(default: the baseline's final reward)")
+                   help="reward target: '0.9gain' or '90%%gain' of the way from the base model to the baseline's "
+                        "final reward (default 0.9gain), '0.9x' or '90%%' of the baseline's final reward, or an "
+                        "absolute value '0.8'")
     r.set_defaults(func=_cmd_report)
 
     pt = sub.add_parser("pretrain", help="pretrain the tiny tier on synthetic data (resumable)")

@@ -1,15 +1,19 @@
 """Statistics over run directories: eval curves, cost-to-target, ratios vs a baseline, IQM, bootstrap CIs.
 
 Everything here is a pure function of the run directories (``config.yaml`` + ``metrics.csv``, found recursively),
-so the report is reproducible from the runs alone. The definitions, in one place:
+so the report is reproducible from the runs alone. A run directory whose files cannot be used is skipped with a
+warning (``SkippedRun``: the run and the cause); runs of different ``train.steps`` in one (task, algorithm) cell are
+an error. The definitions, in one place:
 
 * **Smoothing.** The eval curve of a run is smoothed with a trailing mean over its last ``smooth`` evaluations
   (fewer at the start of the curve; ``smooth=1`` is no smoothing). The step-0 evaluation (before training) counts.
 * **Final reward** of a run: its smoothed eval reward at its last evaluation, i.e. the mean of its last ``smooth``
   evaluations. An unfinished run contributes its last evaluation so far and is flagged.
-* **Target.** Either absolute (a reward value, optionally one per task) or relative: ``fraction`` times the
-  baseline's final reward averaged over its seeds (default: fraction 1.0, "the baseline's final reward"). A relative
-  target assumes a reward where larger is better and which is positive; use an absolute target otherwise.
+* **Base reward** of a task: the baseline's step-0 eval reward (the base model before training), mean over its seeds.
+* **Target** (:class:`Target`). ``gain`` (the default, fraction 0.9): base + fraction x (baseline final - base), the
+  given share of the way from the base model to the baseline's mean final reward; undefined (NaN) where the baseline
+  does not improve on the base. ``relative``: fraction x the baseline's mean final reward (assumes a positive reward
+  where larger is better). ``absolute``: a reward value, optionally one per task. Non-finite values are refused.
 * **Cost to target** of a run: its ``step``, ``nfe`` and ``wall_s`` at its first evaluation whose smoothed eval reward
   is >= target (with a relative tolerance of 1e-9 so that float rounding of the seed average cannot make a run miss
   a target it sits on). A run that never reaches the target is **censored**: it counts at the cost of its last
@@ -23,6 +27,9 @@ so the report is reproducible from the runs alone. The definitions, in one place
   ``scipy.stats.trim_mean(x, 0.25)``).
 * **CIs across seeds**: percentile bootstrap with ``DEFAULT_RESAMPLES`` resamples from a fixed seed, so the same runs
   give the same report. With fewer than 2 seeds a CI is NaN (shown as "n<2").
+* **Across tasks** (:mod:`benchmark.aggregate`, rliable's definitions): normalized final reward
+  (final - base) / (baseline final - base); IQM over all (task, seed) scores, probability of improvement over the
+  baseline, performance profiles, each with stratified bootstrap CIs.
 """
 
 from __future__ import annotations
