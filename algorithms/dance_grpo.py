@@ -42,6 +42,11 @@ class DanceGRPOConfig(AlgorithmConfig):
     kl_beta: float = 0.0
     sigma_grid: Literal["diffusers", "linspace"] = "linspace"
 
+    def check_num_steps(self, num_steps: int) -> None:
+        super().check_num_steps(num_steps)
+        if num_steps < 2:
+            raise ConfigError(f"dance_grpo needs num_steps >= 2 (the last transition is never trained), got {num_steps}")
+
 
 @register("dance_grpo")
 class DanceGRPO(Algorithm):
@@ -57,8 +62,7 @@ class DanceGRPO(Algorithm):
         return max(1, int((self.num_steps - 1) * self.config.timestep_fraction))
 
     def step_plan(self, batch: int) -> StepPlan:
-        if self.num_steps < 2:
-            raise ConfigError("dance_grpo needs num_steps >= 2 (the last transition is never trained)")
+        self.config.check_num_steps(self.num_steps)
         gen = iteration_generator(self.seed, self.iteration, PURPOSE_TRAIN_SUBSETS)
         train = random_step_subsets(batch, self.num_steps, self.num_steps - 1, self.trained_steps_per_sample(), gen)
         sde = torch.ones(self.num_steps, dtype=torch.bool)

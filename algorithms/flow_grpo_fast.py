@@ -63,6 +63,20 @@ class FlowGRPOFastConfig(AlgorithmConfig):
             # a shared prefix starts from the group's one noise; say so in the resolved config
             self.shared_noise = True
 
+    def window_range(self, num_steps: int) -> int:
+        """The steps the window may lie in for T = ``num_steps``: min(sde_window_range or T // 2, T - 1)."""
+        limit = min(self.sde_window_range or num_steps // 2, num_steps - 1)
+        if limit < self.sde_window_size:
+            raise ConfigError(
+                f"algorithm.sde_window_size {self.sde_window_size} does not fit in the first {limit} of "
+                f"{num_steps} steps (sde_window_range {self.sde_window_range})"
+            )
+        return limit
+
+    def check_num_steps(self, num_steps: int) -> None:
+        super().check_num_steps(num_steps)
+        self.window_range(num_steps)  # at config load, before anything is written
+
 
 @register("flow_grpo_fast")
 class FlowGRPOFast(Algorithm):
@@ -71,14 +85,7 @@ class FlowGRPOFast(Algorithm):
 
     @property
     def window_range(self) -> int:
-        cfg = self.config
-        limit = min(cfg.sde_window_range or self.num_steps // 2, self.num_steps - 1)
-        if limit < cfg.sde_window_size:
-            raise ConfigError(
-                f"algorithm.sde_window_size {cfg.sde_window_size} does not fit in the first {limit} of "
-                f"{self.num_steps} steps (sde_window_range {cfg.sde_window_range})"
-            )
-        return limit
+        return self.config.window_range(self.num_steps)
 
     def window_start(self, iteration: int | None = None) -> int:
         iteration = self.iteration if iteration is None else iteration

@@ -8,6 +8,7 @@ stores as ``config.yaml``. Every problem is a :class:`ConfigError` with a one-li
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -20,7 +21,7 @@ import rewards
 from algorithms.base import AlgorithmConfig
 from benchmark.prompts import PromptSection, check_source
 from flowzoo.errors import ConfigError
-from flowzoo.schema import from_mapping, to_mapping
+from flowzoo.schema import check_arguments, from_mapping, to_mapping
 from flowzoo.secrets import redact, warn_literal_secrets
 
 
@@ -70,6 +71,10 @@ class ExperimentConfig:
     train: TrainSection = field(default_factory=TrainSection)
     run_dir: str | None = None  # None = runs/<task>/<algorithm>/s<seed>
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed < 2**63:  # the seed goes into torch.manual_seed and numpy's SeedSequence
+            raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed}")
+
     @property
     def algorithm_name(self) -> str:
         return self.algorithm["name"]
@@ -86,14 +91,29 @@ class ExperimentConfig:
 
 
 def _check_kwargs(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> None:
-    """Fail if ``kwargs`` are not constructor parameters of ``target``."""
+    """Fail if ``kwargs`` are not constructor parameters of ``target`` or their values do not fit its annotations."""
+    where = "model.args" if kind == "model" else f"reward_args.{name}"
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
     params = inspect.signature(target).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    valid = [p for p in params if p != "self"]
-    for key in kwargs:
-        if key not in valid:
-            raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        valid = [p for p in params if p != "self"]
+        for key in kwargs:
+            if key not in valid:
+                raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
+    check_arguments(where, target, kwargs)
+
+
+def _check_reward_weights(weights: Mapping[str, Any]) -> None:
+    """``reward: {name: weight}``: finite numbers, not all 0 (the reward would be a constant)."""
+    if not weights:
+        raise ConfigError("reward: give a reward name or a mapping {name: weight}")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"reward: the weight of {name!r} must be a finite number, got {weight!r}")
+    if not any(weights.values()):
+        raise ConfigError(f"reward: every weight is 0 ({dict(weights)}), so the reward is a constant; give one a "
+                          f"non-zero weight")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -128,7 +148,9 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -156,6 +178,8 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
     for name in reward_names:
         rewards.get(name)
+    if isinstance(config.reward, Mapping):
+        _check_reward_weights(config.reward)
     for name, kwargs in config.reward_args.items():
         if name not in reward_names:
             raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")

@@ -118,6 +118,8 @@ class Runner:
         alg_cls = algorithms.get(cfg.algorithm_name)
         self.algorithm = alg_cls(self.model, self.reward, cfg.algorithm_config(), seed=cfg.seed)
         self.algorithm.dist = self.dist
+        # the checks that need the model's T (windows, trained steps) fail here, before the run directory exists
+        self.algorithm.make_plan(cfg.train.prompts_per_step * self.algorithm.config.group_size)
         self.dist.broadcast_parameters(self.model.trainable_parameters())  # every process starts from rank 0's
         self.train_prompts, eval_prompts = load_prompts(cfg.prompts)
         self.eval_prompts = eval_prompts[: cfg.train.eval_prompts] if cfg.train.eval_prompts else eval_prompts

@@ -136,6 +136,9 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
     suite = copy.deepcopy(suite)
     if algorithms_csv:
         wanted = [a.strip() for a in algorithms_csv.split(",") if a.strip()]
+        if not wanted:
+            valid = ", ".join(suite.algorithms)
+            raise ConfigError(f"--algorithms: no algorithm named in {algorithms_csv!r}; valid: {valid}")
         for name in wanted:
             algorithms.get(name)
         suite.algorithms = wanted
@@ -144,6 +147,8 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
             suite.seeds = [int(s) for s in seeds_csv.split(",") if s.strip()]
         except ValueError:
             raise ConfigError(f"--seeds: expected comma-separated integers, got {seeds_csv!r}") from None
+        if not suite.seeds:
+            raise ConfigError(f"--seeds: no seed in {seeds_csv!r}; give comma-separated integers, e.g. 0,1,2")
     return suite
 
 

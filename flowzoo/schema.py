@@ -116,6 +116,37 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
         raise ConfigError(f"{where}: {e}") from None
 
 
+def _reject_nonfinite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _reject_nonfinite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _reject_nonfinite(item, f"{where}[{i}]")
+
+
+def check_arguments(where: str, target: Any, kwargs: Mapping[str, Any]) -> None:
+    """Check keyword arguments for callable ``target`` (a class: its constructor) against its annotations, as config
+    fields are checked: a value of the wrong type fails with a :class:`ConfigError` naming ``where.key``; so does a
+    NaN or inf anywhere in a value. Annotations outside the config types (callables, path-likes, ...) and
+    annotations that cannot be resolved are not checked."""
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
+    try:
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # an annotation naming something not importable here
+        hints = {}
+    for key, value in kwargs.items():
+        _reject_nonfinite(value, f"{where}.{key}")
+        if key in hints:
+            try:
+                _check(value, hints[key], f"{where}.{key}")
+            except TypeError:  # an annotation outside the config types
+                pass
+
+
 def to_mapping(obj: Any) -> Any:
     """Plain dicts/lists of a (nested) dataclass, for writing YAML."""
     if dataclasses.is_dataclass(obj):

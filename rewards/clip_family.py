@@ -22,12 +22,14 @@ without gradients: GRPO-style training only needs the scalar.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 
+from flowzoo.errors import ConfigError
 from rewards import register
 from rewards.base import Reward, RewardOutput
 from rewards.score_head import load_score_head
@@ -42,6 +44,8 @@ class ClipReward(Reward):
     def __init__(self, path: str | os.PathLike | None = None, device: str = "cpu", scale: float = 1.0):
         from transformers import CLIPModel, CLIPProcessor
 
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale != 0):
+            raise ConfigError(f"reward {self.name!r}: scale must be a finite non-zero number, got {scale!r}")
         directory = local_weights(self.name, path, self.env_var)
         self.device = torch.device(device)
         self.model = CLIPModel.from_pretrained(directory).to(self.device).eval()

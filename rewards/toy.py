@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
+from flowzoo.errors import ConfigError
 from rewards import register
 from rewards.base import Reward, RewardOutput
 
@@ -25,6 +27,9 @@ class ToyModeReward(Reward):
     accepts = ("points",)
 
     def __init__(self, scale: float = 0.5):
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ConfigError(f"reward 'toy_mode': scale must be a finite number > 0, got {scale!r} (scale 0 would "
+                              f"make the reward a constant)")
         self.scale = float(scale)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:

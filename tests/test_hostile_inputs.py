@@ -146,3 +146,86 @@ def test_non_finite_samples_are_not_blamed_on_the_reward_in_evaluation():
     samples = torch.tensor([[0.0, 1.0], [math.nan, 0.0]])
     with RewardPool(ToyModeReward()) as pool, pytest.raises(NonFiniteSamplesError, match=r"\(1 of 2\)"):
         pool.submit(samples, ["a", "b"], [{"mode_target": [0, 0]}] * 2).result()
+
+
+# ---- silent wrong results: NaN/inf and degenerate values are refused at load, naming the key -------------------
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.clip_range=.nan", "algorithm.clip_range: expected a finite number, got nan"),
+    ("algorithm.adv_clip=.nan", "algorithm.adv_clip: expected a finite number, got nan"),
+    ("algorithm.lr=.inf", "algorithm.lr: expected a finite number, got inf"),
+    ("algorithm.lr=1e999", "algorithm.lr: expected a finite number, got inf"),
+    ("algorithm.shift=.nan", "algorithm.shift: expected a finite number, got nan"),
+    ("reward={toy_mode: 0}", "every weight is 0"),
+    ("reward={toy_mode: .nan}", "the weight of 'toy_mode' must be a finite number, got nan"),
+    ("reward_args={toy_mode: {scale: .nan}}", "reward_args.toy_mode.scale: expected a finite number, got nan"),
+    ("reward_args={toy_mode: {scale: abc}}", "reward_args.toy_mode.scale: expected a number, got 'abc'"),
+    ("reward_args={toy_mode: 5}", "reward_args.toy_mode: expected a mapping"),
+    ("model.args.hidden=abc", "model.args.hidden: expected an integer, got 'abc'"),
+    ("seed=-1", "seed must be an integer in [0, 2**63), got -1"),
+    ("seed=100000000000000000000", "seed must be an integer in [0, 2**63)"),
+])
+def test_bad_numbers_fail_at_load_naming_key_and_value(override, message):
+    from benchmark.config import load_config
+
+    with pytest.raises(ConfigError) as error:
+        load_config("benchmark/configs/toy_flow_grpo.yaml", [override])
+    assert message in str(error.value)
+
+
+def test_algorithm_config_range_checks_reject_nan_built_directly():
+    from algorithms.base import AlgorithmConfig
+
+    for name in ("clip_range", "adv_clip", "lr", "max_grad_norm", "kl_beta", "noise_level", "adv_eps"):
+        with pytest.raises(ConfigError, match=f"algorithm.{name} must be a finite number, got nan"):
+            AlgorithmConfig(**{name: math.nan})
+
+
+def test_non_utf8_config_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"seed: \xff\xfe\n")
+    assert main(["train", str(bad), f"run_dir={tmp_path / 'run'}"]) == 2
+    assert "not UTF-8 text" in _one_error_line(capsys)
+
+
+def test_toy_reward_scale_zero_is_refused_before_anything_is_written(tmp_path, capsys):
+    rc = main([*TOY, "reward_args={toy_mode: {scale: 0}}", f"run_dir={tmp_path / 'run'}"])
+    assert rc == 2 and "scale must be a finite number > 0, got 0" in _one_error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_seed_or_algorithm_list_is_refused():
+    from benchmark.suite import load_suite, select
+
+    suite = load_suite("smoke")
+    with pytest.raises(ConfigError, match="--seeds: no seed in ','"):
+        select(suite, None, ",")
+    with pytest.raises(ConfigError, match="--algorithms: no algorithm named in ' , '"):
+        select(suite, " , ", None)
+
+
+# ---- model-dependent checks run before the run directory is written --------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.name=flow_grpo_fast", "algorithm.sde_window_size=8"], "sde_window_size 8 does not fit"),
+    (["algorithm.name=dance_grpo", "algorithm.num_steps=1"], "dance_grpo needs num_steps >= 2"),
+])
+def test_step_checks_fail_at_load_and_the_corrected_rerun_is_accepted(tmp_path, capsys, overrides, message):
+    run = tmp_path / "run"
+    assert main([*TOY, *overrides, f"run_dir={run}", "train.steps=1"]) == 2
+    assert message in _one_error_line(capsys)
+    assert not run.exists()
+    fixed = [o for o in overrides if o.startswith("algorithm.name")]
+    assert main([*TOY, *fixed, f"run_dir={run}", "train.steps=1"]) == 0
+
+
+def test_runner_runs_the_step_plan_before_writing(tmp_path):
+    """A check the config load cannot see still fails before the run directory is created: the runner builds the
+    algorithm and its step plan first."""
+    from benchmark.config import load_config
+    from benchmark.runner import Runner
+
+    config = load_config("benchmark/configs/toy_flow_grpo.yaml",
+                         [*TOY[3:], "algorithm.name=flow_grpo_fast", f"run_dir={tmp_path / 'run'}"])
+    config.algorithm["sde_window_size"] = 8  # past the load-time check
+    with pytest.raises(ConfigError, match="sde_window_size 8 does not fit"):
+        Runner(config, progress=False).run()
+    assert not (tmp_path / "run").exists()
