@@ -292,9 +292,10 @@ def task_verdict(table: pd.DataFrame, baseline: str) -> str:
     found = []
     for _, row in table.iterrows():
         sides = {cost: _excludes_one(row, cost) for cost in stats.COSTS}
-        named = [f"{stats.COST_LABELS[c]} {side} 100%" for c, side in sides.items() if side]
+        named = [", ".join(stats.COST_LABELS[c] for c, s in sides.items() if s == side) + f" {side} 100%"
+                 for side in ("below", "above") if side in sides.values()]
         if named:
-            found.append(f"`{row['algorithm']}` ({', '.join(named)})")
+            found.append(f"`{row['algorithm']}` ({'; '.join(named)})")
     reach = (f"`{baseline}` reaches the target in all {n} seeds" if reached == n else
              f"`{baseline}` reaches the target in only {reached} of {n} seeds (its censored seeds bound the ratios)")
     if found:
@@ -478,8 +479,8 @@ def curves_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
              "Mean over seeds with 95% bootstrap bands (raw, unsmoothed eval reward); colours by family (Flow-GRPO "
              "blue, DanceGRPO green, MixGRPO orange, OP-GRPO purple), main methods, variants and OP-GRPO ablations in "
              "separate panels, each with the baseline. Dashed: the target; on it, each algorithm's mean cost to reach "
-             "it (filled: every seed reached it; hollow: some seeds never did and count at their last step, so the "
-             "mark is a lower bound). On the NFE and wall-clock axes seeds evaluated at different x are interpolated "
+             "it, i.e. where its smoothed curve first reaches it, averaged over seeds (filled: every seed reached it; "
+             "hollow: some seeds never did and count at their last step, so the mark is a lower bound). On the NFE and wall-clock axes seeds evaluated at different x are interpolated "
              "onto a shared grid.", ""]
     palette = _palette(analysis)
     for task, curves in analysis.curves.groupby("task", sort=True):

@@ -122,8 +122,8 @@ def test_headline_exact_numbers_for_faster_algorithm(written):
             "0.710).") in toy_a
     assert ("`op_grpo` reaches 90% of `flow_grpo`'s gain in 75.0% [75.0%, 75.0%] of its steps / "
             "60.0% [60.0%, 60.0%] of its NFE / 90.0% [") in toy_a
-    assert ("**`flow_grpo` reaches the target in all 3 seeds; ratios whose 95% CI excludes 100%: `op_grpo` (steps "
-            "below 100%, NFE below 100%, wall-clock below 100%).**") in toy_a
+    assert ("**`flow_grpo` reaches the target in all 3 seeds; ratios whose 95% CI excludes 100%: `op_grpo` (steps, "
+            "NFE, wall-clock below 100%).**") in toy_a
 
 
 def test_relative_target_keeps_the_final_reward_phrase(runs_dir, tmp_path):
@@ -386,3 +386,19 @@ def test_figures_group_families_and_panels():
     assert figures.family("mix_grpo_flash_star") == "mix_grpo" and figures.family("other_algo") is None
     many = figures.panels(["flow_grpo"] + [f"x{i}" for i in range(7)], "flow_grpo")
     assert [len(m) for _, m in many] == [6, 3] and all(m[0] == "flow_grpo" for _, m in many)
+
+
+def test_task_verdict_reads_censoring_correctly():
+    faster = _efficiency_row(algorithm="a")  # 50% [40%, 60%], exact
+    # censored seeds of b: a lower bound, so its NFE / wall-clock CIs below 100% say nothing; its steps' CI above does
+    slower_censored = _efficiency_row(algorithm="b", reached=1, bound="lower bound", step_ratio=1.5, step_lo=1.2,
+                                      step_hi=1.8)
+    unknown = _efficiency_row(algorithm="c", bound="unknown direction")  # below 100%, but censoring hides the side
+    text = report.task_verdict(pd.DataFrame([faster, slower_censored, unknown]), "flow_grpo")
+    assert text == ("`flow_grpo` reaches the target in all 3 seeds; ratios whose 95% CI excludes 100%: `a` (steps, "
+                    "NFE, wall-clock below 100%); `b` (steps above 100%).")
+    none = report.task_verdict(pd.DataFrame([_efficiency_row(step_lo=0.9, step_hi=1.1, nfe_lo=0.9, nfe_hi=1.1,
+                                                             wall_s_lo=0.9, wall_s_hi=1.1, baseline_reached=2)]),
+                               "flow_grpo")
+    assert none.startswith("`flow_grpo` reaches the target in only 2 of 3 seeds")
+    assert "no ratio's 95% CI excludes 100%" in none
