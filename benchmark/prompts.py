@@ -1,6 +1,7 @@
 """Prompt sources of a task: lists of (prompt, metadata) for training and for evaluation.
 
-* ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation.
+* ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation;
+  ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
@@ -27,6 +28,7 @@ class PromptSection:
     source: str = "toy2d"  # one of SOURCES
     train: str | None = None  # training prompts: a file or folder (the "files" source)
     test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
+    classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
 
 
 def check_source(section: PromptSection) -> None:
@@ -41,6 +43,12 @@ def check_source(section: PromptSection) -> None:
                 raise ConfigError(f"prompts.{split}: the 'files' source needs a prompt file or folder")
             resolve_prompt_file(path, split)
     else:
+        if section.classes is not None and section.source != "toy2d":
+            raise ConfigError(f"prompts.classes is only used by the 'toy2d' source, not {section.source!r}")
+        if section.source == "toy2d" and section.classes is not None:
+            from models.toy2d import check_classes
+
+            check_classes(section.classes)
         for split in ("train", "test"):
             if getattr(section, split) is not None:
                 raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
@@ -50,9 +58,10 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     """(training prompts, evaluation prompts)."""
     check_source(section)
     if section.source == "toy2d":
-        from models.toy2d import prompt_set
+        from models.toy2d import NUM_CLASSES, prompt_set
 
-        return prompt_set(), prompt_set()
+        classes = NUM_CLASSES if section.classes is None else section.classes
+        return prompt_set(classes), prompt_set(classes)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
         from models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
 

@@ -8,6 +8,14 @@ to move probability mass the pretrained model rarely puts there.
 The velocity field is an MLP on (x, sigma features, class embedding); class dropout during pretraining gives an
 unconditional model for CFG. "Fine-tuning" is full fine-tuning of the MLP; the reference policy is a frozen copy of
 the pretrained weights. Pretraining is deterministic given its seed and memoised per process.
+
+Many-condition variant (model arg ``classes: K`` with K >= 8, prompt source ``toy2d`` with ``prompts.classes: K``):
+class c has one Gaussian mode (std 0.25) at angle 2 pi c / K on the circle of radius 2, and its own small target disc
+(radius 0.2) 0.6 away from that mode in a direction of its own (angle 2 pi frac(c phi), phi the golden-ratio
+conjugate, so neighbouring classes point in unrelated directions and each class has to be learned from its own
+successes). An exact mode would hit the disc with probability 2.3% per sample; ``toy_target`` is the binary success
+and ``toy_mode`` the dense Gaussian score around the same disc centre. The default ``classes: 4`` is the 8-mode tier
+above, unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +38,29 @@ MODE_STD = 0.25
 MAJORITY_WEIGHT = 0.8
 HARD_TARGET_RADIUS = 2.4  # the sparse target sits 0.4 (1.6 std) outside the minority mode
 HARD_TARGET_SIZE = 0.3
+MIN_MANY_CLASSES = 8  # ``classes`` other than NUM_CLASSES selects the many-condition layout, from this many classes
+MANY_TARGET_OFFSET = 0.6  # 2.4 mode stds from the class's mode
+MANY_TARGET_SIZE = 0.2
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def check_classes(classes) -> int:
+    valid = isinstance(classes, int) and not isinstance(classes, bool)
+    if not valid or (classes != NUM_CLASSES and classes < MIN_MANY_CLASSES):
+        raise ConfigError(f"toy2d: classes must be {NUM_CLASSES} (the 8-mode tier) or an int >= {MIN_MANY_CLASSES} "
+                          f"(the many-condition layout), got {classes!r}")
+    return classes
+
+
+def many_center(c: int, classes: int) -> tuple[float, float]:
+    angle = 2 * math.pi * c / classes
+    return (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
+
+
+def many_target(c: int, classes: int) -> list[float]:
+    cx, cy = many_center(c, classes)
+    angle = 2 * math.pi * ((c * GOLDEN) % 1.0)
+    return [cx + MANY_TARGET_OFFSET * math.cos(angle), cy + MANY_TARGET_OFFSET * math.sin(angle)]
 
 
 def mode_center(mode: int) -> tuple[float, float]:
@@ -37,8 +68,12 @@ def mode_center(mode: int) -> tuple[float, float]:
     return (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
 
 
-def class_metadata(c: int) -> dict:
+def class_metadata(c: int, classes: int = NUM_CLASSES) -> dict:
     """The prompt metadata of class c: where its rewards' targets are."""
+    if classes != NUM_CLASSES:
+        target = many_target(c, check_classes(classes))
+        return {"class": c, "classes": classes, "mode_target": target, "hard_target": target,
+                "hard_radius": MANY_TARGET_SIZE}
     angle = 2 * math.pi * (2 * c + 1) / (2 * NUM_CLASSES)
     return {
         "class": c,
@@ -48,14 +83,19 @@ def class_metadata(c: int) -> dict:
     }
 
 
-def prompt_set() -> list[tuple[str, dict]]:
-    """The toy tier's prompts ("class 0" .. "class 3") with their metadata. Training and evaluation share them;
+def prompt_set(classes: int = NUM_CLASSES) -> list[tuple[str, dict]]:
+    """The toy tier's prompts ("class 0" .. "class K-1") with their metadata. Training and evaluation share them;
     evaluation uses fixed noise seeds instead of held-out prompts."""
-    return [(f"class {c}", class_metadata(c)) for c in range(NUM_CLASSES)]
+    return [(f"class {c}", class_metadata(c, classes)) for c in range(check_classes(classes))]
 
 
-def sample_data(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_data(n: int, generator: torch.Generator, num_classes: int = NUM_CLASSES
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """n points of the data distribution and their classes."""
+    if num_classes != NUM_CLASSES:
+        classes = torch.randint(0, num_classes, (n,), generator=generator)
+        centers = torch.tensor([many_center(c, num_classes) for c in range(num_classes)])[classes]
+        return centers + MODE_STD * torch.randn(n, 2, generator=generator), classes
     classes = torch.randint(0, NUM_CLASSES, (n,), generator=generator)
     minority = torch.rand(n, generator=generator) > MAJORITY_WEIGHT
     modes = 2 * classes + minority.long()
@@ -86,27 +126,27 @@ _PRETRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
 
 def pretrain(
     hidden: int = 128, layers: int = 3, steps: int = 1500, batch: int = 256, lr: float = 3e-3, seed: int = 0,
-    cond_dropout: float = 0.1,
+    cond_dropout: float = 0.1, classes: int = NUM_CLASSES,
 ) -> VelocityMLP:
     """Rectified-flow pretraining: sigma ~ U(0, 1), x_s = (1 - s) x0 + s eps, regress v = eps - x0."""
-    key = (hidden, layers, steps, batch, lr, seed, cond_dropout)
-    net = VelocityMLP(hidden, layers)
+    key = (hidden, layers, steps, batch, lr, seed, cond_dropout, classes)
+    net = VelocityMLP(hidden, layers, classes)
     if key not in _PRETRAINED:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny matmuls: extra threads only add synchronisation (and stall on a busy CPU)
         gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        net = VelocityMLP(hidden, layers)
+        net = VelocityMLP(hidden, layers, classes)
         opt = torch.optim.Adam(net.parameters(), lr=lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
         for _ in range(steps):
-            x0, classes = sample_data(batch, gen)
+            x0, labels = sample_data(batch, gen, classes)
             eps = torch.randn(batch, 2, generator=gen)
             sigma = torch.rand(batch, generator=gen)
             drop = torch.rand(batch, generator=gen) < cond_dropout
-            classes = torch.where(drop, torch.full_like(classes, NUM_CLASSES), classes)
+            labels = torch.where(drop, torch.full_like(labels, classes), labels)
             x = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
-            loss = ((net(x, sigma, classes) - (eps - x0)) ** 2).mean()
+            loss = ((net(x, sigma, labels) - (eps - x0)) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -127,11 +167,13 @@ class Toy2DModel(FlowModel):
     default_eval_num_steps = 20
     preferred_threads = 1  # the MLP is too small to gain from intra-op threads
 
-    def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0):
+    def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0,
+                 classes: int = NUM_CLASSES):
         super().__init__()
         if pretrain_steps < 0:
             raise ConfigError(f"model.pretrain_steps must be >= 0, got {pretrain_steps}")
-        self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed)
+        self.classes = check_classes(classes)
+        self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed, classes=classes)
         self.ref_net = copy.deepcopy(self.net).requires_grad_(False)
         self._active = self.net
 
@@ -143,14 +185,18 @@ class Toy2DModel(FlowModel):
         classes = []
         for prompt in prompts:
             name, _, idx = prompt.partition(" ")
-            if name != "class" or not idx.isdigit() or int(idx) >= NUM_CLASSES:
-                valid = ", ".join(f"'class {c}'" for c in range(NUM_CLASSES))
+            if name != "class" or not idx.isdigit() or int(idx) >= self.classes:
+                valid = f"'class 0' .. 'class {self.classes - 1}'"
                 raise ConfigError(f"toy2d: unknown prompt {prompt!r}; valid: {valid}")
             classes.append(int(idx))
+        for m in metadata or ():
+            if m.get("classes", NUM_CLASSES) != self.classes:  # targets laid out for another class count
+                raise ConfigError(f"toy2d: prompt metadata for {m.get('classes', NUM_CLASSES)} classes, but the model "
+                                  f"has classes: {self.classes}; set prompts.classes to model.args.classes")
         return Condition({"class": torch.tensor(classes, dtype=torch.long)})
 
     def null_condition(self, n: int) -> Condition:
-        return Condition({"class": torch.full((n,), NUM_CLASSES, dtype=torch.long)})
+        return Condition({"class": torch.full((n,), self.classes, dtype=torch.long)})
 
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
         return self._active(x.float(), sigma.float(), cond.tensors["class"])

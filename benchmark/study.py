@@ -1,0 +1,222 @@
+"""The OP-GRPO study's analysis: paired effects vs a baseline with bootstrap CIs and the smallest detectable effect.
+
+    python -m benchmark.study RUNS_DIR --out DIR [--baseline flow_grpo] [--fraction 0.8] [--smooth 3]
+
+Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, via :mod:`benchmark.stats`) and writes
+``DIR/README.md`` (tables), ``DIR/runs.csv`` (one row per run) and ``DIR/effects.csv`` (one row per algorithm and
+metric). Definitions, per task:
+
+* **Eval curve**: the run's eval rewards smoothed by a trailing mean over ``smooth`` evaluations
+  (:func:`benchmark.stats.eval_curves`).
+* **Final reward**: the smoothed eval reward at the run's last evaluation. **AUC**: the mean raw eval reward over all
+  the run's evaluations (step 0 included), a speed-and-level summary.
+* **Target**: ``base + fraction * (baseline final - base)``, with ``base`` the mean step-0 eval reward and
+  ``baseline final`` the baseline's mean final reward over seeds: a fraction of the baseline's gain.
+* **Steps to target**: the step of the first evaluation whose smoothed reward is >= target; a run that never gets
+  there counts at its last logged step and is reported as censored (its true cost is larger).
+* **Paired difference** (algorithm - baseline) over the seeds both ran: seed s of both methods shares the prompt order
+  of its fresh groups and the seed of its sampler. Its 95% CI is a percentile bootstrap of the mean difference over
+  seeds (:func:`benchmark.stats.bootstrap_ci`).
+* **Minimum detectable effect (MDE)**: the true mean paired difference a two-sided paired t-test at level 0.05 would
+  detect with 80% power given the observed standard deviation ``sd`` of the differences over ``n`` seeds:
+  ``(t_{0.975, n-1} + t_{0.80, n-1}) * sd / sqrt(n)``. An effect smaller than it could well have been missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, load_runs
+from flowzoo.errors import ConfigError, FlowZooError
+
+ALPHA, POWER = 0.05, 0.80
+DEFAULT_FRACTION = 0.8
+METRICS = ("steps_to_target", "final_reward", "auc")
+#: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
+DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess")
+EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
+
+
+def minimum_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest true mean paired difference a two-sided paired t-test detects with probability ``power``."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    df = n - 1
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * sd / math.sqrt(n))
+
+
+def steps_to_target(steps, smoothed, target: float, last_step: float) -> tuple[float, bool]:
+    """(first step whose smoothed reward >= target, True), else (last_step, False): censored."""
+    hit = np.flatnonzero(np.asarray(smoothed, dtype=float) >= target)
+    return (float(np.asarray(steps)[hit[0]]), True) if hit.size else (float(last_step), False)
+
+
+def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
+    """One row per run: task, algorithm, seed, last_step, base, final_reward, auc and training diagnostics."""
+    curves = eval_curves(runs, smooth)
+    rows = []
+    for run, frame in runs.groupby("run", sort=True):
+        curve = curves[curves["run"] == run]
+        if curve.empty:
+            continue
+        first = frame.iloc[0]
+        row = {"run": run, "task": first["task"], "algorithm": first["algorithm"], "seed": int(first["seed"]),
+               "last_step": float(frame["step"].max()), "base": float(curve["eval_reward"].iloc[0]),
+               "final_reward": float(curve["eval_smoothed"].iloc[-1]), "auc": float(curve["eval_reward"].mean()),
+               "wall_s": float(frame["wall_s"].max())}
+        train_rows = frame[frame["step"] > 0]
+        for column in DIAGNOSTICS:
+            if column in frame and frame[column].notna().any():
+                row[column] = float(train_rows[column].mean())
+        if "zero_std_frac" in frame:
+            row["zero_std_frac_early"] = float(train_rows.nsmallest(EARLY_STEPS, "step")["zero_std_frac"].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def add_steps_to_target(table: pd.DataFrame, runs: pd.DataFrame, baseline: str, fraction: float,
+                        smooth: int = DEFAULT_SMOOTH) -> dict[str, float]:
+    """Adds ``steps_to_target`` and ``reached`` to ``table`` (in place); returns the target of each task."""
+    curves = eval_curves(runs, smooth)
+    targets = {}
+    table["steps_to_target"], table["reached"] = math.nan, False
+    for task, rows in table.groupby("task"):
+        base_rows = rows[rows["algorithm"] == baseline]
+        if base_rows.empty:
+            raise ConfigError(f"task {task!r} has no {baseline!r} runs; algorithms: {sorted(set(rows['algorithm']))}")
+        base = float(rows["base"].mean())
+        targets[task] = base + fraction * (float(base_rows["final_reward"].mean()) - base)
+        for index, row in rows.iterrows():
+            curve = curves[curves["run"] == row["run"]]
+            table.loc[index, ["steps_to_target", "reached"]] = steps_to_target(
+                curve["step"], curve["eval_smoothed"], targets[task], row["last_step"])
+    return targets
+
+
+def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.DataFrame:
+    """One row per (task, algorithm != baseline, metric): means, paired mean difference, its CI, sd, n and MDE."""
+    rows = []
+    for task, rows_task in table.groupby("task"):
+        base = rows_task[rows_task["algorithm"] == baseline].set_index("seed")
+        for algorithm, rows_alg in rows_task.groupby("algorithm"):
+            if algorithm == baseline:
+                continue
+            alg = rows_alg.set_index("seed")
+            seeds = sorted(set(alg.index) & set(base.index))
+            for metric in metrics:
+                diff = (alg.loc[seeds, metric] - base.loc[seeds, metric]).to_numpy(dtype=float)
+                sd = float(diff.std(ddof=1)) if len(diff) > 1 else math.nan
+                low, high = bootstrap_ci(diff)
+                rows.append({"task": task, "algorithm": algorithm, "metric": metric, "n": len(seeds),
+                             "baseline_mean": float(base.loc[seeds, metric].mean()),
+                             "algorithm_mean": float(alg.loc[seeds, metric].mean()),
+                             "diff": float(diff.mean()), "ci_low": low, "ci_high": high, "sd_diff": sd,
+                             "mde": minimum_detectable_effect(sd, len(seeds)),
+                             "p_t": float(sps.ttest_1samp(diff, 0.0).pvalue) if len(diff) > 1 and sd > 0 else math.nan,
+                             **({"censored_alg": int((~alg.loc[seeds, "reached"]).sum()),
+                                 "censored_base": int((~base.loc[seeds, "reached"]).sum())}
+                                if metric == "steps_to_target" else {})})
+    return pd.DataFrame(rows)
+
+
+def verdict(row: pd.Series, higher_is_better: bool) -> str:
+    """Plain words for one paired effect: which side the CI excludes 0 on, else 'no detectable difference'."""
+    if not (math.isfinite(row["ci_low"]) and math.isfinite(row["ci_high"])):
+        return "n<2"
+    better = row["ci_low"] > 0 if higher_is_better else row["ci_high"] < 0
+    worse = row["ci_high"] < 0 if higher_is_better else row["ci_low"] > 0
+    if better:
+        return "better"
+    if worse:
+        return "worse"
+    return f"no detectable difference (MDE {row['mde']:.3g})"
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}g}"
+
+
+def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float], baseline: str, fraction: float,
+           smooth: int) -> str:
+    lines = [f"# OP-GRPO study: paired effects vs {baseline}", "",
+             f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward); "
+             f"eval curves smoothed over {smooth} evaluations. Differences are algorithm - {baseline} over the "
+             "seeds both ran, with 95% percentile-bootstrap CIs of the mean; MDE = smallest true difference a paired "
+             "t-test (two-sided, 0.05) detects with 80% power at the observed seed spread. Regenerate with "
+             "`python -m benchmark.study RUNS_DIR --out DIR` (module docstring: definitions).", ""]
+    for task, rows in table.groupby("task"):
+        lines += [f"## {task} (target {targets[task]:.4f})", "",
+                  "| algorithm | seeds | final reward | AUC | steps to target (reached) | zero-std frac (first "
+                  f"{EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for algorithm, runs in rows.groupby("algorithm"):
+            clip = (f"{_fmt(runs['clip_frac_on'].mean())} / {_fmt(runs['clip_frac_off'].mean())}"
+                    if "clip_frac_off" in runs and runs["clip_frac_off"].notna().any()
+                    else _fmt(runs["clip_frac"].mean()) if "clip_frac" in runs else "-")
+            zero = (f"{_fmt(runs['zero_std_frac_early'].mean())} / {_fmt(runs['zero_std_frac'].mean())}"
+                    if "zero_std_frac" in runs else "-")
+            off = _fmt(runs["off_policy_frac"].mean()) if "off_policy_frac" in runs else "-"
+            lines.append(
+                f"| {algorithm} | {len(runs)} | {runs['final_reward'].mean():.4f} +- {runs['final_reward'].std():.4f} "
+                f"| {runs['auc'].mean():.4f} | {runs['steps_to_target'].mean():.1f} ({int(runs['reached'].sum())}/"
+                f"{len(runs)}) | {zero} | {off} | {clip} |")
+        lines += ["", f"Paired differences vs {baseline}:", "",
+                  "| algorithm | metric | n | baseline | algorithm | diff | 95% CI | sd of diff | MDE (80%) | t-test p "
+                  "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for _, e in effects[effects["task"] == task].iterrows():
+            censor = (f" ({e['censored_alg']}/{e['censored_base']} censored)"
+                      if e["metric"] == "steps_to_target" and (e["censored_alg"] or e["censored_base"]) else "")
+            lines.append(
+                f"| {e['algorithm']} | {e['metric']}{censor} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
+                f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
+                f"| {_fmt(e['sd_diff'])} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} "
+                f"| {verdict(e, e['metric'] != 'steps_to_target')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", fraction: float = DEFAULT_FRACTION,
+                  smooth: int = DEFAULT_SMOOTH) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"--fraction must be in (0, 1], got {fraction}")
+    runs = load_runs(runs_dir)
+    if baseline not in set(runs["algorithm"]):
+        raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
+                          f"{', '.join(sorted(set(runs['algorithm'])))}")
+    table = run_table(runs, smooth)
+    targets = add_steps_to_target(table, runs, baseline, fraction, smooth)
+    return table, paired_effects(table, baseline), targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmark.study", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir")
+    parser.add_argument("--out", required=True, help="report directory (README.md, runs.csv, effects.csv)")
+    parser.add_argument("--baseline", default="flow_grpo")
+    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION, help="target = this share of the "
+                        "baseline's gain over the step-0 reward")
+    parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH)
+    args = parser.parse_args(argv)
+    try:
+        table, effects, targets = analyze_study(args.runs_dir, args.baseline, args.fraction, args.smooth)
+    except FlowZooError as error:
+        print(f"study: error: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "runs.csv", index=False)
+    effects.to_csv(out / "effects.csv", index=False)
+    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth))
+    print(f"wrote {out / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
