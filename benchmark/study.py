@@ -14,6 +14,8 @@ metric). Definitions, per task:
   ``baseline final`` the baseline's mean final reward over seeds: a fraction of the baseline's gain.
 * **Steps to target**: the step of the first evaluation whose smoothed reward is >= target; a run that never gets
   there counts at its last logged step and is reported as censored (its true cost is larger).
+* **Steps ratio**: mean steps to target of the algorithm / the baseline's (the papers' "34.2% of the steps" form),
+  with the unpaired bootstrap CI of :func:`benchmark.stats.ratio_ci`; censored runs make it a bound.
 * **Paired difference** (algorithm - baseline) over the seeds both ran: seed s of both methods shares the prompt order
   of its fresh groups and the seed of its sampler. Its 95% CI is a percentile bootstrap of the mean difference over
   seeds (:func:`benchmark.stats.bootstrap_ci`).
@@ -33,7 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, load_runs
+from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, load_runs, ratio_ci
 from flowzoo.errors import ConfigError, FlowZooError
 
 ALPHA, POWER = 0.05, 0.80
@@ -70,7 +72,7 @@ def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
         row = {"run": run, "task": first["task"], "algorithm": first["algorithm"], "seed": int(first["seed"]),
                "last_step": float(frame["step"].max()), "base": float(curve["eval_reward"].iloc[0]),
                "final_reward": float(curve["eval_smoothed"].iloc[-1]), "auc": float(curve["eval_reward"].mean()),
-               "wall_s": float(frame["wall_s"].max())}
+               "wall_s": float(frame["wall_s"].max()), "finished": bool(first["finished"])}
         train_rows = frame[frame["step"] > 0]
         for column in DIAGNOSTICS:
             if column in frame and frame[column].notna().any():
@@ -120,10 +122,15 @@ def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.Da
                              "diff": float(diff.mean()), "ci_low": low, "ci_high": high, "sd_diff": sd,
                              "mde": minimum_detectable_effect(sd, len(seeds)),
                              "p_t": float(sps.ttest_1samp(diff, 0.0).pvalue) if len(diff) > 1 and sd > 0 else math.nan,
-                             **({"censored_alg": int((~alg.loc[seeds, "reached"]).sum()),
-                                 "censored_base": int((~base.loc[seeds, "reached"]).sum())}
-                                if metric == "steps_to_target" else {})})
+                             **(_steps_extras(alg.loc[seeds], base.loc[seeds]) if metric == "steps_to_target" else {})})
     return pd.DataFrame(rows)
+
+
+def _steps_extras(alg: pd.DataFrame, base: pd.DataFrame) -> dict:
+    ratio, low, high = ratio_ci(alg["steps_to_target"].to_numpy(float), base["steps_to_target"].to_numpy(float))
+    return {"censored_alg": int((~alg["reached"].astype(bool)).sum()),
+            "censored_base": int((~base["reached"].astype(bool)).sum()),
+            "ratio": ratio, "ratio_low": low, "ratio_high": high}
 
 
 def verdict(row: pd.Series, higher_is_better: bool) -> str:
@@ -173,11 +180,16 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
         for _, e in effects[effects["task"] == task].iterrows():
             censor = (f" ({e['censored_alg']}/{e['censored_base']} censored)"
                       if e["metric"] == "steps_to_target" and (e["censored_alg"] or e["censored_base"]) else "")
+            ratio = (f"; ratio {e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]"
+                     if e["metric"] == "steps_to_target" else "")
             lines.append(
-                f"| {e['algorithm']} | {e['metric']}{censor} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
+                f"| {e['algorithm']} | {e['metric']}{censor}{ratio} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
                 f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
                 f"| {_fmt(e['sd_diff'])} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} "
                 f"| {verdict(e, e['metric'] != 'steps_to_target')} |")
+        unfinished = rows[~rows["finished"].astype(bool)]
+        if len(unfinished):
+            lines.append(f"Unfinished runs (counted at their last evaluation): {', '.join(unfinished['run'])}")
         lines.append("")
     return "\n".join(lines)
 

@@ -125,6 +125,7 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     op = effects[effects["algorithm"] == "op_grpo"].set_index("metric")
     assert op.loc["steps_to_target", "diff"] == pytest.approx(-10.0)  # 30 vs 40 on every seed
     assert op.loc["steps_to_target", "censored_alg"] == 0
+    assert op.loc["steps_to_target", "ratio"] == pytest.approx(30 / 40)  # the papers' "share of the steps" form
     assert op.loc["final_reward", "diff"] == pytest.approx(0.1 + 0.01 * 1.5)
     low, high = op.loc["final_reward", ["ci_low", "ci_high"]]
     assert 0.1 <= low <= op.loc["final_reward", "diff"] <= high <= 0.13
@@ -135,7 +136,8 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     # a never-reaching run is censored at its last step, paired on the one seed it ran
     nc = effects[effects["algorithm"] == "op_grpo_no_correction"].set_index("metric")
     assert nc.loc["steps_to_target", ["n", "diff", "censored_alg"]].tolist() == [1, 0.0, 1]
-    assert table.set_index(["algorithm", "seed"]).loc[("op_grpo", 0), "zero_std_frac_early"] == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)
+    early = table.set_index(["algorithm", "seed"]).loc[("op_grpo", 0), "zero_std_frac_early"]
+    assert early == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)  # training steps only (step 0 has no rollout)
 
 
 def test_missing_baseline_is_one_line(tmp_path):
