@@ -32,6 +32,7 @@ import rewards
 from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from algorithms.sde import sigma_schedule
+from benchmark.checkpoints import check_seal, run_identity, seal
 from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
 from benchmark.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.prompts import Prompts, load_prompts
@@ -40,7 +41,6 @@ from benchmark.tracking import Trackers
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
-from flowzoo.secrets import without_secrets
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
@@ -75,10 +75,8 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
     wanted = resolved_dict(config)
     if stored is None:
         return False
-    stored.pop("run_dir", None)
-    wanted.pop("run_dir", None)
     declared = declared_secrets(config)  # a key is no part of the experiment: literal, *** or from the environment
-    return without_secrets(stored, declared) == without_secrets(wanted, declared)
+    return run_identity(stored, declared) == run_identity(wanted, declared)
 
 
 class Runner:
@@ -177,7 +175,7 @@ class Runner:
         if not self.dist.is_main:
             return
         state = {"step": step, "algorithm": self.algorithm.state_dict(), "rows": rows, "wall_s": wall_s, "nfe": nfe}
-        atomic_torch_save(state, self.run_dir / "checkpoint.pt")
+        atomic_torch_save(seal(state, self.config), self.run_dir / "checkpoint.pt")  # bound to this config
 
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         """The saved state, or a RunError that says the file is corrupt and what to do."""
@@ -189,6 +187,7 @@ class Runner:
                            f"the run from step 0") from None
         if missing:
             raise RunError(f"checkpoint {path} lacks {sorted(missing)}; delete it to restart the run from step 0")
+        check_seal(state, self.config, path)
         if not 0 <= state["step"] <= self.config.train.steps or len(state["rows"]) != state["step"] + 1:
             raise RunError(f"checkpoint {path} is inconsistent (step {state['step']}, {len(state['rows'])} metric "
                            f"rows, run of {self.config.train.steps} steps); delete it to restart the run")
@@ -219,14 +218,14 @@ class Runner:
         cfg, run_dir = self.config, self.run_dir
         if is_finished(run_dir, cfg):  # another process finished it while we waited to start
             return run_dir
+        checkpoint = run_dir / "checkpoint.pt"
+        state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None  # refused before config.yaml
         if self.dist.is_main:
             atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
 
         start, rows, wall_s, nfe = 0, [], 0.0, 0
-        checkpoint = run_dir / "checkpoint.pt"
         guard = DivergenceGuard(self.algorithm.config)  # a non-finite step stops the run in one line
-        if checkpoint.is_file():
-            state = self._load_checkpoint(checkpoint)
+        if state is not None:
             self.algorithm.load_state_dict(state["algorithm"])
             if nonfinite_parameters(self.model.trainable_parameters()):
                 raise RunError(f"checkpoint {checkpoint} holds non-finite parameters; delete it to restart the run "

@@ -107,17 +107,43 @@ def test_guard_names_a_non_finite_gradient_norm_loss_or_parameter():
     assert issubclass(DivergenceError, FlowZooError)
 
 
-def test_checkpoint_with_non_finite_parameters_is_refused_on_resume(tmp_path, capsys):
-    args = [*TOY, "train.steps=2", f"run_dir={tmp_path}"]
+def _finished_toy_run(tmp_path, *extra):
+    args = [*TOY, "train.steps=2", f"run_dir={tmp_path}", *extra]
     assert main(args) == 0
     (tmp_path / "done.json").unlink()  # as if killed after its last checkpoint
+    return args
+
+
+@pytest.mark.parametrize("flip", ["exponent", "mantissa"])
+def test_checkpoint_with_flipped_bits_is_refused_on_resume(tmp_path, capsys, flip):
+    args = _finished_toy_run(tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    name, tensor = next(iter(state["algorithm"]["model"].items()))
-    tensor.view(-1)[0] = math.inf  # an exponent bit flipped to all-ones
+    tensor = next(iter(state["algorithm"]["model"].values()))
+    bits = tensor.view(-1)[:1].view(torch.int32)
+    if flip == "exponent":
+        bits |= 0x7F800000  # every exponent bit set: inf or NaN
+    else:
+        bits ^= 0x1  # the lowest mantissa bit: a silently different number
     torch.save(state, tmp_path / "checkpoint.pt")
     capsys.readouterr()
     assert main(args) == 2
-    assert "holds non-finite parameters" in _one_error_line(capsys)
+    assert "do not match the checksum" in _one_error_line(capsys)
+    if flip == "exponent":  # a checkpoint without a checksum (older runs) is still refused, by its values
+        del state["seal"]
+        torch.save(state, tmp_path / "checkpoint.pt")
+        assert main(args) == 2
+        assert "holds non-finite parameters" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo"])
+def test_resume_with_another_config_after_deleting_config_yaml_is_refused(tmp_path, capsys, algorithm):
+    args = _finished_toy_run(tmp_path, f"algorithm.name={algorithm}")
+    (tmp_path / "config.yaml").unlink()
+    capsys.readouterr()
+    assert main([*args, "seed=1", "algorithm.lr=0.01"]) == 2
+    assert "was written by a run of another config" in _one_error_line(capsys)
+    assert not (tmp_path / "config.yaml").exists()  # refused before writing
+    assert main(args) == 0  # the run's own config resumes
 
 
 def test_a_reward_that_raises_in_training_is_one_line_naming_it(toy_model, toy_prompts):

@@ -1,0 +1,81 @@
+"""A run's checkpoint is bound to its config and to its own contents.
+
+``seal(state, config)`` adds ``state["seal"] = {"config": ..., "payload": ...}``: a SHA-256 of the run's identity
+(the resolved config without ``run_dir`` and without secrets, as ``config.yaml`` compares) and a SHA-256 over every
+tensor's bytes and every plain value of the state. ``check_seal`` refuses, in one line, a checkpoint written by
+another config (e.g. its ``config.yaml`` was deleted and the run resumed with another seed or lr) or one whose
+contents changed after writing (flipped bits). A checkpoint without a seal (written before seals existed) is
+accepted as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowzoo.errors import RunError
+from flowzoo.secrets import without_secrets
+
+
+def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
+    """What makes two runs the same run: the resolved config without its directory and its secrets."""
+    resolved = dict(resolved)
+    resolved.pop("run_dir", None)
+    return without_secrets(resolved, declared_secrets)
+
+
+def config_digest(config) -> str:
+    from benchmark.config import declared_secrets, resolved_dict
+
+    identity = run_identity(resolved_dict(config), declared_secrets(config))
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _feed(digest: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        digest.update(b"{")
+        for key in sorted(obj, key=repr):
+            digest.update(repr(key).encode())
+            _feed(digest, obj[key])
+        digest.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        digest.update(b"[")
+        for item in obj:
+            _feed(digest, item)
+        digest.update(b"]")
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        digest.update(repr(obj).encode())
+    else:  # an object without a stable byte form: its type only
+        digest.update(type(obj).__qualname__.encode())
+
+
+def payload_digest(state: dict) -> str:
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in state.items() if k != "seal"})
+    return digest.hexdigest()
+
+
+def seal(state: dict, config) -> dict:
+    state["seal"] = {"config": config_digest(config), "payload": payload_digest(state)}
+    return state
+
+
+def check_seal(state: dict, config, path: Path) -> None:
+    """Raise :class:`RunError` if the checkpoint at ``path`` belongs to another config or its contents changed."""
+    stamp = state.get("seal")
+    if stamp is None:
+        return
+    if stamp.get("config") != config_digest(config):
+        raise RunError(f"checkpoint {path} was written by a run of another config; choose another run_dir (or delete "
+                       f"the checkpoint to start this config from step 0)")
+    if stamp.get("payload") != payload_digest(state):
+        raise RunError(f"checkpoint {path} is corrupt: its contents do not match the checksum written with them; "
+                       f"delete it to restart the run from step 0")
