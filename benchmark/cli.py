@@ -217,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     except FlowZooError as e:
         print(f"flowzoo: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # read-only or full disk, a file where a directory should be: one line naming the path
+        if e.filename is None:
+            raise
+        path = f"{e.filename} -> {e.filename2}" if e.filename2 else e.filename
+        print(f"flowzoo: error: {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("flowzoo: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130

@@ -255,3 +255,23 @@ def test_runner_runs_the_step_plan_before_writing(tmp_path):
     with pytest.raises(ConfigError, match="sde_window_size 8 does not fit"):
         Runner(config, progress=False).run()
     assert not (tmp_path / "run").exists()
+
+
+# ---- OS errors: one line naming the path ----------------------------------------------------------------------
+def test_run_dir_under_a_file_is_one_line_naming_the_path(tmp_path, capsys):
+    (tmp_path / "plain").write_text("not a directory")
+    assert main([*TOY, "train.steps=1", f"run_dir={tmp_path / 'plain' / 'run'}"]) == 2
+    assert str(tmp_path / "plain" / "run") in _one_error_line(capsys)
+
+
+def test_full_disk_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import benchmark.runner as runner
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(runner, "atomic_write_text", full)
+    assert main([*TOY, "train.steps=1", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'run' / 'config.yaml'}: No space left on device"
