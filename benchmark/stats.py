@@ -149,6 +149,9 @@ def read_metrics(path: Path) -> pd.DataFrame:
         metrics[column] = values
     if metrics["step"].isna().any():
         raise ConfigError(f"{path}: rows without a step")
+    infinite = [c for c in REQUIRED_COLUMNS if np.isinf(metrics[c].to_numpy(float)).any()]
+    if infinite:
+        raise ConfigError(f"{path}: infinite values in {infinite}")
     return metrics
 
 

@@ -329,7 +329,8 @@ def test_non_finite_targets_are_refused_in_python_too():
 def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
     runs = _small_runs(tmp_path / "runs")
     bad = {"empty": ("metrics.csv", b""), "binary": ("metrics.csv", bytes(range(256)) * 4),
-           "badyaml": ("config.yaml", b"task: [unclosed\n"), "textsteps": ("metrics.csv", b"step,nfe,wall_s,eval_reward\nx,1,1,0.5\n")}
+           "badyaml": ("config.yaml", b"task: [unclosed\n"), "textsteps": ("metrics.csv", b"step,nfe,wall_s,eval_reward\nx,1,1,0.5\n"),
+           "infinite": ("metrics.csv", b"step,nfe,wall_s,eval_reward\n0,0,0,0.1\n1,8,1,inf\n")}
     for name, (file, content) in bad.items():
         write_run(runs / name, task="t", algorithm="op_grpo", seed=9, curve=fast_curve, nfe_per_step=10,
                   wall_per_step=1.0)
@@ -341,7 +342,7 @@ def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
     skipped = section(markdown, "Skipped runs")
     assert [line.split("`")[1] for line in skipped.splitlines() if line.startswith("- ")] == sorted(bad)
     assert "EmptyDataError" in skipped and "holds values that are not numbers" in skipped
-    assert "skipped (unreadable): 4" in markdown
+    assert "skipped (unreadable): 5" in markdown and "infinite values in ['eval_reward']" in skipped
     # the good runs are all there and unchanged: 2 seeds each, the same headline as without the bad runs
     assert "- Runs: 4 (1 tasks, 2 algorithms)" in markdown
     headline = section(markdown, "Headline: cost to reach the target, relative to the baseline")
