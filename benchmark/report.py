@@ -213,7 +213,7 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         f"- Smoothing: trailing mean over the last {analysis.smooth} evaluations; a run's final reward is its smoothed "
         "eval reward at its last evaluation.",
         f"- Cost to target: steps, NFE and training wall-clock at the first evaluation whose smoothed eval reward is "
-        ">= the target.",
+        ">= the target (wall-clock as measured where the runs ran: on a shared machine it includes contention).",
         f"- Confidence intervals: {int(100 * stats.DEFAULT_CONFIDENCE)}% percentile bootstrap over seeds "
         f"({stats.DEFAULT_RESAMPLES} resamples, seed {stats.DEFAULT_BOOTSTRAP_SEED}; ratios resample algorithm and "
         "baseline seeds independently); 'n<2' where fewer than 2 seeds. IQM: mean of the middle 50% of seeds.",
@@ -446,11 +446,11 @@ def _palette(analysis: stats.Analysis) -> dict:
 
 def aggregate_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     lines = ["## Across tasks: IQM, probability of improvement, performance profiles", "",
-             f"Normalized final reward: 0 = the base model (`{analysis.baseline}` at step 0), 1 = `{analysis.baseline}`'s"
-             " mean final reward, per task. IQM over every (task, seed) score; P(improvement): the chance that a seed "
-             f"of the algorithm ends above a seed of `{analysis.baseline}` on the same task (ties count 1/2), averaged"
-             " over tasks, on raw final rewards. 95% stratified bootstrap CIs. Each algorithm is scored on the tasks "
-             f"it shares with `{analysis.baseline}` where `{analysis.baseline}` improves on the base model.", ""]
+             f"Normalized final reward: 0 = the base model (`{analysis.baseline}` at step 0), "
+             f"1 = `{analysis.baseline}`'s mean final reward, per task. IQM over every (task, seed) score; "
+             f"P(improvement): the chance that a seed of the algorithm ends above a seed of `{analysis.baseline}` on "
+             "the same task (ties count 1/2), averaged over tasks, on raw final rewards. 95% stratified bootstrap "
+             f"CIs. Each algorithm is scored on the tasks it shares with `{analysis.baseline}` where `{analysis.baseline}` improves on the base model.", ""]
     table = analysis.aggregate
     excluded = sorted(t for t in analysis.targets
                       if not (analysis.baseline_finals.get(t, math.nan) - analysis.bases.get(t, math.nan) > 0))
@@ -480,8 +480,8 @@ def curves_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
              "blue, DanceGRPO green, MixGRPO orange, OP-GRPO purple), main methods, variants and OP-GRPO ablations in "
              "separate panels, each with the baseline. Dashed: the target; on it, each algorithm's mean cost to reach "
              "it, i.e. where its smoothed curve first reaches it, averaged over seeds (filled: every seed reached it; "
-             "hollow: some seeds never did and count at their last step, so the mark is a lower bound). On the NFE and wall-clock axes seeds evaluated at different x are interpolated "
-             "onto a shared grid.", ""]
+             "hollow: some seeds never did and count at their last step, so the mark is a lower bound). On the NFE "
+             "and wall-clock axes seeds evaluated at different x are interpolated onto a shared grid.", ""]
     palette = _palette(analysis)
     for task, curves in analysis.curves.groupby("task", sort=True):
         lines += [f"### `{task}`", ""]
@@ -505,7 +505,8 @@ def diagnostics_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
         drawn = True
         lines += [f"### `{task}`", ""]
         if clip:
-            paths = figures.plot_clip_fractions(runs, task, palette, out_dir / "figures" / f"{slug(task)}_clip_fraction")
+            stem = out_dir / "figures" / f"{slug(task)}_clip_fraction"
+            paths = figures.plot_clip_fractions(runs, task, palette, stem)
             lines += _figure_lines(paths, out_dir, f"{task}: clip fraction on/off-policy")
         if ratio:
             paths = figures.plot_log_ratio_by_step(runs, ratio, task, palette,

@@ -133,7 +133,8 @@ def _headline(runs, target=None) -> str:
 
 def test_relative_target_keeps_the_final_reward_phrase(runs_dir):
     toy_a = section(_headline(runs_dir, stats.Target("relative", 1.0)), "`toy_a`")
-    # target 0.71: op_grpo's smoothed curve reaches it at 15 (0.85), flow_grpo's at 20 in seeds 1, 2 only (0.70 + 0.01 s)
+    # target 0.71: op_grpo's smoothed curve reaches it at 15 (0.85), flow_grpo's at 20 in seeds 1, 2 only
+    # (0.70 + 0.01 s)
     assert "`op_grpo` reaches `flow_grpo`'s final reward in 75.0% [75.0%, 75.0%] of its steps" in toy_a
     assert "`flow_grpo` reaches the target in only 2 of 3 seeds" in toy_a
 
@@ -156,7 +157,8 @@ def test_aggregate_across_tasks_exact(written):
     # op_grpo pooled: 1.4833, 1.4833, 1.2444 (toy_a) and 0.15, 0.1667, 0.1833 (toy_b); IQM drops one at each end:
     # mean(0.1667, 0.1833, 1.2444, 1.4833) = 0.7694. P(op > flow): toy_a 1 (every op seed above every flow seed),
     # toy_b 0, in every resample too -> 0.50 [0.50, 0.50]
-    assert re.search(r"\| `op_grpo` \| `toy_a`, `toy_b` \| 6 \| 0\.769 \[[\d.]+, [\d.]+\] \| 0\.50 \[0\.50, 0\.50\] \|", agg)
+    assert re.search(r"\| `op_grpo` \| `toy_a`, `toy_b` \| 6 \| 0\.769 \[[\d.]+, [\d.]+\] \| "
+                     r"0\.50 \[0\.50, 0\.50\] \|", agg)
     assert "figures/performance_profiles.png" in agg
 
 
@@ -302,7 +304,8 @@ def test_mixed_budgets_in_one_cell_are_an_error_naming_the_runs(tmp_path):
     config = yaml.safe_load((short / "config.yaml").read_text())
     config["train"]["steps"] = 4
     (short / "config.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match=r"'op_grpo' mixes run budgets \(train.steps 4: short; train.steps 20: o0, o1\)"):
+    budgets = r"'op_grpo' mixes run budgets \(train.steps 4: short; train.steps 20: o0, o1\)"
+    with pytest.raises(ConfigError, match=budgets):
         report.write_report(runs, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -329,7 +332,8 @@ def test_non_finite_targets_are_refused_in_python_too():
 def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
     runs = _small_runs(tmp_path / "runs")
     bad = {"empty": ("metrics.csv", b""), "binary": ("metrics.csv", bytes(range(256)) * 4),
-           "badyaml": ("config.yaml", b"task: [unclosed\n"), "textsteps": ("metrics.csv", b"step,nfe,wall_s,eval_reward\nx,1,1,0.5\n"),
+           "badyaml": ("config.yaml", b"task: [unclosed\n"),
+           "textsteps": ("metrics.csv", b"step,nfe,wall_s,eval_reward\nx,1,1,0.5\n"),
            "infinite": ("metrics.csv", b"step,nfe,wall_s,eval_reward\n0,0,0,0.1\n1,8,1,inf\n")}
     for name, (file, content) in bad.items():
         write_run(runs / name, task="t", algorithm="op_grpo", seed=9, curve=fast_curve, nfe_per_step=10,
