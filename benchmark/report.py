@@ -450,7 +450,8 @@ def aggregate_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
              f"1 = `{analysis.baseline}`'s mean final reward, per task. IQM over every (task, seed) score; "
              f"P(improvement): the chance that a seed of the algorithm ends above a seed of `{analysis.baseline}` on "
              "the same task (ties count 1/2), averaged over tasks, on raw final rewards. 95% stratified bootstrap "
-             f"CIs. Each algorithm is scored on the tasks it shares with `{analysis.baseline}` where `{analysis.baseline}` improves on the base model.", ""]
+             f"CIs. Each algorithm is scored on the tasks it shares with `{analysis.baseline}` where "
+             f"`{analysis.baseline}` improves on the base model.", ""]
     table = analysis.aggregate
     excluded = sorted(t for t in analysis.targets
                       if not (analysis.baseline_finals.get(t, math.nan) - analysis.bases.get(t, math.nan) > 0))
