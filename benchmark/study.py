@@ -4,7 +4,8 @@
 
 Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, via :mod:`benchmark.stats`) and writes
 ``DIR/README.md`` (tables), ``DIR/runs.csv`` (one row per run) and ``DIR/effects.csv`` (one row per algorithm and
-metric). Definitions, per task:
+metric). A task named ``<task>@<variant>`` (a control run with other keys, e.g. ``toy2d_sparse64@no_reuse``) is
+analysed as the cell ``<algorithm>@<variant>`` of ``<task>``, paired with that task's baseline. Definitions, per task:
 
 * **Eval curve**: the run's eval rewards smoothed by a trailing mean over ``smooth`` evaluations
   (:func:`benchmark.stats.eval_curves`).
@@ -43,6 +44,7 @@ DEFAULT_FRACTION = 0.8
 METRICS = ("steps_to_target", "final_reward", "auc")
 #: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
 DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess")
+VARIANT_SEP = "@"  # task@variant: a control cell of task
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
 
 
@@ -69,7 +71,9 @@ def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
         if curve.empty:
             continue
         first = frame.iloc[0]
-        row = {"run": run, "task": first["task"], "algorithm": first["algorithm"], "seed": int(first["seed"]),
+        task, _, variant = str(first["task"]).partition(VARIANT_SEP)
+        algorithm = f"{first['algorithm']}{VARIANT_SEP}{variant}" if variant else first["algorithm"]
+        row = {"run": run, "task": task, "algorithm": algorithm, "seed": int(first["seed"]),
                "last_step": float(frame["step"].max()), "base": float(curve["eval_reward"].iloc[0]),
                "final_reward": float(curve["eval_smoothed"].iloc[-1]), "auc": float(curve["eval_reward"].mean()),
                "wall_s": float(frame["wall_s"].max()), "finished": bool(first["finished"])}

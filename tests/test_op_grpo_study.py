@@ -102,11 +102,11 @@ def test_steps_to_target_first_hit_or_censored():
     assert steps_to_target([0, 10, 20], [0.0, 0.2, 0.3], 0.45, 25) == (25.0, False)
 
 
-def _write_run(root, algorithm, seed, steps, rewards, extra=None):
-    run = root / algorithm / f"s{seed}"
+def _write_run(root, algorithm, seed, steps, rewards, extra=None, task="t"):
+    run = root / task / algorithm / f"s{seed}"
     run.mkdir(parents=True)
     run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": "t", "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": int(steps[-1])}}))
+        {"task": task, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": int(steps[-1])}}))
     frame = pd.DataFrame({"step": steps, "nfe": np.asarray(steps) * 10, "wall_s": np.asarray(steps) * 0.5,
                           "eval_reward": rewards, **(extra or {})})
     frame.to_csv(run / "metrics.csv", index=False)
@@ -120,6 +120,8 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
         _write_run(tmp_path, "op_grpo", seed, steps, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed],
                    {"zero_std_frac": [np.nan, 0.9, 0.5, 0.4, 0.3]})
     _write_run(tmp_path, "op_grpo_no_correction", 0, steps, [0.0, 0.0, 0.0, 0.0, 0.0])
+    # a control task "t@ctl" is the cell op_grpo@ctl of task t, paired with t's baseline
+    _write_run(tmp_path, "op_grpo", 1, steps, [0.0, 0.1, 0.2, 0.3, 0.6], task="t@ctl")
     table, effects, targets = analyze_study(tmp_path, fraction=1.0, smooth=1)
     assert targets == {"t": pytest.approx(0.4)}
     op = effects[effects["algorithm"] == "op_grpo"].set_index("metric")
@@ -136,6 +138,8 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     # a never-reaching run is censored at its last step, paired on the one seed it ran
     nc = effects[effects["algorithm"] == "op_grpo_no_correction"].set_index("metric")
     assert nc.loc["steps_to_target", ["n", "diff", "censored_alg"]].tolist() == [1, 0.0, 1]
+    ctl = effects[effects["algorithm"] == "op_grpo@ctl"].set_index("metric")
+    assert set(effects["task"]) == {"t"} and ctl.loc["final_reward", ["n", "diff"]].tolist() == [1, pytest.approx(0.2)]
     early = table.set_index(["algorithm", "seed"]).loc[("op_grpo", 0), "zero_std_frac_early"]
     assert early == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)  # training steps only (step 0 has no rollout)
 
