@@ -226,6 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("flowzoo: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:  # torch's CPU and GPU allocators raise RuntimeErrors
+        if not _out_of_memory(e):
+            raise
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        print(f"flowzoo: error: out of memory ({detail}); lower train.prompts_per_step, algorithm.group_size, "
+              f"algorithm.micro_batch or train.eval_batch", file=sys.stderr)
+        return 2
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(error))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 T = TypeVar("T")
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
 
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -66,10 +68,14 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             number = math.inf
         if not math.isfinite(number):  # NaN would pass every range check (`x < 0` is False for NaN)
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        if abs(number) > FLOAT32_MAX:  # tensors are float32: a larger value overflows inside torch
+            raise ConfigError(f"{where}: {value!r} is beyond the float32 range (+-{FLOAT32_MAX:.4g})")
         return number
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:  # torch and numpy take 64-bit integers
+            raise ConfigError(f"{where}: {value} does not fit in a 64-bit integer")
         return value
     if tp is bool:
         if not isinstance(value, bool):

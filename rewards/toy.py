@@ -27,14 +27,14 @@ class ToyModeReward(Reward):
     accepts = ("points",)
 
     def __init__(self, scale: float = 0.5):
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise ConfigError(f"reward 'toy_mode': scale must be a finite number > 0, got {scale!r} (scale 0 would "
-                              f"make the reward a constant)")
+        if not (isinstance(scale, (int, float)) and scale > 0 and 0 < scale * scale < math.inf):
+            raise ConfigError(f"reward 'toy_mode': scale must be a number > 0 whose square is finite and > 0, got "
+                              f"{scale!r} (scale 0 would make the reward a constant)")
         self.scale = float(scale)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:
         d2 = ((samples.float() - _targets(metadata, "mode_target", self.name)) ** 2).sum(dim=1)
-        return RewardOutput(torch.exp(-d2 / (2 * self.scale**2)))
+        return RewardOutput(torch.exp(-d2 / (2 * self.scale * self.scale)))
 
 
 @register("toy_target")

@@ -63,7 +63,13 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path):
     cfg_full = load_config(CONFIG, [*FAST, f"run_dir={partial}", "train.checkpoint_every=2"])
     # the stored config says steps=2: a resume with a different config is refused ...
     assert main(["train", str(CONFIG), *FAST, f"run_dir={partial}", "train.checkpoint_every=2", "--quiet"]) == 2
-    # ... so write the full config back, as a run killed at step 3 of 4 would have it
+    # ... so write the full config back, as a run killed at step 3 of 4 would have it (its checkpoint sealed for it)
+    import torch
+
+    from benchmark.checkpoints import seal
+
+    state = torch.load(partial / "checkpoint.pt", weights_only=False)
+    torch.save(seal(state, cfg_full), partial / "checkpoint.pt")
     (partial / "config.yaml").write_text(yaml.safe_dump(__import__("benchmark.config").config.resolved_dict(cfg_full), sort_keys=False))
     assert main(["train", str(CONFIG), *FAST, f"run_dir={partial}", "train.checkpoint_every=2", "--quiet"]) == 0
     resumed = pd.read_csv(partial / "metrics.csv")

@@ -181,6 +181,7 @@ def test_non_finite_samples_are_not_blamed_on_the_reward_in_evaluation():
     ("algorithm.lr=.inf", "algorithm.lr: expected a finite number, got inf"),
     ("algorithm.lr=1e999", "algorithm.lr: expected a finite number, got inf"),
     ("algorithm.shift=.nan", "algorithm.shift: expected a finite number, got nan"),
+    ("algorithm.adv_clip=3.5e38", "algorithm.adv_clip: 3.5e+38 is beyond the float32 range"),
     ("reward={toy_mode: 0}", "every weight is 0"),
     ("reward={toy_mode: .nan}", "the weight of 'toy_mode' must be a finite number, got nan"),
     ("reward_args={toy_mode: {scale: .nan}}", "reward_args.toy_mode.scale: expected a finite number, got nan"),
@@ -188,7 +189,8 @@ def test_non_finite_samples_are_not_blamed_on_the_reward_in_evaluation():
     ("reward_args={toy_mode: 5}", "reward_args.toy_mode: expected a mapping"),
     ("model.args.hidden=abc", "model.args.hidden: expected an integer, got 'abc'"),
     ("seed=-1", "seed must be an integer in [0, 2**63), got -1"),
-    ("seed=100000000000000000000", "seed must be an integer in [0, 2**63)"),
+    ("seed=100000000000000000000", "seed: 100000000000000000000 does not fit in a 64-bit integer"),
+    ("algorithm.group_size=9223372036854775808", "algorithm.group_size: 9223372036854775808 does not fit in a 64-bit"),
 ])
 def test_bad_numbers_fail_at_load_naming_key_and_value(override, message):
     from benchmark.config import load_config
@@ -215,7 +217,7 @@ def test_non_utf8_config_is_one_line(tmp_path, capsys):
 
 def test_toy_reward_scale_zero_is_refused_before_anything_is_written(tmp_path, capsys):
     rc = main([*TOY, "reward_args={toy_mode: {scale: 0}}", f"run_dir={tmp_path / 'run'}"])
-    assert rc == 2 and "scale must be a finite number > 0, got 0" in _one_error_line(capsys)
+    assert rc == 2 and "scale must be a number > 0 whose square is finite" in _one_error_line(capsys)
     assert not (tmp_path / "run").exists()
 
 
@@ -275,3 +277,17 @@ def test_full_disk_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runner, "atomic_write_text", full)
     assert main([*TOY, "train.steps=1", f"run_dir={tmp_path / 'run'}"]) == 2
     assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'run' / 'config.yaml'}: No space left on device"
+
+
+def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    """A group of 2**31 samples passes every check and is refused by the allocator: one line, exit 2."""
+    import benchmark.runner as runner
+
+    def allocate(self):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 42949672960 bytes.\nframe #0: ...")
+
+    monkeypatch.setattr(runner.Runner, "build", allocate)
+    assert main([*TOY, "algorithm.group_size=2147483648", f"run_dir={tmp_path / 'run'}"]) == 2
+    line = _one_error_line(capsys)
+    assert "out of memory" in line and "42949672960 bytes" in line and "algorithm.group_size" in line

@@ -1,0 +1,113 @@
+"""Property-based fuzzing of configs: a random mutation of a valid config either loads (and runs one step) or fails with
+one line (a ConfigError / FlowZooError), never a traceback, and a refused run leaves no run directory."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from benchmark.cli import main  # noqa: E402
+from benchmark.config import build_config, load_config, resolved_dict  # noqa: E402
+from flowzoo.errors import FlowZooError  # noqa: E402
+
+BASE = "benchmark/configs/toy_flow_grpo.yaml"
+
+
+def _paths(node, prefix=()):
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _paths(value, (*prefix, key))
+        else:
+            yield (*prefix, key)
+
+
+RESOLVED = resolved_dict(load_config(BASE))
+PATHS = sorted(set(_paths(RESOLVED)) | {
+    ("model", "args", "hidden"), ("model", "args", "layers"), ("model", "args", "pretrain_steps"),
+    ("reward_args", "toy_mode"), ("reward_args", "toy_mode", "scale"), ("reward",), ("algorithm", "bogus"),
+    ("train", "bogus"), ("prompts",), ("algorithm",),
+})
+
+VALUES = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(-3, 12), st.sampled_from([0, -1, 2**31, 2**63, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([math.nan, math.inf, -math.inf, 0.0, 1e308]),
+    st.text(max_size=6), st.sampled_from(["flow_grpo_fast", "dance_grpo", "op_grpo", "toy_mode", "abc", "1e-3"]),
+    st.lists(st.integers(-2, 3), max_size=3), st.dictionaries(st.sampled_from(["toy_mode", "x", "name"]),
+                                                             st.one_of(st.integers(-1, 2), st.floats()), max_size=2),
+)
+
+
+def _mutate(data: dict, path: tuple, value) -> dict:
+    data = copy.deepcopy(data)
+    node = data
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    if value is _DELETE:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
+    return data
+
+
+_DELETE = object()
+MUTATIONS = st.lists(st.tuples(st.sampled_from(PATHS), st.one_of(VALUES, st.just(_DELETE))), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MUTATIONS)
+def test_mutated_configs_load_or_fail_with_one_line(mutations):
+    data = RESOLVED
+    for path, value in mutations:
+        data = _mutate(data, path, value)
+    try:
+        build_config(data)
+    except FlowZooError as error:
+        assert "\n" not in str(error).strip(), str(error)
+
+
+SMALL = {"model": {"name": "toy2d", "args": {"pretrain_steps": 30, "hidden": 32}},
+         "train": {**RESOLVED["train"], "steps": 1, "eval_every": 0, "save_samples": False,
+                   "eval_samples_per_prompt": 2, "prompts_per_step": 2}}
+RUN_PATHS = [p for p in PATHS if p[0] in ("algorithm", "seed", "reward", "reward_args")]
+# no huge sizes here: a group of 2**31 samples is refused only by the allocator (tested alone in test_hostile_inputs)
+RUN_VALUES = st.one_of(  # half plausible (so that many mutations train), half hostile
+    st.integers(1, 6), st.floats(0, 1), st.floats(1e-6, 1e3), st.sampled_from(["flow_grpo_fast", "dance_grpo",
+                                                                                "op_grpo", "mix_grpo", "flow_grpo"]),
+    st.none(), st.booleans(), st.integers(-3, 12), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6), st.sampled_from(["flow_grpo_fast", "dance_grpo", "op_grpo", "mix_grpo", "toy_mode", "1e-3"]),
+    st.dictionaries(st.sampled_from(["toy_mode", "x", "scale"]), st.one_of(st.integers(-1, 2), st.floats()),
+                    max_size=2),
+)
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(RUN_PATHS), RUN_VALUES), min_size=1, max_size=2))
+def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_path_factory, capsys, mutations):
+    import yaml
+
+    data = {**RESOLVED, **SMALL, "algorithm": {**RESOLVED["algorithm"], "group_size": 4}}
+    for path, value in mutations:
+        data = _mutate(data, path, value)
+    run = tmp_path_factory.mktemp("fuzz") / "run"
+    data["run_dir"] = str(run)
+    config = run.parent / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    rc = main(["train", str(config), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc in (0, 2), err
+    event("ran one step" if rc == 0 else "refused in one line")
+    if rc == 2:
+        assert len(err.splitlines()) == 1, err
+        if "training diverged" not in err:
+            assert not run.exists(), err
