@@ -70,10 +70,18 @@ def is_finished(run_dir: Path, config: ExperimentConfig) -> bool:
     return (run_dir / "done.json").is_file() and _same_config(run_dir, config)
 
 
+def holds_other_config(run_dir: Path, config: ExperimentConfig) -> bool:
+    """``run_dir`` holds a run (its config.yaml) of another config than ``config``."""
+    return (run_dir / "config.yaml").is_file() and not _same_config(run_dir, config)
+
+
 def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
-    stored = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
+    try:
+        stored = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
+    except (yaml.YAMLError, UnicodeDecodeError):  # an unreadable config.yaml is no config of ours
+        return False
     wanted = resolved_dict(config)
-    if stored is None:
+    if not isinstance(stored, dict):
         return False
     declared = declared_secrets(config)  # a key is no part of the experiment: literal, *** or from the environment
     return run_identity(stored, declared) == run_identity(wanted, declared)
@@ -203,7 +211,7 @@ class Runner:
         cfg = self.config
         run_dir = self.run_dir
         self.check_world_size()
-        if (run_dir / "config.yaml").is_file() and not _same_config(run_dir, cfg):
+        if holds_other_config(run_dir, cfg):
             raise ConfigError(f"run directory {run_dir} holds a run of a different config; choose another run_dir")
         if is_finished(run_dir, cfg):
             return run_dir

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 import algorithms
 from benchmark.config import ExperimentConfig, apply_overrides, build_config, read_yaml
 from benchmark.recipes import recipe
-from benchmark.runner import is_finished, train
-from flowzoo.errors import ConfigError
+from benchmark.runner import holds_other_config, is_finished, train
+from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -127,6 +127,8 @@ def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
     try:
         train(config, progress=False)
         return str(config.resolved_run_dir()), None
+    except FlowZooError as error:  # a user error is its one line
+        return str(config.resolved_run_dir()), str(error)
     except Exception:  # reported by the parent; other runs go on
         return str(config.resolved_run_dir()), traceback.format_exc()
 
@@ -163,6 +165,10 @@ def run_suite(
     """
     configs = expand(suite, runs_dir, overrides)
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
+    clashes = [str(c.resolved_run_dir()) for c in todo if holds_other_config(c.resolved_run_dir(), c)]
+    if clashes:  # refused before any run starts
+        raise ConfigError(f"{len(clashes)} of the suite's run directories hold runs of a different config (first: "
+                          f"{clashes[0]}); choose another --runs directory or delete them")
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
     if workers > 1:
         for c in todo:

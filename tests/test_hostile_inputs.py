@@ -291,3 +291,25 @@ def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
     assert main([*TOY, "algorithm.group_size=2147483648", f"run_dir={tmp_path / 'run'}"]) == 2
     line = _one_error_line(capsys)
     assert "out of memory" in line and "42949672960 bytes" in line and "algorithm.group_size" in line
+
+
+# ---- bench and run directories holding something else -----------------------------------------------------------
+@pytest.mark.parametrize("garbage", [b"\x00\xff\xfe binary", b"just a string", b"a: [unclosed"])
+def test_garbage_config_yaml_in_the_run_dir_is_one_line(tmp_path, capsys, garbage):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_bytes(garbage)
+    assert main([*TOY, "train.steps=1", f"run_dir={run}"]) == 2
+    assert "holds a run of a different config" in _one_error_line(capsys)
+
+
+def test_bench_into_runs_of_another_config_is_refused_before_any_run(tmp_path, capsys):
+    bench = ["bench", "smoke", "--runs", str(tmp_path), "--algorithms", "flow_grpo", "--seeds", "0",
+             "model.args.pretrain_steps=30", "model.args.hidden=32", "train.eval_samples_per_prompt=2"]
+    assert main([*bench, "train.steps=1"]) == 0
+    metrics = next(tmp_path.rglob("metrics.csv"))
+    before = metrics.read_bytes()
+    capsys.readouterr()
+    assert main([*bench, "train.steps=2"]) == 2
+    assert "hold runs of a different config" in _one_error_line(capsys)
+    assert metrics.read_bytes() == before
