@@ -15,6 +15,8 @@ analysed as the cell ``<algorithm>@<variant>`` of ``<task>``, paired with that t
   ``baseline final`` the baseline's mean final reward over seeds: a fraction of the baseline's gain.
 * **Steps to target**: the step of the first evaluation whose smoothed reward is >= target; a run that never gets
   there counts at its last logged step and is reported as censored (its true cost is larger).
+* **Steps to final**: the same with fraction 1, i.e. the steps to reach the baseline's mean final reward (the
+  papers' "same final performance").
 * **Steps ratio**: mean steps to target of the algorithm / the baseline's (the papers' "34.2% of the steps" form),
   with the unpaired bootstrap CI of :func:`benchmark.stats.ratio_ci`; censored runs make it a bound.
 * **Paired difference** (algorithm - baseline) over the seeds both ran: seed s of both methods shares the prompt order
@@ -41,7 +43,7 @@ from flowzoo.errors import ConfigError, FlowZooError
 
 ALPHA, POWER = 0.05, 0.80
 DEFAULT_FRACTION = 0.8
-METRICS = ("steps_to_target", "final_reward", "auc")
+METRICS = ("steps_to_target", "nfe_to_target", "steps_to_final", "final_reward", "auc")
 #: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
 DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess")
 VARIANT_SEP = "@"  # task@variant: a control cell of task
@@ -76,7 +78,8 @@ def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
         row = {"run": run, "task": task, "algorithm": algorithm, "seed": int(first["seed"]),
                "last_step": float(frame["step"].max()), "base": float(curve["eval_reward"].iloc[0]),
                "final_reward": float(curve["eval_smoothed"].iloc[-1]), "auc": float(curve["eval_reward"].mean()),
-               "wall_s": float(frame["wall_s"].max()), "finished": bool(first["finished"])}
+               "last_nfe": float(frame["nfe"].max()), "wall_s": float(frame["wall_s"].max()),
+               "finished": bool(first["finished"])}
         train_rows = frame[frame["step"] > 0]
         for column in DIAGNOSTICS:
             if column in frame and frame[column].notna().any():
@@ -87,12 +90,24 @@ def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def is_cost(metric: str) -> bool:
+    """Steps/NFE to a target: lower is better, and censored runs make it a bound."""
+    return "_to_" in metric
+
+
+def reached_column(metric: str) -> str:
+    return "reached_final" if metric.endswith("_final") else "reached"
+
+
 def add_steps_to_target(table: pd.DataFrame, runs: pd.DataFrame, baseline: str, fraction: float,
-                        smooth: int = DEFAULT_SMOOTH) -> dict[str, float]:
-    """Adds ``steps_to_target`` and ``reached`` to ``table`` (in place); returns the target of each task."""
+                        smooth: int = DEFAULT_SMOOTH, name: str = "target") -> dict[str, float]:
+    """Adds ``steps_to_<name>``, ``nfe_to_<name>`` (network evaluations logged at that evaluation; censored runs at
+    their last logged NFE) and its ``reached`` column (``reached_column``) to ``table`` (in place); returns the
+    target of each task."""
     curves = eval_curves(runs, smooth)
     targets = {}
-    table["steps_to_target"], table["reached"] = math.nan, False
+    columns = [f"steps_to_{name}", f"nfe_to_{name}", reached_column(f"steps_to_{name}")]
+    table[columns[0]], table[columns[1]], table[columns[2]] = math.nan, math.nan, False
     for task, rows in table.groupby("task"):
         base_rows = rows[rows["algorithm"] == baseline]
         if base_rows.empty:
@@ -101,18 +116,20 @@ def add_steps_to_target(table: pd.DataFrame, runs: pd.DataFrame, baseline: str, 
         targets[task] = base + fraction * (float(base_rows["final_reward"].mean()) - base)
         for index, row in rows.iterrows():
             curve = curves[curves["run"] == row["run"]]
-            table.loc[index, ["steps_to_target", "reached"]] = steps_to_target(
-                curve["step"], curve["eval_smoothed"], targets[task], row["last_step"])
+            step, reached = steps_to_target(curve["step"], curve["eval_smoothed"], targets[task], row["last_step"])
+            nfe = float(curve.loc[curve["step"] == step, "nfe"].iloc[0]) if reached else row["last_nfe"]
+            table.loc[index, columns] = step, nfe, reached
     return targets
 
 
 def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.DataFrame:
-    """One row per (task, algorithm != baseline, metric): means, paired mean difference, its CI, sd, n and MDE."""
+    """One row per (task, algorithm != baseline, metric): means, paired mean difference, its CI, sd, n and MDE.
+    ``baseline`` is the reference cell of the differences (column ``reference``); tasks without it are skipped."""
     rows = []
     for task, rows_task in table.groupby("task"):
         base = rows_task[rows_task["algorithm"] == baseline].set_index("seed")
         for algorithm, rows_alg in rows_task.groupby("algorithm"):
-            if algorithm == baseline:
+            if algorithm == baseline or base.empty:
                 continue
             alg = rows_alg.set_index("seed")
             seeds = sorted(set(alg.index) & set(base.index))
@@ -120,20 +137,22 @@ def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.Da
                 diff = (alg.loc[seeds, metric] - base.loc[seeds, metric]).to_numpy(dtype=float)
                 sd = float(diff.std(ddof=1)) if len(diff) > 1 else math.nan
                 low, high = bootstrap_ci(diff)
-                rows.append({"task": task, "algorithm": algorithm, "metric": metric, "n": len(seeds),
+                rows.append({"task": task, "reference": baseline, "algorithm": algorithm, "metric": metric,
+                             "n": len(seeds),
                              "baseline_mean": float(base.loc[seeds, metric].mean()),
                              "algorithm_mean": float(alg.loc[seeds, metric].mean()),
                              "diff": float(diff.mean()), "ci_low": low, "ci_high": high, "sd_diff": sd,
                              "mde": minimum_detectable_effect(sd, len(seeds)),
                              "p_t": float(sps.ttest_1samp(diff, 0.0).pvalue) if len(diff) > 1 and sd > 0 else math.nan,
-                             **(_steps_extras(alg.loc[seeds], base.loc[seeds]) if metric == "steps_to_target" else {})})
+                             **(_steps_extras(alg.loc[seeds], base.loc[seeds], metric) if is_cost(metric) else {})})
     return pd.DataFrame(rows)
 
 
-def _steps_extras(alg: pd.DataFrame, base: pd.DataFrame) -> dict:
-    ratio, low, high = ratio_ci(alg["steps_to_target"].to_numpy(float), base["steps_to_target"].to_numpy(float))
-    return {"censored_alg": int((~alg["reached"].astype(bool)).sum()),
-            "censored_base": int((~base["reached"].astype(bool)).sum()),
+def _steps_extras(alg: pd.DataFrame, base: pd.DataFrame, metric: str) -> dict:
+    ratio, low, high = ratio_ci(alg[metric].to_numpy(float), base[metric].to_numpy(float))
+    reached = reached_column(metric)
+    return {"censored_alg": int((~alg[reached].astype(bool)).sum()),
+            "censored_base": int((~base[reached].astype(bool)).sum()),
             "ratio": ratio, "ratio_low": low, "ratio_high": high}
 
 
@@ -157,16 +176,17 @@ def _fmt(value: float, digits: int = 3) -> str:
 def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float], baseline: str, fraction: float,
            smooth: int) -> str:
     lines = [f"# OP-GRPO study: paired effects vs {baseline}", "",
-             f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward); "
+             f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward) "
+             f"(`*_to_target`); `steps_to_final`: steps to {baseline}'s mean final reward itself; "
              f"eval curves smoothed over {smooth} evaluations. Differences are algorithm - {baseline} over the "
              "seeds both ran, with 95% percentile-bootstrap CIs of the mean; MDE = smallest true difference a paired "
              "t-test (two-sided, 0.05) detects with 80% power at the observed seed spread. Regenerate with "
              "`python -m benchmark.study RUNS_DIR --out DIR` (module docstring: definitions).", ""]
     for task, rows in table.groupby("task"):
         lines += [f"## {task} (target {targets[task]:.4f})", "",
-                  "| algorithm | seeds | final reward | AUC | steps to target (reached) | zero-std frac (first "
-                  f"{EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| algorithm | seeds | final reward | AUC | steps to target (reached) | steps to final (reached) "
+                  f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for algorithm, runs in rows.groupby("algorithm"):
             clip = (f"{_fmt(runs['clip_frac_on'].mean())} / {_fmt(runs['clip_frac_off'].mean())}"
                     if "clip_frac_off" in runs and runs["clip_frac_off"].notna().any()
@@ -177,20 +197,10 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
             lines.append(
                 f"| {algorithm} | {len(runs)} | {runs['final_reward'].mean():.4f} +- {runs['final_reward'].std():.4f} "
                 f"| {runs['auc'].mean():.4f} | {runs['steps_to_target'].mean():.1f} ({int(runs['reached'].sum())}/"
-                f"{len(runs)}) | {zero} | {off} | {clip} |")
-        lines += ["", f"Paired differences vs {baseline}:", "",
-                  "| algorithm | metric | n | baseline | algorithm | diff | 95% CI | sd of diff | MDE (80%) | t-test p "
-                  "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for _, e in effects[effects["task"] == task].iterrows():
-            censor = (f" ({e['censored_alg']}/{e['censored_base']} censored)"
-                      if e["metric"] == "steps_to_target" and (e["censored_alg"] or e["censored_base"]) else "")
-            ratio = (f"; ratio {e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]"
-                     if e["metric"] == "steps_to_target" else "")
-            lines.append(
-                f"| {e['algorithm']} | {e['metric']}{censor}{ratio} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
-                f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
-                f"| {_fmt(e['sd_diff'])} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} "
-                f"| {verdict(e, e['metric'] != 'steps_to_target')} |")
+                f"{len(runs)}) | {runs['steps_to_final'].mean():.1f} ({int(runs['reached_final'].sum())}/{len(runs)}) "
+                f"| {zero} | {off} | {clip} |")
+        for reference, cell_effects in effects[effects["task"] == task].groupby("reference", sort=False):
+            lines += ["", f"Paired differences vs {reference}:", ""] + _effect_rows(cell_effects)
         unfinished = rows[~rows["finished"].astype(bool)]
         if len(unfinished):
             lines.append(f"Unfinished runs (counted at their last evaluation): {', '.join(unfinished['run'])}")
@@ -198,8 +208,26 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
     return "\n".join(lines)
 
 
+def _effect_rows(effects: pd.DataFrame) -> list[str]:
+    lines = ["| algorithm | metric | n | reference | algorithm | diff | 95% CI | sd of diff | MDE (80%) | t-test p "
+             "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, e in effects.iterrows():
+        censor = (f" ({e['censored_alg']}/{e['censored_base']} censored)"
+                  if is_cost(e["metric"]) and (e["censored_alg"] or e["censored_base"]) else "")
+        ratio = (f"; ratio {e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]"
+                 if is_cost(e["metric"]) else "")
+        lines.append(
+            f"| {e['algorithm']} | {e['metric']}{censor}{ratio} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
+            f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
+            f"| {_fmt(e['sd_diff'])} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} "
+            f"| {verdict(e, not is_cost(e['metric']))} |")
+    return lines
+
+
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", fraction: float = DEFAULT_FRACTION,
-                  smooth: int = DEFAULT_SMOOTH) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+                  smooth: int = DEFAULT_SMOOTH, also_vs: tuple[str, ...] = ()
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """(run table, paired effects vs ``baseline`` then vs each cell of ``also_vs``, target of each task)."""
     if not 0 < fraction <= 1:
         raise ConfigError(f"--fraction must be in (0, 1], got {fraction}")
     runs = load_runs(runs_dir)
@@ -207,8 +235,14 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", fraction: f
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
     table = run_table(runs, smooth)
+    unknown = [cell for cell in also_vs if cell not in set(table["algorithm"])]
+    if unknown:
+        cells = ", ".join(sorted(set(table["algorithm"])))
+        raise ConfigError(f"--also-vs {','.join(unknown)}: no such cell; cells: {cells}")
     targets = add_steps_to_target(table, runs, baseline, fraction, smooth)
-    return table, paired_effects(table, baseline), targets
+    add_steps_to_target(table, runs, baseline, 1.0, smooth, name="final")
+    effects = pd.concat([paired_effects(table, reference) for reference in (baseline, *also_vs)], ignore_index=True)
+    return table, effects, targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,9 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION, help="target = this share of the "
                         "baseline's gain over the step-0 reward")
     parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH)
+    parser.add_argument("--also-vs", default="", help="comma-separated cells (algorithm or algorithm@variant) to "
+                        "pair the other cells with as well, e.g. op_grpo")
     args = parser.parse_args(argv)
     try:
-        table, effects, targets = analyze_study(args.runs_dir, args.baseline, args.fraction, args.smooth)
+        also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
+        table, effects, targets = analyze_study(args.runs_dir, args.baseline, args.fraction, args.smooth, also_vs)
     except FlowZooError as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2

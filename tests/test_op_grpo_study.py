@@ -122,12 +122,16 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     _write_run(tmp_path, "op_grpo_no_correction", 0, steps, [0.0, 0.0, 0.0, 0.0, 0.0])
     # a control task "t@ctl" is the cell op_grpo@ctl of task t, paired with t's baseline
     _write_run(tmp_path, "op_grpo", 1, steps, [0.0, 0.1, 0.2, 0.3, 0.6], task="t@ctl")
-    table, effects, targets = analyze_study(tmp_path, fraction=1.0, smooth=1)
+    table, effects, targets = analyze_study(tmp_path, fraction=1.0, smooth=1, also_vs=("op_grpo",))
+    vs_op = effects[effects["reference"] == "op_grpo"].set_index(["algorithm", "metric"])
+    assert vs_op.loc[("flow_grpo", "final_reward"), "diff"] == pytest.approx(-(0.1 + 0.01 * 1.5))
+    effects = effects[effects["reference"] == "flow_grpo"]
     assert targets == {"t": pytest.approx(0.4)}
     op = effects[effects["algorithm"] == "op_grpo"].set_index("metric")
     assert op.loc["steps_to_target", "diff"] == pytest.approx(-10.0)  # 30 vs 40 on every seed
     assert op.loc["steps_to_target", "censored_alg"] == 0
     assert op.loc["steps_to_target", "ratio"] == pytest.approx(30 / 40)  # the papers' "share of the steps" form
+    assert op.loc["nfe_to_target", "diff"] == pytest.approx(-100.0)  # nfe = 10 x step in the synthetic logs
     assert op.loc["final_reward", "diff"] == pytest.approx(0.1 + 0.01 * 1.5)
     low, high = op.loc["final_reward", ["ci_low", "ci_high"]]
     assert 0.1 <= low <= op.loc["final_reward", "diff"] <= high <= 0.13
@@ -144,7 +148,10 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     assert early == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)  # training steps only (step 0 has no rollout)
 
 
-def test_missing_baseline_is_one_line(tmp_path):
+def test_missing_baseline_or_reference_is_one_line(tmp_path):
     _write_run(tmp_path, "op_grpo", 0, [0, 10], [0.0, 0.1])
     with pytest.raises(ConfigError, match="baseline 'flow_grpo' has no runs .*; algorithms: op_grpo"):
         analyze_study(tmp_path)
+    _write_run(tmp_path, "flow_grpo", 0, [0, 10], [0.0, 0.1])
+    with pytest.raises(ConfigError, match="--also-vs op_grpo@x: no such cell; cells: flow_grpo, op_grpo$"):
+        analyze_study(tmp_path, also_vs=("op_grpo@x",))
