@@ -1,11 +1,13 @@
 """The OP-GRPO study's analysis: paired effects vs a baseline with bootstrap CIs and the smallest detectable effect.
 
-    python -m benchmark.study RUNS_DIR --out DIR [--baseline flow_grpo] [--fraction 0.8] [--smooth 3]
+    python -m benchmark.study RUNS_DIR --out DIR [--baseline flow_grpo] [--fraction 0.8] [--smooth 3] [--also-vs CELL]
 
 Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, via :mod:`benchmark.stats`) and writes
-``DIR/README.md`` (tables), ``DIR/runs.csv`` (one row per run) and ``DIR/effects.csv`` (one row per algorithm and
-metric). A task named ``<task>@<variant>`` (a control run with other keys, e.g. ``toy2d_sparse64@no_reuse``) is
-analysed as the cell ``<algorithm>@<variant>`` of ``<task>``, paired with that task's baseline. Definitions, per task:
+``DIR/README.md`` (tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per reference, cell and
+metric) and ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps). A task named ``<task>@<variant>`` (a
+control run with other keys, e.g. ``toy2d_sparse64@no_reuse``) is analysed as the cell ``<algorithm>@<variant>`` of
+``<task>``, paired with that task's baseline. ``--also-vs CELL`` adds the paired differences of every cell against
+CELL as well. Definitions, per task:
 
 * **Eval curve**: the run's eval rewards smoothed by a trailing mean over ``smooth`` evaluations
   (:func:`benchmark.stats.eval_curves`).
@@ -122,6 +124,16 @@ def add_steps_to_target(table: pd.DataFrame, runs: pd.DataFrame, baseline: str, 
     return targets
 
 
+def mean_curves(runs_dir: str | Path, every: int = 20) -> pd.DataFrame:
+    """Mean raw eval reward over seeds at every ``every``-th step: one row per (task, cell), one column per step."""
+    runs = load_runs(runs_dir)
+    evals = runs[runs["eval_reward"].notna() & (runs["step"] % every == 0)].copy()
+    split = evals["task"].astype(str).str.partition(VARIANT_SEP)
+    evals["task"] = split[0]
+    evals["algorithm"] = evals["algorithm"].where(split[2] == "", evals["algorithm"] + VARIANT_SEP + split[2])
+    return evals.pivot_table(index=["task", "algorithm"], columns="step", values="eval_reward", aggfunc="mean")
+
+
 def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.DataFrame:
     """One row per (task, algorithm != baseline, metric): means, paired mean difference, its CI, sd, n and MDE.
     ``baseline`` is the reference cell of the differences (column ``reference``); tasks without it are skipped."""
@@ -174,7 +186,7 @@ def _fmt(value: float, digits: int = 3) -> str:
 
 
 def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float], baseline: str, fraction: float,
-           smooth: int) -> str:
+           smooth: int, curves: pd.DataFrame | None = None) -> str:
     lines = [f"# OP-GRPO study: paired effects vs {baseline}", "",
              f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward) "
              f"(`*_to_target`); `steps_to_final`: steps to {baseline}'s mean final reward itself; "
@@ -199,6 +211,12 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
                 f"| {runs['auc'].mean():.4f} | {runs['steps_to_target'].mean():.1f} ({int(runs['reached'].sum())}/"
                 f"{len(runs)}) | {runs['steps_to_final'].mean():.1f} ({int(runs['reached_final'].sum())}/{len(runs)}) "
                 f"| {zero} | {off} | {clip} |")
+        if curves is not None and task in curves.index.get_level_values(0):
+            steps = [int(step) for step in curves.columns]
+            lines += ["", "Mean eval reward over seeds by step:", "",
+                      "| cell | " + " | ".join(str(step) for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+            for cell, values in curves.loc[task].iterrows():
+                lines.append(f"| {cell} | " + " | ".join(_fmt(float(v)) for v in values) + " |")
         for reference, cell_effects in effects[effects["task"] == task].groupby("reference", sort=False):
             lines += ["", f"Paired differences vs {reference}:", ""] + _effect_rows(cell_effects)
         unfinished = rows[~rows["finished"].astype(bool)]
@@ -266,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "runs.csv", index=False)
     effects.to_csv(out / "effects.csv", index=False)
-    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth))
+    curves = mean_curves(args.runs_dir)
+    curves.to_csv(out / "curves.csv")
+    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth, curves))
     print(f"wrote {out / 'README.md'}")
     return 0
 

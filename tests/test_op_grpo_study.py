@@ -13,7 +13,7 @@ import yaml
 from scipy import stats as sps
 
 from benchmark.prompts import PromptSection, load_prompts
-from benchmark.study import analyze_study, minimum_detectable_effect, steps_to_target
+from benchmark.study import analyze_study, mean_curves, minimum_detectable_effect, steps_to_target
 from flowzoo.errors import ConfigError
 from models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
@@ -144,6 +144,9 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     assert nc.loc["steps_to_target", ["n", "diff", "censored_alg"]].tolist() == [1, 0.0, 1]
     ctl = effects[effects["algorithm"] == "op_grpo@ctl"].set_index("metric")
     assert set(effects["task"]) == {"t"} and ctl.loc["final_reward", ["n", "diff"]].tolist() == [1, pytest.approx(0.2)]
+    curves = mean_curves(tmp_path, every=20)
+    assert curves.loc[("t", "op_grpo"), 40] == pytest.approx(0.5 + 0.01 * 1.5)  # mean over seeds 0..3
+    assert curves.loc[("t", "op_grpo@ctl"), 20] == pytest.approx(0.2)
     early = table.set_index(["algorithm", "seed"]).loc[("op_grpo", 0), "zero_std_frac_early"]
     assert early == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)  # training steps only (step 0 has no rollout)
 
