@@ -181,6 +181,17 @@ def verdict(row: pd.Series, higher_is_better: bool) -> str:
     return f"no detectable difference (MDE {row['mde']:.3g})"
 
 
+def _seed_list(seeds) -> str:
+    """Sorted seeds with runs of consecutive ones as ranges: [0, 1, 2, 5] -> '0-2, 5'."""
+    seeds, parts = sorted(int(seed) for seed in seeds), []
+    for seed in seeds:
+        if parts and parts[-1][1] == seed - 1:
+            parts[-1][1] = seed
+        else:
+            parts.append([seed, seed])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
+
+
 def _fmt(value: float, digits: int = 3) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}g}"
 
@@ -195,7 +206,8 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
              "t-test (two-sided, 0.05) detects with 80% power at the observed seed spread. Regenerate with "
              "`python -m benchmark.study RUNS_DIR --out DIR` (module docstring: definitions).", ""]
     for task, rows in table.groupby("task"):
-        lines += [f"## {task} (target {targets[task]:.4f})", "",
+        seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
+        lines += [f"## {task} (target {targets[task]:.4f})", "", f"Seeds: {seeds}.", "",
                   "| algorithm | seeds | final reward | AUC | steps to target (reached) | steps to final (reached) "
                   f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) |",
                   "|---|---|---|---|---|---|---|---|---|"]

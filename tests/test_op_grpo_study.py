@@ -158,3 +158,9 @@ def test_missing_baseline_or_reference_is_one_line(tmp_path):
     _write_run(tmp_path, "flow_grpo", 0, [0, 10], [0.0, 0.1])
     with pytest.raises(ConfigError, match="--also-vs op_grpo@x: no such cell; cells: flow_grpo, op_grpo$"):
         analyze_study(tmp_path, also_vs=("op_grpo@x",))
+
+
+def test_seed_list_compresses_consecutive_seeds():
+    from benchmark.study import _seed_list
+
+    assert _seed_list([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
