@@ -45,7 +45,9 @@ class DanceGRPOConfig(AlgorithmConfig):
     def check_num_steps(self, num_steps: int) -> None:
         super().check_num_steps(num_steps)
         if num_steps < 2:
-            raise ConfigError(f"dance_grpo needs num_steps >= 2 (the last transition is never trained), got {num_steps}")
+            raise ConfigError(
+                f"dance_grpo needs num_steps >= 2 (the last transition is never trained), got {num_steps}"
+            )
 
 
 @register("dance_grpo")

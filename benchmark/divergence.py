@@ -32,9 +32,11 @@ class DivergenceError(RunError):
 
 
 def nonfinite_parameters(parameters: Iterable[torch.Tensor]) -> int:
-    """How many of ``parameters`` hold a NaN or inf (one device synchronisation for all of them)."""
-    flags = [~torch.isfinite(p.detach()).all() for p in parameters]
-    return int(torch.stack(flags).sum()) if flags else 0
+    """How many of ``parameters`` hold a NaN or inf (one synchronisation per device, not one per tensor)."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for p in parameters:
+        flags.setdefault(p.device, []).append(~torch.isfinite(p.detach()).all())
+    return sum(int(torch.stack(device_flags).sum()) for device_flags in flags.values())
 
 
 class DivergenceGuard:
