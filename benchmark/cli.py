@@ -46,8 +46,8 @@ def _end_failed_rank(rank: str, error: BaseException) -> None:
 
     if isinstance(error, KeyboardInterrupt):
         line, code = f"flowzoo: {rank}: interrupted; rerun the same command to resume from the last checkpoint", 130
-    elif isinstance(error, FlowZooError):
-        line, code = f"flowzoo: error: {rank}: {error}", 2
+    elif isinstance(error, Exception) and user_error(error) is not None:
+        line, code = f"flowzoo: error: {rank}: {user_error(error)}", 2
     else:
         traceback.print_exception(error, file=sys.stderr)
         line, code = f"flowzoo: error: {rank} failed: {type(error).__name__}: {error}", 1
@@ -214,30 +214,31 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
-    except FlowZooError as e:
-        print(f"flowzoo: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # read-only or full disk, a file where a directory should be: one line naming the path
-        if e.filename is None:
-            raise
-        path = f"{e.filename} -> {e.filename2}" if e.filename2 else e.filename
-        print(f"flowzoo: error: {path}: {e.strerror or e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("flowzoo: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130
-    except (MemoryError, RuntimeError) as e:  # torch's CPU and GPU allocators raise RuntimeErrors
-        if not _out_of_memory(e):
+    except Exception as e:
+        message = user_error(e)
+        if message is None:  # a bug: its traceback, exit 1
             raise
-        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        print(f"flowzoo: error: out of memory ({detail}); lower train.prompts_per_step, algorithm.group_size, "
-              f"algorithm.micro_batch or train.eval_batch", file=sys.stderr)
+        print(f"flowzoo: error: {message}", file=sys.stderr)
         return 2
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in str(error))
+def user_error(error: BaseException) -> str | None:
+    """The one line (exit 2) for an error the user can act on: a FlowZooError, an OS error naming its path (read-only
+    or full disk, a file where a directory should be), running out of memory; None for anything else (a bug)."""
+    if isinstance(error, FlowZooError):
+        return str(error)
+    if isinstance(error, OSError) and error.filename is not None:
+        path = f"{error.filename} -> {error.filename2}" if error.filename2 else error.filename
+        return f"{path}: {error.strerror or error}"
+    if (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))):
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        return (f"out of memory ({detail}); lower train.prompts_per_step, algorithm.group_size, algorithm.micro_batch "
+                f"or train.eval_batch")
+    return None
 
 
 if __name__ == "__main__":

@@ -313,3 +313,16 @@ def test_bench_into_runs_of_another_config_is_refused_before_any_run(tmp_path, c
     assert main([*bench, "train.steps=2"]) == 2
     assert "hold runs of a different config" in _one_error_line(capsys)
     assert metrics.read_bytes() == before
+
+
+def test_one_line_user_errors_are_the_same_for_one_process_and_a_rank():
+    """The multi-process path (a failing rank) and the single-process CLI share one classification of user errors."""
+    import errno
+
+    from benchmark.cli import user_error
+
+    assert user_error(ConfigError("algorithm.lr: expected a finite number, got nan")).startswith("algorithm.lr")
+    assert user_error(OSError(errno.EROFS, "Read-only file system", "/runs/x")) == "/runs/x: Read-only file system"
+    assert user_error(MemoryError()).startswith("out of memory (MemoryError)")
+    assert user_error(RuntimeError("CUDA error: an illegal memory access")) is None  # a bug keeps its traceback
+    assert user_error(OSError("no path")) is None
