@@ -106,12 +106,17 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        for name in ("noise_level", "clip_range", "adv_clip", "adv_eps", "kl_beta", "lr", "max_grad_norm"):
+        nonnegative = ("noise_level", "clip_range", "adv_clip", "adv_eps", "kl_beta", "lr", "max_grad_norm",
+                       "weight_decay", "adam_eps")
+        for name in nonnegative:
             value = getattr(self, name)
             if not math.isfinite(value):  # NaN passes `value < 0`
                 raise ConfigError(f"algorithm.{name} must be a finite number, got {value}")
             if value < 0:
                 raise ConfigError(f"algorithm.{name} must be >= 0, got {value}")
+        if self.noise_level < 1e-6:  # smaller levels underflow in float32 (step variance ~ noise_level^2 * dt)
+            raise ConfigError(f"algorithm.noise_level must be >= 1e-6, got {self.noise_level}: below it the sampler is "
+                              f"deterministic (in float32), so a trajectory has no log-probability to train")
 
     def check_num_steps(self, num_steps: int) -> None:
         """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);

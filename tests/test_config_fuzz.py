@@ -89,9 +89,28 @@ RUN_VALUES = st.one_of(  # half plausible (so that many mutations train), half h
 )
 
 
+
+
+def _near(default):
+    """Values of the default's type around it: most such mutations are valid configs that train."""
+    if isinstance(default, bool):
+        return st.booleans()
+    if isinstance(default, int):
+        return st.integers(0, 2 * default + 2)
+    if isinstance(default, float):
+        return st.floats(0, 2 * default + 1)
+    return st.just(default)
+
+
+ALGORITHM_KEYS = [("algorithm", key) for key in RESOLVED["algorithm"] if key != "name"]
+TYPED = st.sampled_from(ALGORITHM_KEYS).flatmap(
+    lambda path: st.tuples(st.just(path), _near(RESOLVED[path[0]][path[1]])))
+MUTATION = st.one_of(TYPED, TYPED, st.tuples(st.sampled_from(RUN_PATHS), RUN_VALUES))
+
+
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(RUN_PATHS), RUN_VALUES), min_size=1, max_size=2))
+@given(st.lists(MUTATION, min_size=1, max_size=2))
 def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_path_factory, capsys, mutations):
     import yaml
 

@@ -203,9 +203,16 @@ def test_bad_numbers_fail_at_load_naming_key_and_value(override, message):
 def test_algorithm_config_range_checks_reject_nan_built_directly():
     from algorithms.base import AlgorithmConfig
 
-    for name in ("clip_range", "adv_clip", "lr", "max_grad_norm", "kl_beta", "noise_level", "adv_eps"):
+    for name in ("clip_range", "adv_clip", "lr", "max_grad_norm", "kl_beta", "noise_level", "adv_eps", "adam_eps",
+                 "weight_decay"):
         with pytest.raises(ConfigError, match=f"algorithm.{name} must be a finite number, got nan"):
             AlgorithmConfig(**{name: math.nan})
+    for name in ("adam_eps", "weight_decay"):  # found by the run fuzz: AdamW's own ValueError after config.yaml
+        with pytest.raises(ConfigError, match=f"algorithm.{name} must be >= 0, got -1"):
+            AlgorithmConfig(**{name: -1.0})
+    for level in (0.0, 6e-186):  # found by the run fuzz: a deterministic sampler, the update had no gradient
+        with pytest.raises(ConfigError, match="algorithm.noise_level must be >= 1e-6"):
+            AlgorithmConfig(noise_level=level)
 
 
 def test_non_utf8_config_is_one_line(tmp_path, capsys):
