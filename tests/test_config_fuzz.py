@@ -108,13 +108,33 @@ TYPED = st.sampled_from(ALGORITHM_KEYS).flatmap(
 MUTATION = st.one_of(TYPED, TYPED, st.tuples(st.sampled_from(RUN_PATHS), RUN_VALUES))
 
 
+def _algorithm_defaults(name: str) -> dict:
+    return resolved_dict(load_config(BASE, [f"algorithm.name={name}"]))["algorithm"]
+
+
+ALGORITHMS = {name: _algorithm_defaults(name) for name in __import__("algorithms").names()}
+
+
+@st.composite
+def _own_keys(draw):
+    """An algorithm and near-default values of its own keys (windows, buffers, ...)."""
+    name = draw(st.sampled_from(sorted(ALGORITHMS)))
+    defaults = ALGORITHMS[name]
+    keys = draw(st.lists(st.sampled_from([k for k in defaults if k != "name"]), min_size=1, max_size=2))
+    return name, [(("algorithm", k), draw(_near(defaults[k]))) for k in keys]
+
+
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.lists(MUTATION, min_size=1, max_size=2))
-def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_path_factory, capsys, mutations):
+@given(st.lists(MUTATION, min_size=1, max_size=2), _own_keys(), st.booleans())
+def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_path_factory, capsys, mutations, own,
+                                                                           own_algorithm):
     import yaml
 
     data = {**RESOLVED, **SMALL, "algorithm": {**RESOLVED["algorithm"], "group_size": 4}}
+    if own_algorithm:  # another algorithm, its own keys mutated
+        name, mutations = own
+        data["algorithm"] = {**ALGORITHMS[name], "group_size": 4}
     for path, value in mutations:
         data = _mutate(data, path, value)
     run = tmp_path_factory.mktemp("fuzz") / "run"
