@@ -17,6 +17,7 @@ from benchmark.runner import prompt_batch
 from flowzoo.errors import ConfigError
 from models.toy2d import prompt_set
 from rewards.base import Reward, RewardOutput
+from tests.value_helpers import Keep
 
 PROMPTS = [p for p, _ in prompt_set()]
 META = [m for _, m in prompt_set()]
@@ -29,20 +30,6 @@ def make(reward="toy_mode", **cfg):
     model = models.get("toy2d")(**SMALL)
     reward = rewards.build(reward) if isinstance(reward, str) else reward
     return algorithms.get("op_grpo")(model, reward, {**BASE, **cfg}, seed=0)
-
-
-class Keep:
-    """Keeps every trajectory batch an algorithm's ``collect`` produced."""
-
-    def __init__(self, alg):
-        self.batches = []
-        inner = alg.collect
-
-        def collect(prompts, metadata):
-            self.batches.append(inner(prompts, metadata))
-            return self.batches[-1]
-
-        alg.collect = collect
 
 
 # ---- batch composition ----------------------------------------------------------------------------------------

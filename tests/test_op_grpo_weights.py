@@ -18,25 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.value_helpers import META, PROMPTS, build, grads, transition_log_prob
+from tests.value_helpers import META, PROMPTS, Keep, build, grads, transition_log_prob
 
 T, T_OFF = 10, 5  # toy2d's default sampling steps; the reused prefix
 #: every group whose prompt is stored gets one buffer sample (G - 1 fresh)
 REPLAY = {"replay_prompts": "batch", "off_policy_groups": 1.0, "replay_k": 1}
-
-
-class Keep:
-    """Keeps every batch ``collect`` returns."""
-
-    def __init__(self, alg):
-        self.batches = []
-        inner = alg.collect
-
-        def collect(prompts, metadata):
-            self.batches.append(inner(prompts, metadata))
-            return self.batches[-1]
-
-        alg.collect = collect
 
 
 def test_weight_scales_loss_and_gradient_exactly():

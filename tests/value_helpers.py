@@ -69,3 +69,17 @@ def transition_log_prob(model, traj, rows: Sequence[int] | torch.Tensor, t: int,
         with model.reference():
             return log_prob()
     return log_prob()
+
+
+class Keep:
+    """Keeps every trajectory batch an algorithm's ``collect`` produced."""
+
+    def __init__(self, alg):
+        self.batches = []
+        inner = alg.collect
+
+        def collect(prompts, metadata):
+            self.batches.append(inner(prompts, metadata))
+            return self.batches[-1]
+
+        alg.collect = collect
