@@ -242,7 +242,7 @@ def _effect_rows(effects: pd.DataFrame) -> list[str]:
     lines = ["| algorithm | metric | n | reference | algorithm | diff | 95% CI | sd of diff | MDE (80%) | t-test p "
              "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, e in effects.iterrows():
-        censor = (f" ({e['censored_alg']}/{e['censored_base']} censored)"
+        censor = (f" ({int(e['censored_alg'])}/{int(e['censored_base'])} censored)"
                   if is_cost(e["metric"]) and (e["censored_alg"] or e["censored_base"]) else "")
         ratio = (f"; ratio {e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]"
                  if is_cost(e["metric"]) else "")
