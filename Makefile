@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench bench-full report clean
+.PHONY: setup test bench bench-full report clean perf
 
 setup: $(STAMP)
 
@@ -22,6 +22,11 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/flowzoo bench quick --runs runs --report reports/quick
+
+# one Flow-GRPO iteration of ours against the released-style loop (ratio, phase split, gradient check); PERF_ARGS
+# e.g. "--device cuda --model-path DIR reuse_rollout_graph=true"
+perf: setup
+	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
 
 report: setup
 	$(VENV)/bin/flowzoo report runs/quick --out reports/quick

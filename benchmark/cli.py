@@ -138,6 +138,26 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_perf(args) -> int:
+    import yaml
+
+    from benchmark import perf
+
+    overrides = {}
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        overrides[key.removeprefix("algorithm.")] = yaml.safe_load(value)
+    if args.repeats < 1:
+        raise FlowZooError(f"--repeats {args.repeats} must be >= 1")
+    model = perf.load_model(args.model_path, args.device, args.lora_rank)
+    result = perf.run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
+    print(perf.format_result(result, args.device))
+    if not result["grad_rel_diff"] < 1e-5:
+        print(f"flowzoo: error: gradients differ by {result['grad_rel_diff']:.2e} (> 1e-5)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowzoo", description="FlowZoo: RL post-training benchmarks for flow models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -193,6 +213,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=_cmd_grad_snr)
+
+    pf = sub.add_parser("perf", help="time one Flow-GRPO iteration of ours against the released-style loop")
+    pf.add_argument("overrides", nargs="*", help="algorithm key=value overrides, e.g. reuse_rollout_graph=true")
+    pf.add_argument("--model-path", default=None, help="SD3 diffusers directory (default: a tiny random pipeline)")
+    pf.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default: 32, the released recipe)")
+    pf.add_argument("--repeats", type=int, default=5, help="interleaved repetitions per variant (default: 5)")
+    pf.add_argument("--prompts", type=int, default=1, help="prompts per iteration, group_size samples each")
+    pf.set_defaults(func=_cmd_perf)
 
     rc = sub.add_parser("recipes", help="the table of every algorithm's recipe values with their sources")
     rc.add_argument("--out", default=None, help="write the markdown here (e.g. docs/recipes.md) instead of printing it")
