@@ -22,9 +22,13 @@ from flowzoo.secrets import without_secrets
 
 
 def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
-    """What makes two runs the same run: the resolved config without its directory and its secrets."""
+    """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
+    count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
+    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
+    if isinstance(resolved.get("train"), dict):
+        resolved["train"] = {k: v for k, v in resolved["train"].items() if k != "threads"}
     return without_secrets(resolved, declared_secrets)
 
 

@@ -188,3 +188,16 @@ def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkey
     assert main(["train", str(CONFIG), "train.trackers=[tensorbored]", f"run_dir={tmp_path / 'y'}"]) == 2
     assert "unknown tracker 'tensorbored'; known: " in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_thread_count_is_no_part_of_a_runs_identity(tmp_path):
+    """A grid run with several workers runs each config at threads 1; a rerun with another worker count (threads
+    unset) must find it finished, not refuse it as a run of another config."""
+    from benchmark.runner import holds_other_config, is_finished
+
+    run_dir = _train(tmp_path, "a", "train.threads=1")
+    again = load_config(CONFIG, [*FAST, f"run_dir={run_dir}"])
+    assert again.train.threads is None
+    assert is_finished(run_dir, again) and not holds_other_config(run_dir, again)
+    other = load_config(CONFIG, [*FAST, f"run_dir={run_dir}", "seed=1"])
+    assert holds_other_config(run_dir, other)
