@@ -4,6 +4,7 @@
     flowzoo bench SUITE [--runs DIR] [--workers N] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
+    flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
     flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
@@ -122,6 +123,14 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from benchmark.export import export
+
+    out = export(Path(args.run_dir), Path(args.out))
+    print(f"LoRA written to {out}")
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     import algorithms
     import models
@@ -226,6 +235,11 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("recipes", help="the table of every algorithm's recipe values with their sources")
     rc.add_argument("--out", default=None, help="write the markdown here (e.g. docs/recipes.md) instead of printing it")
     rc.set_defaults(func=_cmd_recipes)
+
+    ex = sub.add_parser("export", help="write a run's trained LoRA in diffusers' format (load_lora_weights)")
+    ex.add_argument("run_dir", help="run directory of an sd3, wan or tiny run (its config.yaml and checkpoint.pt)")
+    ex.add_argument("--out", required=True, help="directory for pytorch_lora_weights.safetensors and README.md")
+    ex.set_defaults(func=_cmd_export)
 
     ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
     ls.set_defaults(func=_cmd_list)

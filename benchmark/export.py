@@ -1,0 +1,103 @@
+"""``flowzoo export RUN_DIR --out DIR``: a run's trained LoRA in the format diffusers loads.
+
+The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last ``checkpoint.pt`` is loaded into it,
+and peft's ``get_peft_model_state_dict`` with the pipeline class's own ``save_lora_weights`` write
+``DIR/pytorch_lora_weights.safetensors`` (keys ``transformer.<module>.lora_A.weight``/``lora_B.weight``, the
+adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
+``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs) gives the
+trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
+has the SD3 layout and loads with ``transformer.load_lora_adapter(DIR, prefix="transformer")``. ``DIR/README.md``
+is a model card: the run's config and its final metrics. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from flowzoo.errors import RunError
+from flowzoo.io import atomic_write_text
+
+#: model name -> the diffusers pipeline class whose LoRA format (and ``save_lora_weights``) its transformer uses
+LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline"}
+WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+
+
+def _load_run(run_dir: Path):
+    """The run's config and its last checkpoint's state, or a one-line RunError naming what is missing."""
+    from benchmark.config import load_config
+    from benchmark.runner import Runner
+
+    if not run_dir.is_dir():
+        raise RunError(f"run directory {str(run_dir)!r} does not exist")
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise RunError(f"{str(run_dir)!r} is not a run directory: it has no config.yaml")
+    config = load_config(config_path)
+    name = config.model.name
+    if name not in LORA_FORMATS:
+        raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers format; "
+                       f"export takes runs of {', '.join(LORA_FORMATS)}")
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.is_file():
+        raise RunError(f"run {str(run_dir)!r} has no checkpoint.pt yet (it is written every train.checkpoint_every "
+                       f"steps and at the end); nothing to export")
+    runner = Runner(config, progress=False)
+    runner.run_dir = run_dir  # the run as found here, even if it was moved since it was trained
+    return config, runner._load_checkpoint(checkpoint)  # refuses a corrupt one or one of another config
+
+
+def _model_card(run_dir: Path, config, state: dict) -> str:
+    from benchmark.config import resolved_dict
+
+    done = run_dir / "done.json"
+    status = "finished" if done.is_file() else f"checkpoint of an unfinished run (step {state['step']})"
+    if done.is_file():
+        metrics = json.loads(done.read_text())
+    else:
+        row = state["rows"][-1] if state["rows"] else {}
+        metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
+    pipeline = LORA_FORMATS[config.model.name]
+    load = (f'transformer.load_lora_adapter("DIR", prefix="transformer")' if config.model.name == "tiny"
+            else f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")')
+    return (
+        f"# FlowZoo LoRA: {config.algorithm_name} on {config.model.name}\n\n"
+        f"Exported by `flowzoo export` from `{run_dir}` ({status}, step {state['step']}).\n\n"
+        f"Load: `{load}`\n\n"
+        f"## Final metrics\n\n```json\n{json.dumps(metrics, indent=2, default=str)}\n```\n\n"
+        f"## Config\n\n```yaml\n{yaml.safe_dump(resolved_dict(config), sort_keys=False)}```\n"
+    )
+
+
+def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write ``out/pytorch_lora_weights.safetensors`` and ``out/README.md`` for the run in ``run_dir``."""
+    import diffusers
+    import models
+    from peft.utils import get_peft_model_state_dict
+
+    run_dir, out = Path(run_dir), Path(out)
+    config, state = _load_run(run_dir)
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {str(out)!r} is a file, not a directory")
+    model_cls = models.get(config.model.name)
+    model = model_cls(**{**config.model.args, "device": "cpu"})  # export needs no accelerator
+    model.load_trainable_state_dict(state["algorithm"]["model"])
+    transformer = model.transformer
+    lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+    metadata = transformer.peft_config["default"].to_dict()
+    pipeline = getattr(diffusers, LORA_FORMATS[config.model.name])
+
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        pipeline.save_lora_weights(staging, transformer_lora_layers=lora, transformer_lora_adapter_metadata=metadata)
+        os.replace(staging / WEIGHTS_NAME, out / WEIGHTS_NAME)  # the same file system: an atomic rename
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    atomic_write_text(out / "README.md", _model_card(run_dir, config, state))
+    return out

@@ -1,0 +1,110 @@
+"""``flowzoo export``: a run's trained LoRA loads into a fresh diffusers pipeline with ``load_lora_weights`` and
+gives the transformer the run's trained outputs; bad input is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+diffusers = pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from benchmark.cli import main  # noqa: E402
+from benchmark.export import WEIGHTS_NAME  # noqa: E402
+from models.base import Condition  # noqa: E402
+from models.sd3 import SD3Model  # noqa: E402
+from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["a photo of a cat", "two red dogs"]
+MODEL_ARGS = {"resolution": RESOLUTION, "max_sequence_length": MAX_SEQ, "lora_rank": 4, "lora_alpha": 8,
+              "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 1-step Flow-GRPO run of the project on a tiny random SD3 pipeline: (pipeline dir, run dir)."""
+    tmp = tmp_path_factory.mktemp("export")
+    sd3_dir = build_tiny_sd3(tmp / "sd3", tmp_path_factory.mktemp("tok"))
+    for split in ("train", "test"):
+        (tmp / f"{split}.txt").write_text("\n".join(PROMPTS) + "\n")
+    config = {
+        "task": "tiny_sd3", "seed": 0,
+        "algorithm": {"name": "flow_grpo", "group_size": 2, "num_steps": 2, "lr": 0.05, "kl_beta": 0.0},
+        "model": {"name": "sd3", "args": {"path": str(sd3_dir), **MODEL_ARGS}},
+        "reward": "jpeg_compressibility",
+        "prompts": {"source": "files", "train": str(tmp / "train.txt"), "test": str(tmp / "test.txt")},
+        "train": {"steps": 1, "prompts_per_step": 2, "eval_every": 1, "eval_samples_per_prompt": 1,
+                  "save_samples": False},
+        "run_dir": str(tmp / "run"),
+    }
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", str(tmp / "config.yaml"), "--quiet"]) == 0
+    return sd3_dir, tmp / "run"
+
+
+def test_exported_lora_loads_into_diffusers_with_the_trained_outputs(trained, tmp_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    sd3_dir, run_dir = trained
+    out = tmp_path / "lora"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert (out / WEIGHTS_NAME).is_file() and "flow_grpo" in (out / "README.md").read_text()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+    ours = SD3Model(path=sd3_dir, **MODEL_ARGS)  # the project's model with the run's trained LoRA
+    trained_lora = torch.load(run_dir / "checkpoint.pt", weights_only=False)["algorithm"]["model"]
+    ours.load_trainable_state_dict(trained_lora)
+    assert any((v - ours.trainable_state_dict()[k]).abs().max() > 0 for k, v in
+               SD3Model(path=sd3_dir, **MODEL_ARGS).trainable_state_dict().items())  # training changed the LoRA
+
+    torch.manual_seed(1)
+    x = torch.randn(2, *ours.latent_shape)
+    sigma = torch.tensor([0.9, 0.4])
+    cond = ours.encode(PROMPTS)
+    with torch.no_grad():
+        expected = ours.predict(x, sigma, cond)
+        with ours.reference():
+            base = ours.predict(x, sigma, cond)
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(sd3_dir)
+    pipe.load_lora_weights(out)
+    with torch.no_grad():
+        got = pipe.transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond.tensors[
+            "prompt_embeds"], pooled_projections=cond.tensors["pooled_prompt_embeds"], return_dict=False)[0]
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - base).abs().max() > 1e-3  # the LoRA is applied (and its scale alpha/r = 2 with it)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp, run: tmp / "nowhere", "does not exist"),
+    (lambda tmp, run: tmp, "has no config.yaml"),
+])
+def test_bad_run_dir_is_one_line(make, message, trained, tmp_path, capsys):
+    assert main(["export", str(make(tmp_path, trained[1])), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_without_checkpoint_is_one_line(trained, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((trained[1] / "config.yaml").read_text())
+    assert main(["export", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no checkpoint.pt" in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_toy_run_is_one_line(tmp_path, capsys):
+    run = tmp_path / "toy"
+    config = yaml.safe_load((ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml").read_text())
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["export", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'toy2d' run" in err and "trains no LoRA" in err and len(err.splitlines()) == 1
