@@ -6,8 +6,9 @@ and peft's ``get_peft_model_state_dict`` with the pipeline class's own ``save_lo
 adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
 ``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs) gives the
 trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
-has the SD3 layout and loads with ``transformer.load_lora_adapter(DIR, prefix="transformer")``. ``DIR/README.md``
-is a model card: the run's config and its final metrics. Every file is written atomically.
+has the SD3 layout and loads with
+``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")``.
+``DIR/README.md`` is a model card: the run's config and its final metrics. Every file is written atomically.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from flowzoo.errors import RunError
-from flowzoo.io import atomic_write_text
+from flowzoo.io import _UMASK, atomic_write_text
 
 #: model name -> the diffusers pipeline class whose LoRA format (and ``save_lora_weights``) its transformer uses
 LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline"}
@@ -63,7 +64,7 @@ def _model_card(run_dir: Path, config, state: dict) -> str:
         row = state["rows"][-1] if state["rows"] else {}
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
     pipeline = LORA_FORMATS[config.model.name]
-    load = (f'transformer.load_lora_adapter("DIR", prefix="transformer")' if config.model.name == "tiny"
+    load = (f'transformer.load_lora_adapter("DIR", weight_name="{WEIGHTS_NAME}", prefix="transformer")' if config.model.name == "tiny"
             else f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")')
     return (
         f"# FlowZoo LoRA: {config.algorithm_name} on {config.model.name}\n\n"
@@ -96,6 +97,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         pipeline.save_lora_weights(staging, transformer_lora_layers=lora, transformer_lora_adapter_metadata=metadata)
+        os.chmod(staging / WEIGHTS_NAME, 0o666 & ~_UMASK)  # safetensors writes 0600; give it open()'s mode
         os.replace(staging / WEIGHTS_NAME, out / WEIGHTS_NAME)  # the same file system: an atomic rename
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -108,3 +108,35 @@ def test_toy_run_is_one_line(tmp_path, capsys):
     assert main(["export", str(run), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "'toy2d' run" in err and "trains no LoRA" in err and len(err.splitlines()) == 1
+
+
+def test_tiny_run_exports_in_the_sd3_layout(tmp_path):
+    """A tiny-tier run (no diffusers pipeline): its export loads with ``load_lora_adapter`` into the base
+    transformer and gives the trained velocity."""
+    from models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
+
+    run, out = tmp_path / "run", tmp_path / "lora"
+    config = ROOT / "benchmark" / "configs" / "tiny_flow_grpo.yaml"
+    assert main(["train", str(config), "train.steps=1", "train.prompts_per_step=2", "algorithm.group_size=2",
+                 "algorithm.lr=0.05", "train.eval_prompts=2", "train.eval_every=1", f"run_dir={run}", "--quiet"]) == 0
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert (out / WEIGHTS_NAME).stat().st_mode & 0o044  # readable by others, as open() would write it
+
+    ours = TinyModel(data="shapes")
+    ours.load_trainable_state_dict(torch.load(run / "checkpoint.pt", weights_only=False)["algorithm"]["model"])
+    arch, tensors, _ = read_weights(ours.path)
+    _, text_encoder, transformer = build_networks(arch)
+    load_networks(transformer, text_encoder, tensors)
+    transformer.load_lora_adapter(out, weight_name=WEIGHTS_NAME, prefix="transformer")
+
+    torch.manual_seed(2)
+    x = torch.randn(2, *ours.latent_shape)
+    sigma = torch.tensor([0.8, 0.3])
+    cond = ours.encode(["a red circle", "two blue squares"])
+    with torch.no_grad():
+        expected = ours.predict(x, sigma, cond)
+        with ours.reference():
+            base = ours.predict(x, sigma, cond)
+        got = transformer_velocity(transformer.eval(), x, sigma * 1000, cond.tensors)
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - base).abs().max() > 1e-4
