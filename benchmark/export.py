@@ -57,18 +57,20 @@ def _model_card(run_dir: Path, config, state: dict) -> str:
     from benchmark.config import resolved_dict
 
     done = run_dir / "done.json"
-    status = "finished" if done.is_file() else f"checkpoint of an unfinished run (step {state['step']})"
+    status = "finished run" if done.is_file() else "last checkpoint of an unfinished run"
     if done.is_file():
         metrics = json.loads(done.read_text())
     else:
         row = state["rows"][-1] if state["rows"] else {}
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
     pipeline = LORA_FORMATS[config.model.name]
-    load = (f'transformer.load_lora_adapter("DIR", weight_name="{WEIGHTS_NAME}", prefix="transformer")' if config.model.name == "tiny"
-            else f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")')
+    if config.model.name == "tiny":
+        load = f'transformer.load_lora_adapter("DIR", weight_name="{WEIGHTS_NAME}", prefix="transformer")'
+    else:
+        load = f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")'
     return (
         f"# FlowZoo LoRA: {config.algorithm_name} on {config.model.name}\n\n"
-        f"Exported by `flowzoo export` from `{run_dir}` ({status}, step {state['step']}).\n\n"
+        f"Exported by `flowzoo export` from `{run_dir}` ({status}, step {state['step']} of {config.train.steps}).\n\n"
         f"Load: `{load}`\n\n"
         f"## Final metrics\n\n```json\n{json.dumps(metrics, indent=2, default=str)}\n```\n\n"
         f"## Config\n\n```yaml\n{yaml.safe_dump(resolved_dict(config), sort_keys=False)}```\n"

@@ -15,7 +15,6 @@ pytest.importorskip("peft")
 
 from benchmark.cli import main  # noqa: E402
 from benchmark.export import WEIGHTS_NAME  # noqa: E402
-from models.base import Condition  # noqa: E402
 from models.sd3 import SD3Model  # noqa: E402
 from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402
 
@@ -138,5 +137,50 @@ def test_tiny_run_exports_in_the_sd3_layout(tmp_path):
         with ours.reference():
             base = ours.predict(x, sigma, cond)
         got = transformer_velocity(transformer.eval(), x, sigma * 1000, cond.tensors)
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - base).abs().max() > 1e-4
+
+
+def test_wan_checkpoint_exports_for_wan_pipeline(tmp_path):
+    """A (hand-made, sealed) checkpoint of a wan run: WanPipeline.load_lora_weights gives its LoRA's velocity."""
+    from diffusers import WanPipeline
+
+    from benchmark.checkpoints import seal
+    from benchmark.config import load_config
+    from flowzoo.io import atomic_torch_save
+    from models.wan import WanModel
+    from tests.test_models_wan import FRAMES, HEIGHT, WIDTH, build_tiny_wan
+
+    wan_dir = build_tiny_wan(tmp_path / "wan")
+    args = {"path": str(wan_dir), "frames": FRAMES, "height": HEIGHT, "width": WIDTH, "max_sequence_length": 8,
+            "lora_rank": 4, "lora_alpha": 8, "device": "cpu"}
+    (tmp_path / "p.txt").write_text("a cat walks\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"task": "tiny_wan", "algorithm": {"name": "flow_grpo"}, "model": {"name": "wan", "args": args},
+              "reward": "video_ocr", "train": {"steps": 2},
+              "prompts": {"source": "files", "train": str(tmp_path / "p.txt"), "test": str(tmp_path / "p.txt")}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    ours = WanModel(**args)
+    torch.manual_seed(3)
+    lora = {k: v + 0.05 * torch.randn_like(v) for k, v in ours.trainable_state_dict().items()}  # "trained"
+    ours.load_trainable_state_dict(lora)
+    state = {"step": 1, "algorithm": {"model": lora}, "rows": [{"step": 0}, {"step": 1}], "wall_s": 0.0, "nfe": 0}
+    atomic_torch_save(seal(state, load_config(run / "config.yaml")), run / "checkpoint.pt")
+
+    out = tmp_path / "lora"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert "unfinished run, step 1 of 2" in (out / "README.md").read_text()
+    x = torch.randn(1, *ours.latent_shape)
+    sigma = torch.tensor([0.7])
+    cond = ours.encode(["a cat walks"])
+    pipe = WanPipeline.from_pretrained(wan_dir)
+    pipe.load_lora_weights(out)
+    with torch.no_grad():
+        expected = ours.predict(x, sigma, cond)
+        with ours.reference():
+            base = ours.predict(x, sigma, cond)
+        got = pipe.transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond.tensors[
+            "prompt_embeds"], return_dict=False)[0]
     assert (got - expected).abs().max() < 1e-5
     assert (got - base).abs().max() > 1e-4
