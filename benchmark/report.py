@@ -8,7 +8,7 @@ plots them.
 
 Layout of ``out_dir``::
 
-    index.md, index.html          the report (the HTML is the markdown converted here: no network, no JS)
+    index.md, index.html          the report (the HTML is the markdown rendered by markdown-it-py: no network, no JS)
     tables/<task>_final.tex       booktabs final-reward table per task
     tables/<task>_ablation.tex    booktabs OP-GRPO ablation table per task (when op_grpo* runs exist)
     figures/performance_profiles.{png,svg}   rliable-style profiles of normalized final reward across tasks
@@ -19,7 +19,6 @@ Layout of ``out_dir``::
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark import figures, stats
+from benchmark.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text
 
 ABLATION_PREFIX = "op_grpo"
@@ -97,90 +97,6 @@ def latex_table(headers: list[str], rows: list[list[str]], caption: str) -> str:
 def _plain(cell: str) -> str:
     """Markdown cell text without code/bold markers, for LaTeX."""
     return str(cell).replace("`", "").replace("**", "")
-
-
-# ------------------------------------------------------------------------------------------------- markdown -> html
-
-
-_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
-_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
-_BOLD = re.compile(r"\*\*(.+?)\*\*")
-_EMPH = re.compile(r"(?<![\w*])\*([^*]+)\*(?![\w*])")
-
-
-def inline_html(text: str) -> str:
-    """Inline markdown (code spans, images, links, bold, emphasis) to escaped HTML."""
-    parts = re.split(r"(`[^`]+`)", text)
-    out = []
-    for part in parts:
-        if part.startswith("`") and part.endswith("`") and len(part) > 1:
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-            continue
-        part = html.escape(part, quote=False)
-        part = _IMAGE.sub(lambda m: f'<img src="{html.escape(m[2])}" alt="{html.escape(m[1])}">', part)
-        part = _LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', part)
-        part = _BOLD.sub(r"<strong>\1</strong>", part)
-        part = _EMPH.sub(r"<em>\1</em>", part)
-        out.append(part)
-    return "".join(out)
-
-
-def _table_cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
-
-
-def _html_table(lines: list[str]) -> list[str]:
-    header, body = _table_cells(lines[0]), [_table_cells(line) for line in lines[2:]]
-    head = "".join(f"<th>{inline_html(c)}</th>" for c in header)
-    out = ["<table>", f"<thead><tr>{head}</tr></thead>", "<tbody>"]
-    out += ["<tr>" + "".join(f"<td>{inline_html(c)}</td>" for c in row) + "</tr>" for row in body]
-    return out + ["</tbody>", "</table>"]
-
-
-def markdown_to_html(markdown: str, title: str = "FlowZoo report") -> str:
-    """Convert the subset of markdown the report uses (headings, paragraphs, lists, tables, images, links)."""
-    lines, out, i = markdown.splitlines(), [], 0
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-        elif heading := re.match(r"^(#{1,6})\s+(.*)$", line):
-            level = len(heading[1])
-            out.append(f"<h{level}>{inline_html(heading[2])}</h{level}>")
-            i += 1
-        elif line.startswith("|"):
-            block = []
-            while i < len(lines) and lines[i].startswith("|"):
-                block.append(lines[i])
-                i += 1
-            out += _html_table(block)
-        elif line.startswith("- "):
-            out.append("<ul>")
-            while i < len(lines) and lines[i].startswith("- "):
-                out.append(f"<li>{inline_html(lines[i][2:])}</li>")
-                i += 1
-            out.append("</ul>")
-        else:
-            block = []
-            while i < len(lines) and lines[i].strip() and not re.match(r"^(#|\||- )", lines[i]):
-                block.append(lines[i])
-                i += 1
-            out.append(f"<p>{inline_html(' '.join(block))}</p>")
-    style = (
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #bbb;padding:3px 8px;text-align:left}"
-        "img{max-width:100%}td img{max-width:256px}code{background:#f3f3f3}"
-    )
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        f'<head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{style}</style></head>',
-        "<body>",
-        *out,
-        "</body>",
-        "</html>",
-        "",
-    ])
 
 
 def _hue_order(algorithms, baseline: str) -> list[str]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from filelock import FileLock, Timeout
 
 from flowzoo.errors import RunError
 
@@ -43,30 +44,29 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 class exclusive_lock:
-    """An advisory lock file held for the life of a ``with`` block; a second holder fails at once.
+    """A lock file held for the life of a ``with`` block; a second holder fails at once.
 
     Two processes that would write the same run directory (two suites pointed at one results directory, a run
-    started twice) cannot interleave their writes: the second gets a clear error instead.
+    started twice) cannot interleave their writes: the second gets a clear error instead. ``filelock`` picks the
+    platform's lock (``flock`` on POSIX, ``msvcrt`` on Windows); the lock goes with the process if it is killed.
     """
 
     def __init__(self, path: str | os.PathLike, what: str = "this directory"):
         self.path = Path(path)
         self.what = what
-        self._fd: int | None = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> "exclusive_lock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = FileLock(self.path, timeout=0)  # timeout 0: try once, never wait
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
+            lock.acquire()
+        except Timeout:
             raise RunError(f"{self.what} is being written by another process (lock {self.path})") from None
+        self._lock = lock
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
