@@ -160,28 +160,39 @@ def test_a_task_can_run_a_subset_of_algorithms_and_its_own_seeds(tmp_path):
 def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkeypatch, capsys):
     from accelerate import tracking
 
+    import benchmark.tracking
+
     received = []
 
-    class FakeTracker:
+    class FakeTracker(tracking.GeneralTracker):  # a custom tracker as accelerate's register_tracker_class takes it
+        name, requires_logging_directory, main_process_only = "fake", True, False
+
         def __init__(self, run_name, logging_dir):
-            self.logging_dir = logging_dir
+            super().__init__()
+            self.run_name, self.logging_dir = run_name, logging_dir
+
+        @property
+        def tracker(self):
+            return self
 
         def store_init_configuration(self, values):
-            received.append(("config", values["algorithm"]["name"]))
+            received.append(("config", values["algorithm"]["name"], self.run_name, self.logging_dir))
 
-        def log(self, values, step):
+        def log(self, values, step, **kwargs):
             received.append((step, values.get("eval_reward")))
 
         def finish(self):
             received.append(("finish", None))
 
-    monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "fake", FakeTracker)
-    monkeypatch.setattr(tracking, "get_available_trackers", lambda: ["fake"])
-    _train(tmp_path, "tracked", "train.trackers=[fake]")
-    assert received[0] == ("config", "flow_grpo") and received[-1] == ("finish", None)
+    monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "fake", FakeTracker)  # what register_tracker_class does
+    monkeypatch.setattr(benchmark.tracking, "check_trackers", lambda names: None)  # "fake" is no LoggerType
+    run_dir = _train(tmp_path, "tracked", "train.trackers=[fake]")
+    assert received[0][:2] == ("config", "flow_grpo") and received[-1] == ("finish", None)
+    assert received[0][2].endswith("/flow_grpo/s0") and Path(received[0][3]) == run_dir / "trackers"
     assert [r[0] for r in received[1:-1]] == [0, 1, 2, 3, 4]
     assert received[1][1] is not None and received[2][1] is None  # evaluation rows carry eval_reward
 
+    monkeypatch.undo()
     capsys.readouterr()
     assert main(["train", str(CONFIG), "train.trackers=[tensorboard]", f"run_dir={tmp_path / 'x'}"]) == 2
     assert "tracker 'tensorboard' is not installed" in capsys.readouterr().err
