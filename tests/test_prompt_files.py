@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flowzoo.errors import ConfigError
-from benchmark.prompt_files import load_prompt_dataset, read_prompts, resolve_prompt_file
+from benchmark.prompt_files import read_prompts, resolve_prompt_file
 
 GENEVAL = [
     {"tag": "counting", "include": [{"class": "wine glass", "count": 2}],
@@ -48,14 +48,6 @@ def test_geneval_metadata_is_kept_exactly(geneval):
     assert [p for p, _ in rows] == [r["prompt"] for r in GENEVAL]
     assert [m for _, m in rows] == GENEVAL
     assert "exclude" not in rows[1][1] and "color" not in rows[2][1]["include"][0]
-
-
-def test_dataset_columns(geneval, folder):
-    ds = load_prompt_dataset(geneval, "test")
-    assert ds.column_names == ["prompt", "metadata"] and len(ds) == 3
-    assert [json.loads(m) for m in ds["metadata"]] == GENEVAL
-    ds = load_prompt_dataset(folder, "train")
-    assert ds[1] == {"prompt": "a blue sphere", "metadata": "{}"}
 
 
 def test_jsonl_wins_over_txt(geneval):
