@@ -5,8 +5,13 @@ returning a :class:`StepStats`. Subclasses override only what differs:
 
 * ``step_plan(batch)``: which steps are SDE / trained, the kernel and sigmas (MixGRPO's window, ...);
 * ``collect(...)``: how the batch of trajectories is produced (OP-GRPO mixes in replayed trajectories);
-* ``after_update(traj, stats)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
+* ``after_update(traj, batch)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
 * ``extra_state()`` / ``load_extra_state()``: whatever else a bit-identical resume needs.
+
+Hooks report per-iteration diagnostics with ``self.log(key, value)`` (Stable-Baselines3's ``logger.record``): the
+values land in ``StepStats.extra`` and the runner writes them as metrics.csv columns. A class declares what the report
+needs to know about it: ``family`` (colours and panels), ``ablation_of`` (the ablation table) and ``diagnostics``
+(the logged columns the report shows, each with a one-line description).
 
 Under several processes (``dist``, set by the runner; see ``algorithms/distributed.py``) each rank rolls out its slice
 of the global batch, rewards are gathered before the advantages, and gradients and statistics are summed over ranks,
@@ -24,7 +29,7 @@ from typing import Any, ClassVar, Literal, Sequence
 import torch
 
 from algorithms.advantages import combined_advantages, zero_std_fraction
-from algorithms.distributed import SINGLE_PROCESS, SingleProcess
+from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
@@ -123,9 +128,14 @@ class AlgorithmConfig:
         ``benchmark.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
 
 
+#: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
+CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
+
+
 @dataclass
 class StepStats:
-    """What one training iteration reports; ``row()`` flattens it into a metrics.csv row."""
+    """What one training iteration reports; ``row()`` flattens it into a metrics.csv row. ``extra`` holds the
+    iteration's values recorded with :meth:`Algorithm.log`."""
 
     reward_mean: float
     reward_std: float
@@ -154,17 +164,34 @@ class StepStats:
         return values
 
 
+#: metrics.csv columns the template writes; ``Algorithm.log`` refuses them (the contract's columns and StepStats')
+RESERVED_COLUMNS = frozenset(f.name for f in dataclasses.fields(StepStats) if f.name != "extra") | {
+    "nfe_step", "step", "nfe", "wall_s", "eval_reward", "t_eval"}
+
+
 class Algorithm:
     """A GRPO-style algorithm; see the module docstring for the template and the hooks."""
 
-    name: ClassVar[str] = "base"
+    name: ClassVar[str | None] = None  # set by @register (algorithms/__init__.py): the name is stated once
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    #: the method family it belongs to (its colour map and panel in the report); @register defaults it to the nearest
+    #: registered base class's family, or the algorithm's own name (a family's own method)
+    family: ClassVar[str | None] = None
+    #: the algorithm this one ablates (its row goes to that method's ablation table); register_preset sets the base's
+    #: name unless told otherwise; None for methods and variants
+    ablation_of: ClassVar[str | None] = None
+    #: {metrics.csv column: one-line description} of what the report shows for this algorithm, logged with
+    #: :meth:`log`; ``{k}`` in a column stands for a denoising-step index (``abs_log_ratio_t{k}``)
+    diagnostics: ClassVar[dict[str, str]] = {}
     #: config overrides that define a named preset of a class (e.g. an ablation), applied under the user's config
     preset: ClassVar[dict[str, Any]] = {}
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
 
-    def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0):
+    def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0,
+                 dist: SingleProcess | None = None):
+        if dist is not None:  # the runner's data-parallel context: known here, so __init__ may depend on it
+            self.dist = dist
         if isinstance(config, AlgorithmConfig):
             self.config = config
         else:
@@ -198,8 +225,9 @@ class Algorithm:
         """Roll out G fresh samples for each prompt."""
         return self.fresh_rollout(prompts, metadata)
 
-    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
-        """Called after the optimizer step of each iteration."""
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
+        """Called after the optimizer step of each iteration; ``batch``: the rewards, groups and off-policy flags of
+        the global batch (``traj`` itself in one process)."""
 
     def extra_state(self) -> dict[str, Any]:
         return {}
@@ -207,10 +235,26 @@ class Algorithm:
     def load_extra_state(self, state: dict[str, Any]) -> None:
         pass
 
+    # ---- diagnostics ----------------------------------------------------------------------------------------
+    def log(self, key: str, value: float) -> None:
+        """Record a scalar of the current iteration (Stable-Baselines3's ``logger.record``): ``step`` returns it in
+        ``StepStats.extra`` and the runner writes it as column ``key`` of metrics.csv. Logging a key again in the
+        same iteration keeps the last value. Declare the columns the report should show in ``diagnostics``."""
+        if not isinstance(key, str) or not key or key in RESERVED_COLUMNS:
+            raise ValueError(f"Algorithm.log: key {key!r} must be a non-empty string other than the columns the "
+                             f"template writes ({', '.join(sorted(RESERVED_COLUMNS))})")
+        self.logged[key] = float(value)
+
+    @property
+    def logged(self) -> dict[str, float]:
+        """The values recorded with :meth:`log` since the current iteration began."""
+        return self.__dict__.setdefault("_logged", {})
+
     # ---- the template ---------------------------------------------------------------------------------------
     def step(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> StepStats:
         """One training iteration on ``prompts`` (one group of G samples per prompt)."""
         metadata = list(metadata) if metadata is not None else [{} for _ in prompts]
+        self._logged: dict[str, float] = {}
         self.model.nfe = 0
         t0 = time.perf_counter()
         traj = self.collect(list(prompts), metadata)
@@ -234,12 +278,11 @@ class Algorithm:
             t_training=t3 - t2,
             **update,
         )
-        stats.extra["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.group)
+        self.log("zero_std_frac", zero_std_fraction(batch.rewards, batch.group))
         for name, values in batch.reward_components.items():
-            stats.extra[f"reward/{name}"] = float(values.mean())
-        if batch.off_policy.any():
-            stats.extra["off_policy_frac"] = float(batch.off_policy.float().mean())
-        self.after_update(traj, stats)
+            self.log(f"reward/{name}", float(values.mean()))
+        self.after_update(traj, batch)
+        stats.extra = self.logged
         self.iteration += 1
         return stats
 
@@ -393,14 +436,13 @@ class Algorithm:
             "ratio_mean": sums["ratio"] / n,
             "loss": sums["loss"] / n,
             "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "extra": {},
         }
         if kept is not None:
-            result["extra"]["zero_adv_dropped_frac"] = 1.0 - len(kept) / max(batch, 1)
+            self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(batch, 1))
         if off_pairs[1] > 0:
             on_total = sums["pairs"] - float(off_pairs[1])
-            result["extra"]["clip_frac_off"] = float(off_pairs[0] / off_pairs[1])
-            result["extra"]["clip_frac_on"] = (sums["clipped"] - float(off_pairs[0])) / max(on_total, 1.0)
+            self.log(CLIP_FRAC_OFF, float(off_pairs[0] / off_pairs[1]))
+            self.log(CLIP_FRAC_ON, (sums["clipped"] - float(off_pairs[0])) / max(on_total, 1.0))
         return result
 
     # ---- state ----------------------------------------------------------------------------------------------

@@ -52,7 +52,6 @@ class DanceGRPOConfig(AlgorithmConfig):
 
 @register("dance_grpo")
 class DanceGRPO(Algorithm):
-    name = "dance_grpo"
     Config = DanceGRPOConfig
 
     def __init__(self, *args: Any, **kwargs: Any):

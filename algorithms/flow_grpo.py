@@ -13,4 +13,4 @@ from algorithms.base import Algorithm
 
 @register("flow_grpo")
 class FlowGRPO(Algorithm):
-    name = "flow_grpo"
+    """The base template, registered as ``flow_grpo`` (see the module docstring)."""

@@ -41,7 +41,8 @@ from typing import Sequence
 import torch
 
 from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig, StepStats
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.distributed import GatheredBatch
 from algorithms.plans import PURPOSE_WINDOW, iteration_generator, window_plan
 from algorithms.rollout import branched_rollout, initial_noise, sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
@@ -80,8 +81,8 @@ class FlowGRPOFastConfig(AlgorithmConfig):
 
 @register("flow_grpo_fast")
 class FlowGRPOFast(Algorithm):
-    name = "flow_grpo_fast"
     Config = FlowGRPOFastConfig
+    family = "flow_grpo"
 
     @property
     def window_range(self) -> int:
@@ -129,5 +130,5 @@ class FlowGRPOFast(Algorithm):
             self.config.guidance, live=live,
         )
 
-    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
-        stats.extra["window_start"] = float(self.window_start())
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
+        self.log("window_start", self.window_start())

@@ -57,7 +57,8 @@ from typing import Any, Literal
 import torch
 
 from algorithms import register, register_preset
-from algorithms.base import Algorithm, AlgorithmConfig, StepStats
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.distributed import GatheredBatch
 from algorithms.plans import (
     PURPOSE_WINDOW, algorithm_sigmas, compressed_tail_sigmas, iteration_generator, window_plan,
 )
@@ -89,7 +90,6 @@ class MixGRPOConfig(AlgorithmConfig):
 
 @register("mix_grpo")
 class MixGRPO(Algorithm):
-    name = "mix_grpo"
     Config = MixGRPOConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -146,8 +146,8 @@ class MixGRPO(Algorithm):
         cfg = self.config
         return window_plan(self.sigmas, self.window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level)
 
-    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
-        stats.extra["window_start"] = float(self.window_start())
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
+        self.log("window_start", self.window_start())
 
 
 @dataclass
@@ -165,7 +165,6 @@ class MixGRPOFlashConfig(MixGRPOConfig):
 
 @register("mix_grpo_flash")
 class MixGRPOFlash(MixGRPO):
-    name = "mix_grpo_flash"
     Config = MixGRPOFlashConfig
 
     def step_plan(self, batch: int) -> StepPlan:
@@ -186,4 +185,5 @@ register_preset(
     {"compress_ratio": 0.2, "window_strategy": "fixed", "window_start": 0},
     "MixGRPO-Flash* (arXiv 2507.21802): compress ratio 0.2 and the window frozen at the first steps "
     "(the released Flash* script: dpm_post_compress_ratio 0.2, prog_overlap_step 0).",
+    ablation_of=None,  # a published variant, not an ablation
 )

@@ -20,7 +20,7 @@ On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks
   0 to log w; fresh samples have w = 1.
 * ``after_update`` -- offers each group's best *fresh* trajectory to the buffer (after ageing the stored scores by
   one step) if it passes the admission gate (``buffer_admission``, ``buffer_min_reward``; ``replay.admits``), and
-  logs the diagnostics.
+  logs the batch and buffer diagnostics (``self.log``; ``collect`` logs the importance-weight ones).
 
 Correction modes (``correction``): ``sequence`` (the paper), ``none`` (w = 1: the "no correction" ablation),
 ``naive`` (the per-step ratio pi_theta / pi_off: the stored pi_off log-probs are the PPO "old" log-probs of the
@@ -48,7 +48,8 @@ from typing import Any, Literal, Sequence
 import torch
 
 from algorithms import register, register_preset
-from algorithms.base import Algorithm, AlgorithmConfig, StepStats
+from algorithms.base import CLIP_FRAC_OFF, CLIP_FRAC_ON, Algorithm, AlgorithmConfig
+from algorithms.distributed import GatheredBatch
 from algorithms.losses import sequence_log_weight
 from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from algorithms.rollout import rollout, sample_generators
@@ -113,16 +114,19 @@ class OPGRPOConfig(AlgorithmConfig):
 class OPGRPO(Algorithm):
     """OP-GRPO (see the module docstring)."""
 
-    name = "op_grpo"
     Config = OPGRPOConfig
+    diagnostics = {
+        CLIP_FRAC_ON: "PPO clip fraction of the on-policy (fresh) samples' trained steps",
+        CLIP_FRAC_OFF: "PPO clip fraction of the replayed samples' trained steps (paper: 11.8% corrected, >40% naive)",
+        "abs_log_ratio_t{k}": "mean |log pi_old - log pi_off| of reused step k over the replayed samples",
+    }
 
-    def __init__(self, model, reward, config=None, seed: int = 0):
-        super().__init__(model, reward, config, seed)
+    def __init__(self, model, reward, config=None, seed: int = 0, dist=None):
+        super().__init__(model, reward, config, seed, dist=dist)
         cfg = self.config
         cfg.check_num_steps(self.num_steps)  # T may be the model's default, known only now (config load checks it too)
         self.buffer = ReplayBuffer(cfg.buffer_capacity, cfg.buffer_decay, cfg.buffer_unique)
         self.dropped_total = 0
-        self._info: dict[str, Any] = {}
 
     # ---- helpers --------------------------------------------------------------------------------------------
     @property
@@ -218,9 +222,10 @@ class OPGRPO(Algorithm):
                 old[rows, t] = self.score_transition(traj, rows, t).log_prob
         return old
 
-    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range) -> Trajectory:
+    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
+                  ) -> tuple[Trajectory, tuple[torch.Tensor, torch.Tensor]]:
         """The buffer samples ``rows`` (of all the chosen groups' samples): stored prefix + regenerated tail, pi_old
-        and log w."""
+        and log w; with the per-step sums and counts of |log pi_old - log pi_off| over its finite samples."""
         cfg = self.config
         order = [(i, e) for i, entries in groups.items() for e in entries]
         gens = sample_generators(self.seed, self.iteration, _REGEN_STREAM, count=len(order))[rows.start: rows.stop]
@@ -241,6 +246,7 @@ class OPGRPO(Algorithm):
             off_policy=torch.ones(n, dtype=torch.bool),
         )
         log_w = torch.zeros(n)
+        abs_log_ratio = (torch.zeros(plan.num_steps), torch.zeros(plan.num_steps))
         if cfg.correction == "naive":
             traj.log_probs = torch.where(reused, pi_off, log_probs)
         else:
@@ -253,21 +259,21 @@ class OPGRPO(Algorithm):
                 log_w = sequence_log_weight(old_r, off_r, reused).float().cpu()
             ok = torch.isfinite(old_r - off_r).all(dim=1, keepdim=True) & reused  # diagnostics over finite samples
             # per-step sums and counts; collect() reduces them over processes into the mean |log ratio|
-            self._info["_abs_log_ratio"] = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu(), ok.sum(0).cpu())
+            abs_log_ratio = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu(), ok.sum(0).float().cpu())
         traj.log_weight = log_w
-        return traj
+        return traj, abs_log_ratio
 
-    def _abs_log_ratio_info(self) -> None:
-        """Mean |log pi_old - log pi_off| per reused SDE step over the (global) finite replayed samples."""
+    def _log_abs_log_ratio(self, total: torch.Tensor, count: torch.Tensor) -> None:
+        """Mean |log pi_old - log pi_off| per reused SDE step over the (global) finite replayed samples, from this
+        process's per-step sums and counts."""
         if self.config.correction == "naive":
             return
-        total, count = self._info.pop("_abs_log_ratio", (torch.zeros(self.num_steps), torch.zeros(self.num_steps)))
         total, count = self.dist.sum(total), self.dist.sum(count)
         diff = total / count.clamp(min=1)
         sde = self.step_plan(1).sde
         for t in range(self.t_off):
             if sde[t]:
-                self._info[f"abs_log_ratio_t{t}"] = float(diff[t])
+                self.log(f"abs_log_ratio_t{t}", float(diff[t]))
 
     def _transform_weights(self, log_w: torch.Tensor) -> torch.Tensor:
         """Cap, then (optionally) self-normalise over the replayed samples of the global batch."""
@@ -282,12 +288,21 @@ class OPGRPO(Algorithm):
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def collect(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
-        cfg = self.config
-        g = cfg.group_size
-        self._info = {}
         prompts, metadata, groups = self._choose_groups(list(prompts), list(metadata))
-        if not groups:
-            return self.fresh_rollout(prompts, metadata)
+        dropped = 0
+        if groups:
+            traj, dropped = self._hybrid_batch(prompts, metadata, groups)
+        else:
+            traj = self.fresh_rollout(prompts, metadata)
+        self.log("replay_dropped", dropped)
+        self.dropped_total += dropped
+        return traj
+
+    def _hybrid_batch(self, prompts: list[str], metadata: list[dict], groups: dict[int, list[ReplayEntry]]
+                      ) -> tuple[Trajectory, int]:
+        """This process's slice of the batch with replayed samples in ``groups``, and the number of replayed
+        samples dropped (over all processes) for non-finite weights; logs the importance-weight diagnostics."""
+        g = self.config.group_size
         parts = []
         plain = [i for i in range(len(prompts)) if i not in groups]
         by_count: dict[int, list[int]] = {0: plain} if plain else {}
@@ -304,10 +319,12 @@ class OPGRPO(Algorithm):
                                       group_offset=count * len(prompts), group_size=g - count, rows=span)
             part.group = torch.tensor(idx).repeat_interleave(g - count)[span.start: span.stop]
             parts.append(part)
-        replay = self._replayed(groups, prompts, metadata, spans[-1]) if len(spans[-1]) else None
-        self._abs_log_ratio_info()
+        replay, abs_log_ratio = None, (torch.zeros(self.num_steps), torch.zeros(self.num_steps))
+        if len(spans[-1]):
+            replay, abs_log_ratio = self._replayed(groups, prompts, metadata, spans[-1])
+        self._log_abs_log_ratio(*abs_log_ratio)
         versions = [e.version for entries in groups.values() for e in entries]
-        self._info["versions_age"] = float(self.iteration - sum(versions) / len(versions))
+        self.log("versions_age", self.iteration - sum(versions) / len(versions))
         # drop replayed samples whose weight or reused "old" log-probs are not finite
         if replay is not None:
             finite = torch.isfinite(replay.log_weight) & torch.isfinite(replay.log_probs).all(dim=1).cpu()
@@ -317,47 +334,42 @@ class OPGRPO(Algorithm):
         dropped = self.dist.sum(int((~finite).sum()))
         raw = self.dist.cat(local_raw)
         if len(raw):
-            self._info.update(log_weight_mean=float(raw.mean()), log_weight_std=float(raw.std(unbiased=False)),
-                              log_weight_min=float(raw.min()), log_weight_max=float(raw.max()))
+            stats = {"mean": raw.mean(), "std": raw.std(unbiased=False), "min": raw.min(), "max": raw.max()}
+            for name, value in stats.items():
+                self.log(f"log_weight_{name}", float(value))
             lw = raw.double()  # normalised effective sample size (sum w)^2 / (n sum w^2), in log space
-            self._info["weight_ess"] = float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw))
+            self.log("weight_ess", float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw)))
         if replay is not None and not finite.all():
             replay = replay.select(finite.nonzero().flatten())
-        self._info["replay_dropped"] = float(dropped)
-        self.dropped_total += dropped
         log_w = self._transform_weights(replay.log_weight if replay is not None else torch.zeros(0))
         if replay is not None and (len(replay) or not parts):
             replay.log_weight = log_w
             parts.append(replay)
-        return Trajectory.cat(parts)
+        return Trajectory.cat(parts), dropped
 
-    def after_update(self, traj: Trajectory, stats: StepStats) -> None:
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
         cfg = self.config
         before = dict(self.buffer.counts)
         self.buffer.step()
-        batch = self.dist.gather_batch(traj)
         gated = 0
         for gid, entry in self._best_fresh(traj):
             if admits(entry.reward, batch.rewards[batch.group == gid], cfg.buffer_admission, cfg.buffer_min_reward):
                 self.buffer.offer(entry)
             else:
                 gated += 1
-        extra = stats.extra
-        extra.setdefault("off_policy_frac", 0.0)  # the realised fraction, set by the base step when it is not 0
-        extra["replay_groups"] = float(batch.group[batch.off_policy].unique().numel())
-        extra["buffer_gated"] = float(gated)
+        self.log("off_policy_frac", float(batch.off_policy.float().mean()))  # the realised fraction
+        self.log("replay_groups", batch.group[batch.off_policy].unique().numel())
+        self.log("buffer_gated", gated)
         if batch.off_policy.any():
-            extra["reward_off"] = float(batch.rewards[batch.off_policy].mean())
-            extra["reward_on"] = float(batch.rewards[~batch.off_policy].mean())
-        extra.update({k: v for k, v in self._info.items() if not k.startswith("_")})
-        extra.setdefault("replay_dropped", 0.0)
-        extra["replay_dropped_total"] = float(self.dropped_total)
-        extra["buffer_size"] = float(len(self.buffer))
-        extra["buffer_bytes"] = float(self.buffer.nbytes())
-        extra["buffer_mean_age"] = self.buffer.mean_age()
-        extra["buffer_mean_score"] = self.buffer.mean_score()
+            self.log("reward_off", float(batch.rewards[batch.off_policy].mean()))
+            self.log("reward_on", float(batch.rewards[~batch.off_policy].mean()))
+        self.log("replay_dropped_total", self.dropped_total)
+        self.log("buffer_size", len(self.buffer))
+        self.log("buffer_bytes", self.buffer.nbytes())
+        self.log("buffer_mean_age", self.buffer.mean_age())
+        self.log("buffer_mean_score", self.buffer.mean_score())
         for key in ("inserted", "replaced"):
-            extra[f"buffer_{key}"] = float(self.buffer.counts[key] - before[key])
+            self.log(f"buffer_{key}", self.buffer.counts[key] - before[key])
 
     def _best_fresh(self, traj: Trajectory) -> list[tuple[int, ReplayEntry]]:
         """(group, its highest-reward fresh trajectory) for each group, in group order, over all processes (the first

@@ -211,7 +211,7 @@ def test_drop_zero_advantage_leaves_those_samples_out(toy_model, monkeypatch):
         traj, rows, t, live))
     dropped, stats = _update_gradient(alg, traj, adv)
     assert not bool(zero[torch.cat(scored)].any())
-    assert stats["extra"]["zero_adv_dropped_frac"] == pytest.approx(1 / 3)
+    assert alg.logged["zero_adv_dropped_frac"] == pytest.approx(1 / 3)
     alg.config.drop_zero_advantage = False
     kept, _ = _update_gradient(alg, traj, adv)
     # kl_beta 0: the dropped samples' surrogate has zero gradient, so only the normaliser changes (12 vs 8 samples)
@@ -222,4 +222,4 @@ def test_drop_zero_advantage_with_all_zero_advantages_skips_the_step(toy_model):
     alg = algorithms.get("flow_grpo")(toy_model, ConstantForClassZero(), {**TOY, "drop_zero_advantage": True}, seed=0)
     traj = alg.collect(["class 0"], [{}])
     grad, stats = _update_gradient(alg, traj, torch.zeros(len(traj)))
-    assert grad is None and stats["loss"] == 0.0 and stats["extra"]["zero_adv_dropped_frac"] == 1.0
+    assert grad is None and stats["loss"] == 0.0 and alg.logged["zero_adv_dropped_frac"] == 1.0
