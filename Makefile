@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench bench-full report clean perf
+.PHONY: setup test bench report perf clean help
 
-setup: $(STAMP)
+setup: $(STAMP)  ## create or refresh .venv (CPU torch, the package with its test extra)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,19 +17,22 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-test: setup
+test: setup  ## run the test suite (what .ci/run runs on a clean clone)
 	$(PY) -m pytest
 
-bench: setup
-	$(VENV)/bin/flowzoo bench quick --runs runs --report reports/quick
+bench: setup  ## run the quick CPU suite into runs/quick/ and its report into reports/quick/
+	$(VENV)/bin/flowzoo bench quick --runs runs --out reports/quick
 
 # one Flow-GRPO iteration of ours against the released-style loop (ratio, phase split, gradient check); PERF_ARGS
 # e.g. "--device cuda --model-path DIR reuse_rollout_graph=true"
-perf: setup
+perf: setup  ## time one Flow-GRPO iteration against the released-style loop (PERF_ARGS)
 	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
 
-report: setup
+report: setup  ## rewrite reports/quick/ from runs/quick/
 	$(VENV)/bin/flowzoo report runs/quick --out reports/quick
 
-clean:
+clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache
+
+help:  ## list these targets
+	@sed -n 's/^\([a-z-]*\):.*## \(.*\)/\1\t\2/p' $(firstword $(MAKEFILE_LIST))

@@ -1,7 +1,7 @@
 """The ``flowzoo`` command line (also ``python -m benchmark``).
 
     flowzoo train CONFIG [key=value ...]     one run
-    flowzoo bench SUITE [--runs DIR] [--workers N] [key=value ...]
+    flowzoo bench SUITE [--runs DIR] [--workers N] [--out REPORT_DIR] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
     flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
@@ -72,10 +72,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
-    if args.report:
+    if args.out:
         from benchmark.report import write_report
 
-        out = write_report(Path(args.runs) / suite.name, Path(args.report))
+        out = write_report(Path(args.runs) / suite.name, Path(args.out))
         print(f"report written to {out}")
     return 1 if failures else 0
 
@@ -175,82 +175,135 @@ def _cmd_perf(args) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowzoo", description="FlowZoo: RL post-training benchmarks for flow models")
-    sub = p.add_subparsers(dest="command", required=True)
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions keep their line breaks; an option's help ends with ``(default: X)`` unless the default is None,
+    False or empty (its help then says what happens without it)."""
 
-    t = sub.add_parser("train", help="train one run from a config file")
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _DeprecatedAlias(argparse.Action):
+    """A hidden old spelling of an option: it stores into the new option's ``dest`` and says so on stderr."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **{**kwargs, "help": argparse.SUPPRESS})
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"flowzoo: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _command(sub, name: str, func, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand: ``summary`` in the command list, ``summary`` + ``description`` on its own ``--help``."""
+    command = sub.add_parser(name, help=summary, description=f"{summary}.\n\n{description}".rstrip(),
+                             formatter_class=_Help)
+    command.set_defaults(func=func, command_parser=command)
+    return command
+
+
+def parser() -> argparse.ArgumentParser:
+    from flowzoo import __version__
+
+    p = argparse.ArgumentParser(
+        prog="flowzoo", formatter_class=_Help,
+        description="FlowZoo: RL post-training benchmarks for flow-matching models. `flowzoo COMMAND --help` "
+                    "describes a command.",
+        epilog="exit codes: 0 done; 2 a user error (one line on stderr); 1 an internal error (with its traceback), "
+               "failed runs of bench or a failed gradient check of perf; 130 interrupted (rerun to resume)")
+    p.add_argument("--version", action="version", version=f"flowzoo {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = _command(sub, "train", _cmd_train, "train one run from a config file",
+                 "The run goes to the config's run_dir (default runs/<task>/<algorithm>/s<seed>); a finished run is "
+                 "kept,\na killed one resumes from its last checkpoint. Bad configs fail before anything is written.")
     t.add_argument("config", help="YAML config (see benchmark/configs/)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.set_defaults(func=_cmd_train)
 
-    b = sub.add_parser("bench", help="run a suite (grid of algorithm x task x seed)")
+    b = _command(sub, "bench", _cmd_bench, "run a suite: a grid of algorithm x task x seed",
+                 "Runs go to RUNS/<suite>/<task>/<algorithm>/s<seed>/; finished runs are skipped, killed ones "
+                 "resume.\n--algorithms cuts every task to the selected algorithms (a task left with none is "
+                 "skipped).")
     b.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
     b.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
-    b.add_argument("--runs", default="runs", help="directory of run directories (default: runs)")
-    b.add_argument("--workers", type=int, default=None, help="parallel runs (default: number of CPUs)")
-    b.add_argument("--algorithms", default=None, help="comma-separated subset of the suite's algorithms")
-    b.add_argument("--seeds", default=None, help="comma-separated seeds instead of the suite's")
-    b.add_argument("--budget-minutes", type=float, default=None, help="start no run after this many minutes")
-    b.add_argument("--report", default=None, metavar="DIR", help="write the report into DIR when done")
-    b.set_defaults(func=_cmd_bench)
+    b.add_argument("--runs", default="runs", metavar="DIR", help="directory of run directories")
+    b.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: number of CPUs)")
+    b.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of the suite's algorithms "
+                                                      "(default: all)")
+    b.add_argument("--seeds", default=None, metavar="S,S", help="comma-separated seeds instead of the suite's")
+    b.add_argument("--budget-minutes", type=float, default=None, metavar="M", help="start no run after this many minutes "
+                                                                       "(default: no limit)")
+    b.add_argument("--out", default=None, metavar="DIR",
+                   help="when done, write the suite's report into DIR (as `flowzoo report RUNS/SUITE --out DIR`)")
+    b.add_argument("--report", dest="out", action=_DeprecatedAlias, new="--out", metavar="DIR")
 
-    r = sub.add_parser("report", help="write tables and figures from a directory of runs")
-    r.add_argument("runs_dir")
-    r.add_argument("--out", required=True)
+    r = _command(sub, "report", _cmd_report, "write tables and figures from a directory of runs",
+                 "Writes DIR/index.md and index.html, tables/*.tex and figures/*.png|svg; the same runs give the "
+                 "same bytes.")
+    r.add_argument("runs_dir", help="directory searched for run directories (e.g. runs/quick)")
+    r.add_argument("--out", required=True, metavar="DIR", help="report directory")
     r.add_argument("--baseline", default="flow_grpo", help="the algorithm others are compared against")
     r.add_argument("--target", default=None,
                    help="reward target: '0.9gain' or '90%%gain' of the way from the base model to the baseline's "
                         "final reward (default 0.9gain), '0.9x' or '90%%' of the baseline's final reward, or an "
                         "absolute value '0.8'")
-    r.set_defaults(func=_cmd_report)
 
-    pt = sub.add_parser("pretrain", help="pretrain the tiny tier on synthetic data (resumable)")
-    pt.add_argument("model", choices=["tiny"])
-    pt.add_argument("--data", choices=["shapes", "glyphs"], default="shapes")
+    pt = _command(sub, "pretrain", _cmd_pretrain, "pretrain the tiny tier on synthetic data (resumable)",
+                  "Trains the tiny text-to-image model from scratch; the shipped weights are replaced only when "
+                  "--out names them.")
+    pt.add_argument("model", choices=["tiny"], help="the model to pretrain")
+    pt.add_argument("--data", choices=["shapes", "glyphs"], default="shapes", help="synthetic data set")
     pt.add_argument("--steps", type=int, default=100_000, help="stop after this many optimizer steps")
-    pt.add_argument("--minutes", type=float, default=None, help="stop after this much training wall time")
-    pt.add_argument("--batch", type=int, default=32)
-    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--minutes", type=float, default=None, help="stop after this much training wall time "
+                                                                 "(default: no limit)")
+    pt.add_argument("--batch", type=int, default=32, help="images per optimizer step")
+    pt.add_argument("--lr", type=float, default=5e-4, help="learning rate")
     pt.add_argument("--ema", type=float, default=0.998, help="decay of the parameter average that is shipped")
-    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--seed", type=int, default=0, help="random seed")
     pt.add_argument("--threads", type=int, default=2, help="torch threads")
     pt.add_argument("--out", default=None,
                     help="weights file (default: <run-dir>/tiny_<data>.safetensors; the shipped "
                          "models/weights/tiny_<data>.safetensors is replaced only when named here)")
     pt.add_argument("--run-dir", default=None, help="checkpoint directory (default: runs/pretrain_tiny_<data>)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
-    pt.set_defaults(func=_cmd_pretrain)
 
-    g = sub.add_parser("grad-snr", help="gradient signal-to-noise of a config's training step at its start weights")
+    g = _command(sub, "grad-snr", _cmd_grad_snr,
+                 "gradient signal-to-noise of a config's training step at its start weights",
+                 "Takes K independent batches' update gradients at the same weights and prints their mean pairwise "
+                 "cosine\n(with its standard error), the share of coordinates with |z| > 3, the reward and seconds "
+                 "per batch.")
     g.add_argument("config", help="YAML config (see benchmark/configs/)")
     g.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.prompts_per_step=16")
-    g.add_argument("--batches", type=int, default=16, help="independent batches to compare (default: 16)")
+    g.add_argument("--batches", type=int, default=16, help="independent batches to compare")
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.set_defaults(func=_cmd_grad_snr)
 
-    pf = sub.add_parser("perf", help="time one Flow-GRPO iteration of ours against the released-style loop")
+    pf = _command(sub, "perf", _cmd_perf, "time one Flow-GRPO iteration of ours against the released-style loop",
+                  "Interleaved medians, phase split, peak memory and a gradient check (exit 1 if the gradients "
+                  "differ by more than 1e-5).")
     pf.add_argument("overrides", nargs="*", help="algorithm key=value overrides, e.g. reuse_rollout_graph=true")
     pf.add_argument("--model-path", default=None, help="SD3 diffusers directory (default: a tiny random pipeline)")
-    pf.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default: 32, the released recipe)")
-    pf.add_argument("--repeats", type=int, default=5, help="interleaved repetitions per variant (default: 5)")
+    pf.add_argument("--device", default="cpu", help="torch device")
+    pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (32 is the released recipe)")
+    pf.add_argument("--repeats", type=int, default=5, help="interleaved repetitions per variant")
     pf.add_argument("--prompts", type=int, default=1, help="prompts per iteration, group_size samples each")
-    pf.set_defaults(func=_cmd_perf)
 
-    rc = sub.add_parser("recipes", help="the table of every algorithm's recipe values with their sources")
+    rc = _command(sub, "recipes", _cmd_recipes, "the table of every algorithm's recipe values with their sources",
+                  "Reads benchmark/hyperparams/*.yaml and the registered algorithms' defaults.")
     rc.add_argument("--out", default=None, help="write the markdown here (e.g. docs/recipes.md) instead of printing it")
-    rc.set_defaults(func=_cmd_recipes)
 
-    ex = sub.add_parser("export", help="write a run's trained LoRA in diffusers' format (load_lora_weights)")
+    ex = _command(sub, "export", _cmd_export, "write a run's trained LoRA in diffusers' format (load_lora_weights)",
+                  "Writes DIR/pytorch_lora_weights.safetensors and a model card (DIR/README.md) with the run's "
+                  "config and final metrics.")
     ex.add_argument("run_dir", help="run directory of an sd3, wan or tiny run (its config.yaml and checkpoint.pt)")
-    ex.add_argument("--out", required=True, help="directory for pytorch_lora_weights.safetensors and README.md")
-    ex.set_defaults(func=_cmd_export)
+    ex.add_argument("--out", required=True, metavar="DIR",
+                    help="directory for pytorch_lora_weights.safetensors and README.md")
 
-    ls = sub.add_parser("list", help="list registered algorithms, models, rewards and suites")
-    ls.set_defaults(func=_cmd_list)
+    _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites", "")
     return p
 
 
@@ -259,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     # overrides may come after options (`train c.yaml --quiet train.steps=3`): collect the leftover key=value words
     args, extra = p.parse_known_args(argv)
     stray = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
-    if stray:
-        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if stray:  # the subcommand's usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
     try:
@@ -285,7 +338,8 @@ def user_error(error: BaseException) -> str | None:
         path = f"{error.filename} -> {error.filename2}" if error.filename2 else error.filename
         return f"{path}: {error.strerror or error}"
     if (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
-            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))):
+            or (isinstance(error, RuntimeError) and ("can't allocate memory" in str(error)
+                                                     or "std::bad_alloc" in str(error)))):  # C++'s, e.g. ulimit -v
         detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         return (f"out of memory ({detail}); lower train.prompts_per_step, algorithm.group_size, algorithm.micro_batch "
                 f"or train.eval_batch")

@@ -133,9 +133,19 @@ def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
         return str(config.resolved_run_dir()), traceback.format_exc()
 
 
+def _cells(suite: Suite) -> list[tuple[str, str]]:
+    """(task, algorithm) pairs the suite runs: a task's own ``algorithms`` or the suite's, less ``only_tasks``."""
+    return [(task, alg) for task, task_cfg in suite.tasks.items()
+            for alg in (task_cfg or {}).get("algorithms", suite.algorithms)
+            if task in suite.only_tasks.get(alg, [task])]
+
+
 def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | None = None) -> Suite:
-    """The suite cut to some of its algorithms and/or seeds (command-line ``--algorithms a,b --seeds 0,1``)."""
-    suite = copy.deepcopy(suite)
+    """The suite cut to some of its algorithms and/or seeds (command-line ``--algorithms a,b --seeds 0,1``).
+
+    A task that lists its own algorithms keeps those of the selection (a task left with none is dropped); a selection
+    that leaves no run at all is an error."""
+    suite, original = copy.deepcopy(suite), suite
     if algorithms_csv:
         wanted = [a.strip() for a in algorithms_csv.split(",") if a.strip()]
         if not wanted:
@@ -144,6 +154,17 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
         for name in wanted:
             algorithms.get(name)
         suite.algorithms = wanted
+        for task, task_cfg in list(suite.tasks.items()):  # a task that lists its algorithms keeps the selected ones
+            listed = (task_cfg or {}).get("algorithms")
+            if listed is not None:
+                if kept := [a for a in listed if a in wanted]:
+                    task_cfg["algorithms"] = kept
+                else:
+                    del suite.tasks[task]
+        if not _cells(suite):
+            runnable = sorted({alg for _, alg in _cells(original)})
+            raise ConfigError(f"--algorithms {algorithms_csv}: no task of suite {suite.name} runs "
+                              f"{'it' if len(wanted) == 1 else 'them'}; its tasks run: {', '.join(runnable)}")
     if seeds_csv:
         try:
             suite.seeds = [int(s) for s in seeds_csv.split(",") if s.strip()]
