@@ -7,7 +7,7 @@ stores as ``config.yaml``. Every problem is a :class:`ConfigError` with a one-li
 
 from __future__ import annotations
 
-import inspect
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,7 @@ import rewards
 from algorithms.base import AlgorithmConfig
 from benchmark.prompts import PromptSection, check_source
 from flowzoo.errors import ConfigError
-from flowzoo.schema import check_arguments, from_mapping, to_mapping
+from flowzoo.schema import from_mapping, to_mapping
 from flowzoo.secrets import redact, warn_literal_secrets
 
 
@@ -80,28 +80,21 @@ class ExperimentConfig:
         return self.algorithm["name"]
 
     def algorithm_config(self) -> AlgorithmConfig:
-        cls = algorithms.get(self.algorithm_name)
-        params = {k: v for k, v in self.algorithm.items() if k != "name"}
-        return from_mapping(cls.Config, {**cls.preset, **params}, where="algorithm")
+        """The typed algorithm config: the class's preset under the config's keys, resolved once at load (again only
+        if ``algorithm`` was changed since); a copy each time, so that an algorithm may keep and change its own."""
+        resolved = self.__dict__.get("_typed_algorithm")
+        if resolved is None or resolved[0] != self.algorithm:
+            cls = algorithms.get(self.algorithm_name)
+            params = {k: v for k, v in self.algorithm.items() if k != "name"}
+            typed = from_mapping(cls.Config, {**cls.preset, **params}, where="algorithm")
+            self.algorithm = {"name": self.algorithm_name, **to_mapping(typed)}  # every key, as config.yaml holds it
+            resolved = self._typed_algorithm = (copy.deepcopy(self.algorithm), typed)
+        return copy.deepcopy(resolved[1])
 
     def resolved_run_dir(self) -> Path:
         if self.run_dir:
             return Path(self.run_dir)
         return Path("runs") / self.task / self.algorithm_name / f"s{self.seed}"
-
-
-def _check_kwargs(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> None:
-    """Fail if ``kwargs`` are not constructor parameters of ``target`` or their values do not fit its annotations."""
-    where = "model.args" if kind == "model" else f"reward_args.{name}"
-    if not isinstance(kwargs, Mapping):
-        raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
-    params = inspect.signature(target).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        valid = [p for p in params if p != "self"]
-        for key in kwargs:
-            if key not in valid:
-                raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
-    check_arguments(where, target, kwargs)
 
 
 def _check_reward_weights(weights: Mapping[str, Any]) -> None:
@@ -159,7 +152,10 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Validate a config mapping completely (names, arguments, values) without building anything heavy."""
+    """Validate a config mapping completely (names, arguments, values) without building anything heavy: the schema
+    here, then the dry run of ``benchmark.experiment.check`` (constructor arguments, sample kinds, T-bounded knobs,
+    the algorithm's own checks)."""
+    from benchmark.experiment import check
     from benchmark.tracking import check_trackers
 
     data = dict(data)
@@ -170,11 +166,8 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
     data["algorithm"] = dict(algo)
     config = from_mapping(ExperimentConfig, data)
-    alg_config = config.algorithm_config()  # validates the name and every hyper-parameter
-    config.algorithm = {"name": config.algorithm_name, **to_mapping(alg_config)}
-
-    _check_kwargs("model", config.model.name, models.get(config.model.name), config.model.args)
-    alg_config.check_num_steps(alg_config.num_steps or models.get(config.model.name).default_num_steps)
+    config.algorithm_config()  # resolves the name and every hyper-parameter, once
+    models.get(config.model.name)
     reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
     for name in reward_names:
         rewards.get(name)
@@ -183,7 +176,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     for name, kwargs in config.reward_args.items():
         if name not in reward_names:
             raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
-        _check_kwargs("reward", name, rewards.get(name), kwargs or {})
+    check(config)
     check_source(config.prompts)
     check_trackers(config.train.trackers)
     warn_literal_secrets(to_mapping(config), declared_secrets(config))

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmark import experiment
 from benchmark.config import ExperimentConfig
-from benchmark.runner import Runner, prompt_batch
+from benchmark.experiment import Experiment
+from benchmark.runner import prompt_batch
 from flowzoo.errors import ConfigError
 
 #: prompt-stream offset of the batches measured here (away from the steps a run with the same seed trains on)
@@ -81,14 +83,13 @@ def batch_gradients(config: ExperimentConfig, batches: int, fixed_prompts: bool 
                     progress: bool = True) -> tuple[torch.Tensor, list[float], float]:
     """[K, P] gradients of K independent update steps at the config's starting weights, their batch rewards, and the
     seconds per batch. Uses the config's algorithm, model, reward and prompt stream; writes nothing."""
-    runner = Runner(config, progress=False)
-    runner.build()
-    return gradients_at(runner, batches, fixed_prompts, progress)
+    return gradients_at(experiment.build(config), batches, fixed_prompts, progress)
 
 
-def gradients_at(runner: Runner, batches: int, fixed_prompts: bool = False,
+def gradients_at(runner: Experiment, batches: int, fixed_prompts: bool = False,
                  progress: bool = True) -> tuple[torch.Tensor, list[float], float]:
-    """``batch_gradients`` on a built runner, whose algorithm (weights, optimizer, iteration) is left as it was."""
+    """``batch_gradients`` on a built experiment (or a built ``Runner``: anything with ``algorithm``, ``config`` and
+    ``train_prompts``), whose algorithm (weights, optimizer, iteration) is left as it was."""
     from tqdm import tqdm
 
     if batches < 2:
@@ -112,9 +113,12 @@ def gradients_at(runner: Runner, batches: int, fixed_prompts: bool = False,
 
 
 def measure(config: ExperimentConfig, batches: int = 16, fixed_prompts: bool = False, progress: bool = True) -> SNRResult:
-    gradients, rewards, seconds = batch_gradients(config, batches, fixed_prompts, progress)
+    if batches < 2:  # before the model is built
+        raise ConfigError(f"--batches must be >= 2 to compare gradients, got {batches}")
+    built = experiment.build(config)
+    gradients, rewards, seconds = gradients_at(built, batches, fixed_prompts, progress)
     cosines = pairwise_cosines(gradients)
-    samples = config.train.prompts_per_step * config.algorithm_config().group_size
+    samples = config.train.prompts_per_step * built.algorithm_config.group_size
     return SNRResult(
         batches=batches,
         samples_per_batch=samples,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -26,16 +27,13 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-import algorithms
-import models
-import rewards
 from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
-from algorithms.sde import sigma_schedule
+from benchmark import experiment
 from benchmark.checkpoints import check_seal, run_identity, seal
 from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
 from benchmark.divergence import DivergenceGuard, nonfinite_parameters
-from benchmark.prompts import Prompts, load_prompts
+from benchmark.prompts import Prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
 from rewards.pool import RewardPool
@@ -98,40 +96,15 @@ class Runner:
 
     def check_world_size(self) -> None:
         """Refuse a global batch that does not split evenly over the processes (before any work)."""
-        prompts, g = self.config.train.prompts_per_step, self.config.algorithm_config().group_size
-        world = self.dist.world_size
-        if (prompts * g) % world:
-            raise ConfigError(
-                f"the global batch of train.prompts_per_step x algorithm.group_size = {prompts} x {g} = {prompts * g} "
-                f"samples does not split evenly over {world} processes; make it a multiple of {world}"
-            )
+        experiment.check_world_size(self.config, self.config.algorithm_config(), self.dist.world_size)
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
-        cfg = self.config
-        model_cls = models.get(cfg.model.name)
-        threads = cfg.train.threads or model_cls.preferred_threads
-        if threads:
-            torch.set_num_threads(threads)
-        torch.manual_seed(cfg.seed)
-        self.model = model_cls(**cfg.model.args)
-        self.reward = rewards.build(cfg.reward, cfg.reward_args)
-        if self.model.sample_kind not in self.reward.accepts:
-            raise ConfigError(
-                f"reward {cfg.reward!r} scores {', '.join(self.reward.accepts)} samples but model "
-                f"{cfg.model.name!r} makes {self.model.sample_kind} samples"
-            )
-        alg_cls = algorithms.get(cfg.algorithm_name)
-        self.algorithm = alg_cls(self.model, self.reward, cfg.algorithm_config(), seed=cfg.seed)
-        self.algorithm.dist = self.dist
-        # the checks that need the model's T (windows, trained steps) fail here, before the run directory exists
-        self.algorithm.make_plan(cfg.train.prompts_per_step * self.algorithm.config.group_size)
-        self.dist.broadcast_parameters(self.model.trainable_parameters())  # every process starts from rank 0's
-        self.train_prompts, eval_prompts = load_prompts(cfg.prompts)
-        self.eval_prompts = eval_prompts[: cfg.train.eval_prompts] if cfg.train.eval_prompts else eval_prompts
-        eval_steps = cfg.train.eval_num_steps or self.model.default_eval_num_steps
-        shift = self.algorithm.config.shift if self.algorithm.config.shift is not None else self.model.default_shift
-        self.eval_sigmas = sigma_schedule(eval_steps, shift)
+        """The experiment (``benchmark.experiment.build``: every check, nothing written) and its parts."""
+        built = experiment.build(self.config, self.dist)
+        self.experiment = built
+        self.model, self.reward, self.algorithm = built.model, built.reward, built.algorithm
+        self.train_prompts, self.eval_prompts, self.eval_sigmas = built.train_prompts, built.eval_prompts, built.eval_sigmas
 
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -216,18 +189,29 @@ class Runner:
         if is_finished(run_dir, cfg):
             return run_dir
         self.build()
+        created = _Created(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         # one writer per run directory: the main process (a failure there ends the launch, as torchrun stops the rest)
         lock = exclusive_lock(run_dir / ".lock", what=f"run {run_dir}")
         with lock if self.dist.is_main else contextlib.nullcontext():
-            return self._run_locked()
+            self._resumable = False
+            try:
+                return self._run_locked()
+            except BaseException:
+                # a fresh run that fails before its first checkpoint holds nothing to resume: leave the directory as
+                # it was, so that the corrected rerun is not refused as another config
+                if self.dist.is_main and not self._resumable:
+                    created.remove()
+                raise
 
     def _run_locked(self) -> Path:
         cfg, run_dir = self.config, self.run_dir
         if is_finished(run_dir, cfg):  # another process finished it while we waited to start
+            self._resumable = True
             return run_dir
         checkpoint = run_dir / "checkpoint.pt"
         state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None  # refused before config.yaml
+        self._resumable = state is not None
         if self.dist.is_main:
             atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
 
@@ -276,6 +260,7 @@ class Runner:
                 trackers.log(row, step)
             if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 self._checkpoint(step, rows, wall_s, nfe)
+                self._resumable = True
                 guard.saved(step)
             bar.update(1)
             postfix = {"reward": f"{stats.reward_mean:.3f}"}
@@ -296,6 +281,30 @@ class Runner:
             atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
         self.dist.barrier()  # the run is finished for every process once done.json exists
         return run_dir
+
+
+class _Created:
+    """What a run invocation adds to the file system: ``run_dir`` and its missing parents, or (when ``run_dir``
+    exists) the entries it adds there. :meth:`remove` takes them away again."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.before = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else None
+        self.parents = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # deepest first
+
+    def remove(self) -> None:
+        if self.before is None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for parent in self.parents[1:]:
+                with contextlib.suppress(OSError):  # not empty: someone else wrote there meanwhile
+                    parent.rmdir()
+            return
+        for path in self.run_dir.iterdir():
+            if path.name not in self.before:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
 
 def train(config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None) -> Path:

@@ -1,0 +1,182 @@
+"""One place builds an experiment (model, reward, algorithm, prompts) and checks it before anything is written.
+
+* :func:`check` is the dry run every loaded config goes through (``benchmark.config.build_config`` calls it, so
+  ``flowzoo train``, ``bench`` (every run of a grid before the first starts), ``grad-snr`` and evaluation all do):
+  model and reward arguments against their constructors' signatures and annotations, the reward's sample kinds
+  against the model's, the checks of every knob bounded by T (``AlgorithmConfig.check_num_steps``), and the
+  algorithm's own construction and step plan (MixGRPO's window bounds, ...) on a stand-in for the model that has
+  its class's declared defaults (T, shift, guidance, sample kind) but no weights. It loads nothing.
+* :func:`build` constructs the real objects (the typed algorithm config resolved once, at config load; the
+  data-parallel context handed to the algorithm's constructor), repeats the checks on them and makes the step plan
+  of a full batch, all before the runner creates a run directory.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+import algorithms
+import models
+import rewards
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.distributed import SINGLE_PROCESS, SingleProcess
+from algorithms.sde import sigma_schedule
+from benchmark.config import ExperimentConfig
+from benchmark.prompts import Prompts, load_prompts
+from flowzoo.errors import ConfigError
+from flowzoo.schema import check_arguments
+from models.base import FlowModel
+from rewards.base import Reward
+
+
+def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> None:
+    """Fail if ``kwargs`` are not parameters of ``target``'s constructor or their values do not fit its annotations
+    (``kind``: "model" -> ``model.args``, "reward" -> ``reward_args.<name>``)."""
+    where = "model.args" if kind == "model" else f"reward_args.{name}"
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
+    params = inspect.signature(target).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        valid = [p for p in params if p != "self"]
+        for key in kwargs:
+            if key not in valid:
+                raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
+    check_arguments(where, target, kwargs)
+
+
+def reward_names(config: ExperimentConfig) -> list[str]:
+    return [config.reward] if isinstance(config.reward, str) else list(config.reward)
+
+
+def check_sample_kind(config: ExperimentConfig, accepts: Sequence[str], kind: str) -> None:
+    """The reward scores the kind of samples the model makes."""
+    if kind not in accepts:
+        raise ConfigError(
+            f"reward {config.reward!r} scores {', '.join(accepts) or 'no common'} samples but model "
+            f"{config.model.name!r} makes {kind} samples"
+        )
+
+
+def check_world_size(config: ExperimentConfig, algorithm_config: AlgorithmConfig, world_size: int) -> None:
+    """The global batch splits evenly over the processes."""
+    prompts, g = config.train.prompts_per_step, algorithm_config.group_size
+    if (prompts * g) % world_size:
+        raise ConfigError(
+            f"the global batch of train.prompts_per_step x algorithm.group_size = {prompts} x {g} = {prompts * g} "
+            f"samples does not split evenly over {world_size} processes; make it a multiple of {world_size}"
+        )
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (CUDA: the driver's free memory; CPU: Linux's MemAvailable), or
+    None where it is not known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                fields = dict(line.split(":", 1) for line in f)
+            return int(fields["MemAvailable"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            return None
+    return None
+
+
+def check_rollout_memory(config: ExperimentConfig, algorithm: Algorithm, world_size: int) -> None:
+    """Refuse a batch whose rollout latents alone (this process's samples x (T + 1) x the latent size, at 2 bytes a
+    number: a lower bound) exceed the memory available now: it would fail at step 1 or be killed by the OS."""
+    batch = -(-config.train.prompts_per_step * algorithm.config.group_size // world_size)
+    numel = math.prod(algorithm.model.latent_shape)
+    need = batch * (algorithm.num_steps + 1) * numel * 2
+    available = available_memory(algorithm.model.device)
+    if available is not None and need > available:
+        raise ConfigError(
+            f"a training batch of {batch} samples needs at least {need / 2**30:.1f} GiB for its rollout latents alone "
+            f"({algorithm.num_steps + 1} x {numel} numbers each), more than the {available / 2**30:.1f} GiB available; "
+            f"lower train.prompts_per_step or algorithm.group_size"
+        )
+
+
+class DeclaredDefaults(FlowModel):
+    """What an algorithm's constructor and step plan read of a model, without the model: its class's declared T,
+    shift, guidance and sample kind, and one scalar parameter for the optimizer. Anything else is not implemented
+    (the dry check then leaves the algorithm to :func:`build`)."""
+
+    def __init__(self, model_cls: type[FlowModel]):
+        super().__init__()
+        self.name = model_cls.name
+        self.sample_kind = model_cls.sample_kind
+        for attr in ("default_guidance", "default_shift", "default_num_steps", "default_eval_num_steps"):
+            setattr(self, attr, getattr(model_cls, attr))
+        self._parameter = torch.nn.Parameter(torch.zeros(1))
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [self._parameter]
+
+
+def check(config: ExperimentConfig, world_size: int = 1) -> None:
+    """The dry run (see the module docstring): every check that needs the model, reward and algorithm classes but
+    not their weights. Raises a one-line :class:`ConfigError`; writes and loads nothing."""
+    model_cls = models.get(config.model.name)
+    check_constructor_arguments("model", config.model.name, model_cls, config.model.args)
+    reward_classes = {name: rewards.get(name) for name in reward_names(config)}
+    for name, kwargs in config.reward_args.items():
+        check_constructor_arguments("reward", name, reward_classes[name], kwargs or {})
+    kinds = [set(cls.accepts) for cls in reward_classes.values()]
+    check_sample_kind(config, sorted(set.intersection(*kinds)), model_cls.sample_kind)
+    alg_config = config.algorithm_config()
+    alg_config.check_num_steps(alg_config.num_steps or model_cls.default_num_steps)
+    check_world_size(config, alg_config, world_size)
+    try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
+        stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)
+        stand_in.make_plan(1)
+    except NotImplementedError:  # it reads more of the model than its defaults: build() checks it on the real one
+        pass
+
+
+@dataclass
+class Experiment:
+    """A built experiment: what the runner trains and evaluates, grad-snr measures and evaluation scores."""
+
+    config: ExperimentConfig
+    algorithm_config: AlgorithmConfig
+    model: FlowModel
+    reward: Reward
+    algorithm: Algorithm
+    train_prompts: Prompts
+    eval_prompts: Prompts
+    eval_sigmas: torch.Tensor  # the evaluation's deterministic ODE grid
+    dist: SingleProcess
+
+
+def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experiment:
+    """Construct the experiment of ``config`` for the data-parallel context ``dist`` (default: one process), with
+    every check, before anything is written."""
+    dist = SINGLE_PROCESS if dist is None else dist
+    check(config, dist.world_size)  # cheap, and before the model's weights load
+    alg_config = config.algorithm_config()
+    model_cls = models.get(config.model.name)
+    threads = config.train.threads or model_cls.preferred_threads
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(config.seed)
+    model = model_cls(**config.model.args)
+    reward = rewards.build(config.reward, config.reward_args)
+    check_sample_kind(config, reward.accepts, model.sample_kind)
+    algorithm = algorithms.get(config.algorithm_name)(model, reward, alg_config, seed=config.seed, dist=dist)
+    check_rollout_memory(config, algorithm, dist.world_size)
+    # the checks that need the built model's T (windows, trained steps) on the plan of a full batch
+    algorithm.make_plan(config.train.prompts_per_step * alg_config.group_size)
+    dist.broadcast_parameters(model.trainable_parameters())  # every process starts from rank 0's
+    train_prompts, eval_prompts = load_prompts(config.prompts)
+    if config.train.eval_prompts:
+        eval_prompts = eval_prompts[: config.train.eval_prompts]
+    eval_steps = config.train.eval_num_steps or model.default_eval_num_steps
+    shift = alg_config.shift if alg_config.shift is not None else model.default_shift
+    return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts,
+                      sigma_schedule(eval_steps, shift), dist)
