@@ -118,7 +118,7 @@ class OPGRPO(Algorithm):
     diagnostics = {
         CLIP_FRAC_ON: "PPO clip fraction of the on-policy (fresh) samples' trained steps",
         CLIP_FRAC_OFF: "PPO clip fraction of the replayed samples' trained steps (paper: 11.8% corrected, >40% naive)",
-        "abs_log_ratio_t{k}": "mean |log pi_old - log pi_off| of reused step k over the replayed samples",
+        "abs_log_ratio_t{k}": "mean abs(log pi_old - log pi_off) of reused SDE step k over the replayed samples",
     }
 
     def __init__(self, model, reward, config=None, seed: int = 0, dist=None):

@@ -1,11 +1,16 @@
 """The report's figures: colours by method family, main methods / variants / ablations in separate panels.
 
+What an algorithm is comes from its class's declarations (``algorithms/base.py``), never from its name:
+``family``, ``ablation_of`` and ``diagnostics`` (:func:`family`, :func:`ablation_of`, :func:`diagnostics`; a name
+that is not registered is a method of no known family and declares nothing).
+
 * **Families** have one colour map each (Flow-GRPO blues, DanceGRPO greens, MixGRPO oranges, OP-GRPO purples, any
   other algorithm greys); the family's own method is its darkest shade and a solid line, its variants lighter shades
   with dashed, dotted, ... lines. An algorithm keeps its colour and line style in every figure of a report.
 * **Panels**: "methods" (each family's own method and any unknown algorithm), "variants" (Flow-GRPO-Fast,
-  MixGRPO-Flash, ...), "OP-GRPO ablations" (with OP-GRPO itself). Every panel also draws the baseline, and holds at
-  most ``MAX_LINES`` lines (a longer list is split over several panels).
+  MixGRPO-Flash, ...), "<method> ablations" (algorithms declaring ``ablation_of``, with the method they ablate).
+  Every panel also draws the baseline, and holds at most ``MAX_LINES`` lines (a longer list is split over several
+  panels).
 
 Every file is saved as PNG and SVG, atomically and without dates (``save_figure``).
 """
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import algorithms as registry
 from benchmark import stats
 from flowzoo.io import atomic_write
 
@@ -30,33 +36,64 @@ CURVE_GRID_POINTS = 50
 PLOT_BOOTSTRAPS = 1000
 X_AXES = {"step": "training step", "nfe": "network evaluations (NFE)", "wall_s": "training wall-clock (s)"}
 PANEL_SIZE = (4.6, 3.6)
+DIAGNOSTIC_PANELS_PER_ROW = 3
 
 
 # ------------------------------------------------------------------------------------------------ families and style
 
 
 def family(algorithm: str) -> str | None:
-    """The family root an algorithm belongs to (its name starts with it), or None."""
-    matches = [root for root, _, _ in FAMILIES if algorithm == root or algorithm.startswith(root + "_")]
-    return max(matches, key=len) if matches else None
+    """The family the algorithm's class declares (``Algorithm.family``), or None for a name not registered."""
+    cls = registry.find(algorithm)
+    return None if cls is None else cls.family
+
+
+def ablation_of(algorithm: str) -> str | None:
+    """The method the algorithm's class declares it ablates (``Algorithm.ablation_of``), or None."""
+    cls = registry.find(algorithm)
+    return None if cls is None else cls.ablation_of
+
+
+def diagnostics(algorithm: str) -> dict[str, str]:
+    """The diagnostic columns the algorithm's class declares (``Algorithm.diagnostics``): {column: description}."""
+    cls = registry.find(algorithm)
+    return {} if cls is None else dict(cls.diagnostics)
+
+
+def has_ablations(algorithm: str) -> bool:
+    """Whether some registered algorithm declares itself an ablation of ``algorithm``."""
+    return algorithm in registry.ablations()
+
+
+def method_label(algorithm: str) -> str:
+    """A family's display name for its own method ("OP-GRPO"), else the algorithm's name."""
+    return {root: label for root, label, _ in FAMILIES}.get(algorithm, algorithm)
+
+
+def ablations_title(bases) -> str:
+    """"OP-GRPO ablations" for the methods ``bases`` (those whose ablations are shown); "Ablations" for none."""
+    bases = sorted(set(bases))
+    return f"{' / '.join(method_label(b) for b in bases)} ablations" if bases else "Ablations"
 
 
 def role(algorithm: str) -> str:
-    """'methods' (a family's own method, or an unknown algorithm), 'ablations' (an OP-GRPO variant) or 'variants'."""
+    """'ablations' (it declares ``ablation_of``), 'methods' (a family's own method, or an unknown algorithm) or
+    'variants' (a member of another algorithm's family)."""
+    if ablation_of(algorithm) is not None:
+        return "ablations"
     root = family(algorithm)
-    if root is None or root == algorithm:
-        return "methods"
-    return "ablations" if root == "op_grpo" else "variants"
+    return "methods" if root is None or root == algorithm else "variants"
 
 
 def styles(algorithms) -> dict[str, tuple]:
     """{algorithm: (colour, line style)} for every algorithm, stable whatever subset a figure draws."""
     import matplotlib
 
-    groups: dict[str | None, list[str]] = {}
-    for algorithm in sorted(set(algorithms)):
-        groups.setdefault(family(algorithm), []).append(algorithm)
     maps = {root: cmap for root, _, cmap in FAMILIES}
+    groups: dict[str | None, list[str]] = {}  # families without a colour map of their own share the greys (None)
+    for algorithm in sorted(set(algorithms)):
+        root = family(algorithm)
+        groups.setdefault(root if root in maps else None, []).append(algorithm)
     out = {}
     for root, members in groups.items():
         members = sorted(members, key=lambda a: (a != root, a))
@@ -68,18 +105,19 @@ def styles(algorithms) -> dict[str, tuple]:
 
 
 def panels(algorithms, baseline: str) -> list[tuple[str, list[str]]]:
-    """[(title, algorithms)]: methods, variants and OP-GRPO ablations, each with the baseline first (and OP-GRPO
-    second among the ablations), at most ``MAX_LINES`` lines each; panels holding only the baseline are dropped."""
+    """[(title, algorithms)]: methods, variants and ablations, each with the baseline first (and the ablated methods
+    next among the ablations), at most ``MAX_LINES`` lines each; panels holding only the baseline are dropped."""
     present = sorted(set(algorithms))
     out = []
-    for name, title in (("methods", "methods"), ("variants", "variants"), ("ablations", "OP-GRPO ablations")):
+    for name in ("methods", "variants", "ablations"):
         members = [a for a in present if role(a) == name and a != baseline]
         if not members:
             continue
-        fixed = [baseline] if baseline in present else []
-        if name == "ablations" and "op_grpo" in present and "op_grpo" != baseline:
-            fixed.append("op_grpo")
-            members = [a for a in members if a != "op_grpo"]
+        title, fixed = name, [baseline] if baseline in present else []
+        if name == "ablations":
+            bases = sorted({ablation_of(a) for a in members})
+            title = ablations_title(bases)
+            fixed += [b for b in bases if b in present and b != baseline]
         room = MAX_LINES - len(fixed)
         chunks = [members[i:i + room] for i in range(0, len(members), room)]
         for k, chunk in enumerate(chunks):
@@ -215,34 +253,47 @@ def plot_performance_profiles(profiles: pd.DataFrame, baseline: str, palette: di
     return save_figure(fig, stem)
 
 
-def plot_clip_fractions(runs: pd.DataFrame, task: str, palette: dict, stem: Path) -> list[Path]:
-    """On-policy (solid) and off-policy (dashed) clip fractions over training, mean and 95% band across seeds."""
-    columns = [c for c in ("clip_frac_on", "clip_frac_off") if c in runs.columns]
-    fig, axes = panel_axes(1)
-    ax = axes[0]
-    for algorithm, group in runs.groupby("algorithm", sort=True):
-        for column, line in zip(columns, ("-", "--")):
-            band = mean_and_band(group.dropna(subset=[column]), ["algorithm", "step"], column)
+def plot_diagnostics_over_training(runs: pd.DataFrame, columns: dict[str, list[str]], task: str, palette: dict,
+                                   stem: Path) -> list[Path]:
+    """One panel per diagnostic column ({column: the algorithms declaring it}) against the training step: mean and
+    95% band across seeds, a line per algorithm; at most ``DIAGNOSTIC_PANELS_PER_ROW`` panels a row."""
+    plt = pyplot()
+    per_row = min(len(columns), DIAGNOSTIC_PANELS_PER_ROW)
+    rows = math.ceil(len(columns) / per_row)
+    width, height = PANEL_SIZE
+    fig, axes = plt.subplots(rows, per_row, figsize=(width * per_row, height * rows), squeeze=False)
+    fig.subplots_adjust(left=0.1 if per_row > 1 else 0.16, right=0.98, bottom=0.14 / rows, top=1 - 0.16 / rows,
+                        wspace=0.28, hspace=0.45)
+    flat = list(axes.flat)
+    for ax, (column, members) in zip(flat, columns.items()):
+        for algorithm in members:
+            group = runs[runs["algorithm"] == algorithm].dropna(subset=[column])
+            band = mean_and_band(group, ["algorithm", "step"], column)
             if len(band):
-                draw_band(ax, band, "step", column, (palette[algorithm][0], line),
-                          f"{algorithm} {'on' if column.endswith('on') else 'off'}-policy")
-    ax.set(xlabel="training step", ylabel="clip fraction", title=f"{task}: PPO clip fraction, on- vs off-policy")
-    ax.legend(fontsize="x-small", loc="upper right", framealpha=0.85)
+                draw_band(ax, band, "step", column, palette[algorithm], algorithm)
+        ax.set(xlabel="training step", title=column)
+        ax.legend(fontsize="x-small", loc="best", framealpha=0.85)
+    for ax in flat[len(columns):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{task}: declared diagnostics over training")
     return save_figure(fig, stem)
 
 
-def plot_log_ratio_by_step(runs: pd.DataFrame, columns: list[str], task: str, palette: dict, stem: Path
-                           ) -> list[Path]:
-    """Mean |log-ratio| at each denoising step k: averaged over training per seed, then mean and 95% band over seeds."""
-    per_seed = runs.groupby(["algorithm", "run"], sort=True)[columns].mean().reset_index()
-    data = per_seed.melt(id_vars=["algorithm", "run"], value_vars=columns, var_name="k", value_name="abs_log_ratio")
-    data = data.dropna(subset=["abs_log_ratio"])
-    data["k"] = data["k"].str.rsplit("t", n=1).str[1].astype(int)
+def plot_by_denoising_step(runs: pd.DataFrame, columns: dict[int, str], label: str, members: list[str], task: str,
+                           palette: dict, stem: Path) -> list[Path]:
+    """A per-denoising-step diagnostic ({k: column}) against k: averaged over training per seed, then mean and 95%
+    band over seeds, a line per algorithm of ``members``."""
+    names = list(columns.values())
+    runs = runs[runs["algorithm"].isin(members)]
+    per_seed = runs.groupby(["algorithm", "run"], sort=True)[names].mean().reset_index()
+    data = per_seed.melt(id_vars=["algorithm", "run"], value_vars=names, var_name="column", value_name="value")
+    data = data.dropna(subset=["value"])
+    data["k"] = data["column"].map({column: k for k, column in columns.items()})
     fig, axes = panel_axes(1)
     ax = axes[0]
     for algorithm, group in data.groupby("algorithm", sort=True):
-        draw_band(ax, mean_and_band(group, ["algorithm", "k"], "abs_log_ratio"), "k", "abs_log_ratio",
-                  palette[algorithm], algorithm, marker="o")
-    ax.set(xlabel="denoising step k", ylabel="mean |log ratio|", title=f"{task}: |log-ratio| by denoising step")
+        draw_band(ax, mean_and_band(group, ["algorithm", "k"], "value"), "k", "value", palette[algorithm], algorithm,
+                  marker="o")
+    ax.set(xlabel="denoising step k", ylabel=f"mean {label}", title=f"{task}: {label} by denoising step")
     ax.legend(fontsize="x-small", loc="upper left", framealpha=0.85)
     return save_figure(fig, stem)

@@ -10,10 +10,16 @@ Layout of ``out_dir``::
 
     index.md, index.html          the report (the HTML is the markdown rendered by markdown-it-py: no network, no JS)
     tables/<task>_final.tex       booktabs final-reward table per task
-    tables/<task>_ablation.tex    booktabs OP-GRPO ablation table per task (when op_grpo* runs exist)
+    tables/<task>_ablation.tex    booktabs ablation table per task (when runs of ablations or of the methods they
+                                  ablate exist)
     figures/performance_profiles.{png,svg}   rliable-style profiles of normalized final reward across tasks
     figures/<task>_reward_vs_{step,nfe,wall_s}.{png,svg}
-    figures/<task>_clip_fraction.{png,svg}, figures/<task>_abs_log_ratio.{png,svg}   (when logged)
+    figures/<task>_diagnostics.{png,svg}          the declared scalar diagnostics over training (when logged)
+    figures/<task>_<stem>.{png,svg}               each declared per-denoising-step diagnostic (``abs_log_ratio_t{k}``
+                                                  -> ``<task>_abs_log_ratio``)
+
+Which algorithms are ablations (and of what), their families and their diagnostic columns come from the algorithm
+classes' declarations (``family``, ``ablation_of``, ``diagnostics``; see :mod:`benchmark.figures`), never from names.
     samples/<task>/<algorithm>_seed<S>_step_<N>.png   copies of the runs' sample grids at matched steps
 """
 
@@ -26,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from algorithms.base import CLIP_FRAC_OFF
 from benchmark import figures, stats
 from benchmark.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text
 
-ABLATION_PREFIX = "op_grpo"
 X_AXES = figures.X_AXES
 MAX_SAMPLE_STEPS = 4
 CENSORING_NOTE = (
@@ -103,10 +109,23 @@ def _hue_order(algorithms, baseline: str) -> list[str]:
     return sorted(set(algorithms), key=lambda a: (a != baseline, a))
 
 
-def log_ratio_columns(runs: pd.DataFrame) -> list[str]:
-    """The ``abs_log_ratio_t{k}`` columns, ordered by k."""
-    columns = [c for c in runs.columns if re.fullmatch(r"abs_log_ratio_t\d+", c)]
-    return sorted(columns, key=lambda c: int(c.rsplit("t", 1)[1]))
+def step_columns(runs: pd.DataFrame, pattern: str) -> dict[int, str]:
+    """{k: column} of the columns a per-denoising-step pattern (``abs_log_ratio_t{k}``) names, ordered by k."""
+    regex = re.compile(re.escape(pattern).replace(re.escape("{k}"), r"(\d+)"))
+    found = {int(m[1]): c for c in runs.columns if (m := regex.fullmatch(c))}
+    return dict(sorted(found.items()))
+
+
+def declared_diagnostics(runs: pd.DataFrame) -> dict[str, tuple[str, list[str]]]:
+    """{declared column or ``{k}`` pattern: (description, the algorithms that declare it and logged a value)} for
+    the algorithms of ``runs``, in algorithm then declaration order; columns nobody logged are left out."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for algorithm, own in runs.groupby("algorithm", sort=True):
+        for pattern, description in figures.diagnostics(algorithm).items():
+            columns = list(step_columns(own, pattern).values()) if "{k}" in pattern else [pattern]
+            if any(c in own.columns and own[c].notna().any() for c in columns):
+                found.setdefault(pattern, (description, []))[1].append(algorithm)
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------- sections
@@ -320,20 +339,30 @@ def final_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
 
 
 def _clip_off_mean(analysis: stats.Analysis, task: str, algorithm: str) -> str:
-    if "clip_frac_off" not in analysis.runs.columns:
+    if CLIP_FRAC_OFF not in analysis.runs.columns:
         return "n/a"
     runs = analysis.runs[(analysis.runs["task"] == task) & (analysis.runs["algorithm"] == algorithm)]
-    per_seed = runs.groupby("run")["clip_frac_off"].mean().dropna()
+    per_seed = runs.groupby("run")[CLIP_FRAC_OFF].mean().dropna()
     return fmt_number(float(per_seed.mean())) if len(per_seed) else "n/a"
 
 
+def ablation_rows(algorithms) -> list[str]:
+    """The algorithms of the ablation table: those that declare ``ablation_of`` and the methods with registered
+    ablations."""
+    return [a for a in algorithms if figures.ablation_of(a) is not None or figures.has_ablations(a)]
+
+
 def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
-    lines = ["## OP-GRPO ablations", ""]
-    finals = analysis.final_table[analysis.final_table["algorithm"].str.startswith(ABLATION_PREFIX)]
+    shown = ablation_rows(analysis.final_table["algorithm"].unique())
+    bases = {figures.ablation_of(a) or a for a in shown}
+    title = figures.ablations_title(bases)
+    lines = [f"## {title}", ""]
+    finals = analysis.final_table[analysis.final_table["algorithm"].isin(shown)]
     if finals.empty:
-        return lines + [f"No runs of algorithms named `{ABLATION_PREFIX}*`.", ""]
-    lines += ["Final reward and steps-to-target ratio vs the baseline for every `op_grpo*` variant; off-policy clip "
-              "fraction averaged over training, then over seeds.", ""]
+        return lines + ["No runs of ablations (algorithms that declare `ablation_of`) or of the methods they ablate.",
+                        ""]
+    lines += ["Final reward and steps-to-target ratio vs the baseline for each method with registered ablations and "
+              "each ablation (`ablation_of`); off-policy clip fraction averaged over training, then over seeds.", ""]
     headers = ["variant", "seeds", "final reward [95% CI]", "steps vs baseline [95% CI]", "seeds reaching",
                "off-policy clip fraction"]
     efficiency = analysis.efficiency.set_index(["task", "algorithm"]) if len(analysis.efficiency) else None
@@ -347,7 +376,7 @@ def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
             rows.append([_algorithm_cell(r), _seeds_cell(r),
                          f"{fmt_number(r['mean'])} {fmt_ci(r['mean_lo'], r['mean_hi'], n=r['n'])}", steps, reaching,
                          _clip_off_mean(analysis, task, r["algorithm"])])
-        lines += task_table(out_dir, task, "ablation", headers, rows, f"OP-GRPO ablations on {task}.")
+        lines += task_table(out_dir, task, "ablation", headers, rows, f"{title} on {task}.")
     return lines
 
 
@@ -411,25 +440,38 @@ def curves_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     return lines
 
 
+def step_stem(pattern: str) -> str:
+    """The name of a per-denoising-step pattern without its index: ``abs_log_ratio_t{k}`` -> ``abs_log_ratio``."""
+    return re.sub(r"_?t?\{k\}", "", pattern) or "step"
+
+
 def diagnostics_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
-    lines = ["## OP-GRPO diagnostics", ""]
+    lines = ["## Diagnostics", "",
+             "The columns each algorithm declares in its class's `diagnostics` (docs/adding-an-algorithm.md): scalars "
+             "over training, and per-denoising-step columns (`{k}`) averaged over training, against k; mean over "
+             "seeds with 95% bootstrap bands.", ""]
     drawn, palette = False, _palette(analysis)
     for task, runs in analysis.runs.groupby("task", sort=True):
-        clip = [c for c in ("clip_frac_on", "clip_frac_off") if c in runs.columns and runs[c].notna().any()]
-        ratio = [c for c in log_ratio_columns(runs) if runs[c].notna().any()]
-        if not clip and not ratio:
+        declared = declared_diagnostics(runs)
+        if not declared:
             continue
         drawn = True
-        lines += [f"### `{task}`", ""]
-        if clip:
-            stem = out_dir / "figures" / f"{slug(task)}_clip_fraction"
-            paths = figures.plot_clip_fractions(runs, task, palette, stem)
-            lines += _figure_lines(paths, out_dir, f"{task}: clip fraction on/off-policy")
-        if ratio:
-            paths = figures.plot_log_ratio_by_step(runs, ratio, task, palette,
-                                                   out_dir / "figures" / f"{slug(task)}_abs_log_ratio")
-            lines += _figure_lines(paths, out_dir, f"{task}: |log-ratio| by denoising step")
-    return lines if drawn else lines + ["No run logged `clip_frac_on`/`clip_frac_off` or `abs_log_ratio_t{k}`.", ""]
+        rows = [[f"`{pattern}`", ", ".join(f"`{a}`" for a in members), description.replace("|", "\\|")]
+                for pattern, (description, members) in declared.items()]
+        lines += [f"### `{task}`", ""] + markdown_table(["column", "logged by", "what it measures"], rows) + [""]
+        scalars = {p: members for p, (_, members) in declared.items() if "{k}" not in p}
+        if scalars:
+            paths = figures.plot_diagnostics_over_training(runs, scalars, task, palette,
+                                                           out_dir / "figures" / f"{slug(task)}_diagnostics")
+            lines += _figure_lines(paths, out_dir, f"{task}: {', '.join(scalars)} over training")
+        for pattern, (_, members) in declared.items():
+            if "{k}" not in pattern:
+                continue
+            stem = step_stem(pattern)
+            paths = figures.plot_by_denoising_step(runs, step_columns(runs, pattern), stem, members, task, palette,
+                                                   out_dir / "figures" / f"{slug(task)}_{slug(stem)}")
+            lines += _figure_lines(paths, out_dir, f"{task}: {stem} by denoising step")
+    return lines if drawn else lines + ["No run logged a column its algorithm declares in `diagnostics`.", ""]
 
 
 def sample_grids(run_dir: Path) -> dict[int, Path]:
