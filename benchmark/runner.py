@@ -4,6 +4,9 @@ A run directory holds ``config.yaml`` (fully resolved), ``metrics.csv`` (one row
 evaluation), ``checkpoint.pt`` (everything a resume needs), ``samples/step_N.png`` and, once finished, ``done.json``.
 Every file is written atomically. A killed run restarts from its last checkpoint and, because all randomness is
 derived from (seed, iteration), produces the same metrics as an uninterrupted run (except wall-clock columns).
+The experiment is built and checked (``benchmark.experiment.build``) before the run directory is created; a fresh
+run that fails before its first checkpoint removes what it created, so that a corrected rerun is not refused as a
+run of another config.
 
 Under ``accelerate launch`` / ``torchrun`` (``algorithms/distributed.py``) every process runs this loop on its shard
 of each batch; the main process alone takes the run-directory lock and writes files, evaluation is sharded over the
