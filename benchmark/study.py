@@ -41,13 +41,17 @@ import pandas as pd
 from scipy import stats as sps
 
 from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, load_runs, ratio_ci
+from benchmark.study_claims import claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
 ALPHA, POWER = 0.05, 0.80
 DEFAULT_FRACTION = 0.8
 METRICS = ("steps_to_target", "nfe_to_target", "steps_to_final", "final_reward", "auc")
 #: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
-DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess")
+DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess",
+               "log_weight_std")
+#: per-timestep |log p_old - log p_off| of the reused transitions (OP-GRPO logs one column per reused step k)
+STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
 VARIANT_SEP = "@"  # task@variant: a control cell of task
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
 
@@ -83,9 +87,12 @@ def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
                "last_nfe": float(frame["nfe"].max()), "wall_s": float(frame["wall_s"].max()),
                "finished": bool(first["finished"])}
         train_rows = frame[frame["step"] > 0]
-        for column in DIAGNOSTICS:
+        step_columns = [c for c in frame.columns if c.startswith(STEP_LOG_RATIO_PREFIX)]
+        for column in (*DIAGNOSTICS, *step_columns):
             if column in frame and frame[column].notna().any():
                 row[column] = float(train_rows[column].mean())
+        # collapse: the run ends below the model it started from (divergence that the non-finite guard does not see)
+        row["collapsed"] = row["final_reward"] < row["base"]
         if "zero_std_frac" in frame:
             row["zero_std_frac_early"] = float(train_rows.nsmallest(EARLY_STEPS, "step")["zero_std_frac"].mean())
         rows.append(row)
@@ -160,6 +167,49 @@ def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def wall_clock_ratios(table: pd.DataFrame, timing: pd.DataFrame, baseline: str,
+                      metrics=("steps_to_target", "steps_to_final"), resamples: int = 10_000,
+                      seed: int = 0) -> pd.DataFrame:
+    """Estimated wall-clock-to-target ratios vs ``baseline``: steps ratio x per-step cost ratio.
+
+    ``timing`` is :mod:`benchmark.study_timing`'s table (cells ``TASK/ALGORITHM``). The per-step cost ratio of a
+    cell is, in each timing repeat, its seconds per step / the baseline's of the same task in that repeat (same
+    process, same moment); its median over repeats multiplies the steps ratio (mean steps of the cell / mean steps of
+    the baseline over their seeds). The 95% CI resamples seeds (each group alone, as ``ratio_ci``) and repeats
+    together. One row per (task, cell, metric) that has timing for both the cell and the baseline."""
+    rows = []
+    rng = np.random.default_rng(seed)
+    for task, rows_task in table.groupby("task"):
+        base_cost = timing[timing["cell"] == f"{task}/{baseline}"].set_index("repeat")["s_per_step"]
+        if base_cost.empty:
+            continue
+        base = rows_task[rows_task["algorithm"] == baseline]
+        for algorithm, rows_alg in rows_task.groupby("algorithm"):
+            if algorithm == baseline:
+                continue
+            name, _, variant = str(algorithm).partition(VARIANT_SEP)
+            cell = f"{task}{VARIANT_SEP}{variant}/{name}" if variant else f"{task}/{name}"
+            cost = timing[timing["cell"] == cell].set_index("repeat")["s_per_step"]
+            repeats = sorted(set(cost.index) & set(base_cost.index))
+            if not repeats:
+                continue
+            cost_ratios = (cost.loc[repeats] / base_cost.loc[repeats]).to_numpy(float)
+            boot_cost = np.median(cost_ratios[rng.integers(0, len(cost_ratios), (resamples, len(cost_ratios)))],
+                                  axis=1)
+            for metric in metrics:
+                a, b = rows_alg[metric].to_numpy(float), base[metric].to_numpy(float)
+                steps_ratio = a.mean() / b.mean()
+                boot_steps = (a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1)
+                              / b[rng.integers(0, b.size, (resamples, b.size))].mean(axis=1))
+                low, high = np.percentile(boot_steps * boot_cost, [2.5, 97.5])
+                rows.append({"task": task, "algorithm": algorithm, "metric": metric.replace("steps", "wall"),
+                             "steps_ratio": steps_ratio, "cost_ratio": float(np.median(cost_ratios)),
+                             "cost_ratio_min": float(cost_ratios.min()), "cost_ratio_max": float(cost_ratios.max()),
+                             "repeats": len(repeats), "ratio": steps_ratio * float(np.median(cost_ratios)),
+                             "ratio_low": float(low), "ratio_high": float(high)})
+    return pd.DataFrame(rows)
+
+
 def _steps_extras(alg: pd.DataFrame, base: pd.DataFrame, metric: str) -> dict:
     ratio, low, high = ratio_ci(alg[metric].to_numpy(float), base[metric].to_numpy(float))
     reached = reached_column(metric)
@@ -197,7 +247,8 @@ def _fmt(value: float, digits: int = 3) -> str:
 
 
 def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float], baseline: str, fraction: float,
-           smooth: int, curves: pd.DataFrame | None = None) -> str:
+           smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
+           wall: pd.DataFrame | None = None) -> str:
     lines = [f"# OP-GRPO study: paired effects vs {baseline}", "",
              f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward) "
              f"(`*_to_target`); `steps_to_final`: steps to {baseline}'s mean final reward itself; "
@@ -205,24 +256,42 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
              "seeds both ran, with 95% percentile-bootstrap CIs of the mean; MDE = smallest true difference a paired "
              "t-test (two-sided, 0.05) detects with 80% power at the observed seed spread. Regenerate with "
              "`python -m benchmark.study RUNS_DIR --out DIR` (module docstring: definitions).", ""]
+    if claims is not None and len(claims):
+        lines += render_claims(claims)
+    if wall is not None and len(wall):
+        lines += ["## Wall-clock to target (estimated)", "",
+                  "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
+                  "(`python -m benchmark.study_timing`, file `timing.csv`): median over repeats (range).", "",
+                  "| task | algorithm | metric | steps ratio | cost ratio (range) | repeats | wall-clock ratio (95% CI) |",
+                  "|---|---|---|---|---|---|---|"]
+        for _, w in wall.iterrows():
+            lines.append(f"| {w['task']} | {w['algorithm']} | {w['metric']} | {w['steps_ratio']:.2f} | "
+                         f"{w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-{w['cost_ratio_max']:.2f}) | "
+                         f"{int(w['repeats'])} | {w['ratio']:.2f} [{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}] |")
+        lines.append("")
     for task, rows in table.groupby("task"):
         seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
         lines += [f"## {task} (target {targets[task]:.4f})", "", f"Seeds: {seeds}.", "",
                   "| algorithm | seeds | final reward | AUC | steps to target (reached) | steps to final (reached) "
-                  f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) "
+                  "| log w std / ESS | unstable |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for algorithm, runs in rows.groupby("algorithm"):
-            clip = (f"{_fmt(runs['clip_frac_on'].mean())} / {_fmt(runs['clip_frac_off'].mean())}"
+            clip = (f"{_fmt(runs.get('clip_frac_on', pd.Series(dtype=float)).mean())} / "
+                    f"{_fmt(runs['clip_frac_off'].mean())}"
                     if "clip_frac_off" in runs and runs["clip_frac_off"].notna().any()
                     else _fmt(runs["clip_frac"].mean()) if "clip_frac" in runs else "-")
             zero = (f"{_fmt(runs['zero_std_frac_early'].mean())} / {_fmt(runs['zero_std_frac'].mean())}"
                     if "zero_std_frac" in runs else "-")
             off = _fmt(runs["off_policy_frac"].mean()) if "off_policy_frac" in runs else "-"
+            weights = (f"{_fmt(runs['log_weight_std'].mean())} / {_fmt(runs['weight_ess'].mean())}"
+                       if "log_weight_std" in runs and runs["log_weight_std"].notna().any() else "-")
+            unstable = int(((~runs["finished"].astype(bool)) | runs["collapsed"].astype(bool)).sum())
             lines.append(
                 f"| {algorithm} | {len(runs)} | {runs['final_reward'].mean():.4f} +- {runs['final_reward'].std():.4f} "
                 f"| {runs['auc'].mean():.4f} | {runs['steps_to_target'].mean():.1f} ({int(runs['reached'].sum())}/"
                 f"{len(runs)}) | {runs['steps_to_final'].mean():.1f} ({int(runs['reached_final'].sum())}/{len(runs)}) "
-                f"| {zero} | {off} | {clip} |")
+                f"| {zero} | {off} | {clip} | {weights} | {unstable}/{len(runs)} |")
         if curves is not None and task in curves.index.get_level_values(0):
             steps = [int(step) for step in curves.columns]
             lines += ["", "Mean eval reward over seeds by step:", "",
@@ -283,22 +352,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION, help="target = this share of the "
                         "baseline's gain over the step-0 reward")
     parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH)
+    parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.study_timing (CSV) for "
+                        "the wall-clock-to-target estimates; copied into --out as timing.csv")
+    parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table (needs "
+                        "--also-vs op_grpo)")
     parser.add_argument("--also-vs", default="", help="comma-separated cells (algorithm or algorithm@variant) to "
                         "pair the other cells with as well, e.g. op_grpo")
     args = parser.parse_args(argv)
     try:
         also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
         table, effects, targets = analyze_study(args.runs_dir, args.baseline, args.fraction, args.smooth, also_vs)
+        timing = None
+        if args.timing:
+            try:
+                timing = pd.read_csv(args.timing)
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"--timing {args.timing}: cannot read it ({error})") from None
+            missing = {"repeat", "cell", "task", "algorithm", "s_per_step"} - set(timing.columns)
+            if missing:
+                raise ConfigError(f"--timing {args.timing}: missing columns {sorted(missing)}")
+        if args.claims and "op_grpo" not in also_vs:
+            raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
     except FlowZooError as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
+    claims = claims_table(table, effects) if args.claims else None
+    wall = wall_clock_ratios(table, timing, args.baseline) if timing is not None else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "runs.csv", index=False)
     effects.to_csv(out / "effects.csv", index=False)
     curves = mean_curves(args.runs_dir)
     curves.to_csv(out / "curves.csv")
-    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth, curves))
+    if claims is not None:
+        claims.to_csv(out / "claims.csv", index=False)
+    if timing is not None:
+        if Path(args.timing).resolve() != (out / "timing.csv").resolve():
+            timing.to_csv(out / "timing.csv", index=False)
+        wall.to_csv(out / "wall_clock.csv", index=False)
+    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth, curves,
+                                          claims, wall))
     print(f"wrote {out / 'README.md'}")
     return 0
 
