@@ -36,6 +36,7 @@ from algorithms.sde import StepOutput, sde_step, sigma_schedule
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
+from flowzoo.streams import UPDATE_ORDER_OFFSET
 from models.base import FlowModel
 from rewards.base import Reward
 from rewards.errors import RewardError
@@ -209,7 +210,7 @@ class Algorithm:
         self.num_steps = self.config.num_steps or model.default_num_steps
         shift = model.default_shift if self.config.shift is None else self.config.shift
         self.sigmas = sigma_schedule(self.num_steps, shift)
-        self.update_generator = torch.Generator().manual_seed(seed + 7919)
+        self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def step_plan(self, batch: int) -> StepPlan:

@@ -28,9 +28,10 @@ import torch
 
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.plans import PURPOSE_TRAIN_SUBSETS, algorithm_sigmas, iteration_generator, random_step_subsets
+from algorithms.plans import algorithm_sigmas, iteration_generator, random_step_subsets
 from algorithms.trajectory import StepPlan
 from flowzoo.errors import ConfigError
+from flowzoo.streams import PURPOSE_TRAIN_SUBSETS
 
 
 @dataclass

@@ -43,10 +43,11 @@ import torch
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import GatheredBatch
-from algorithms.plans import PURPOSE_WINDOW, iteration_generator, window_plan
+from algorithms.plans import iteration_generator, window_plan
 from algorithms.rollout import branched_rollout, initial_noise, sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
+from flowzoo.streams import PURPOSE_WINDOW
 
 
 @dataclass

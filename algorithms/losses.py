@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from algorithms.sde import reduce_latent_dims
+
 KL_VARIANCES = ("step", "release")
 
 
@@ -60,13 +62,9 @@ def gaussian_mean_kl(
     mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:
     """KL(N(mean, std^2) || N(ref_mean, std^2)) per sample [B], averaged (or summed) over the non-batch dims."""
-    dims = tuple(range(1, mean.dim()))
-    sq = (mean - ref_mean) ** 2
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"unknown reduction {reduction!r}; known: mean, sum")
-    return (sq.mean(dim=dims) if reduction == "mean" else sq.sum(dim=dims)) / (2 * std**2)
+    return reduce_latent_dims((mean - ref_mean) ** 2, reduction) / (2 * std**2)
 
 
 def sequence_log_weight(log_p_old: torch.Tensor, log_p_off: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
-    """log w = sum over reused steps of (log p_old - log p_off), per sample [B] (OP-GRPO, seeds/000 sec. 2B)."""
+    """log w = sum over reused steps of (log p_old - log p_off), per sample [B] (OP-GRPO, arXiv 2604.04142)."""
     return ((log_p_old - log_p_off) * reused.to(log_p_old.dtype)).sum(dim=1)

@@ -60,10 +60,11 @@ from algorithms import register, register_preset
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import GatheredBatch
 from algorithms.plans import (
-    PURPOSE_WINDOW, algorithm_sigmas, compressed_tail_sigmas, iteration_generator, window_plan,
+    algorithm_sigmas, compressed_tail_sigmas, iteration_generator, window_plan,
 )
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
+from flowzoo.streams import PURPOSE_WINDOW
 
 
 @dataclass

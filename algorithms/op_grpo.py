@@ -1,19 +1,21 @@
-"""OP-GRPO: off-policy GRPO for flow-matching models (seeds/000_*.txt, seeds/003_*.txt).
+"""OP-GRPO: off-policy GRPO for flow-matching models (Zhang et al., "OP-GRPO: Efficient Off-Policy GRPO for
+Flow-Matching Models", arXiv 2604.04142).
 
 On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks:
 
-* ``collect`` -- **hybrid rollout** (sec. 2A): some groups get ``G - k`` fresh samples and ``k`` samples built
-  from stored trajectories. Which groups (``replay_prompts``): ``batch`` (the papers' wording: prompts come from the
-  dataset) -- a fraction ``off_policy_groups`` of the batch's groups whose prompt has buffer entries; ``buffer`` -- a
-  share ``off_policy_groups`` of the batch's groups takes its prompt from the buffer's prompts instead of the dataset,
-  so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the prompt list (in
-  ``batch`` mode a group is eligible only if its prompt is both drawn and stored: ~4% of groups on a 25k-prompt list
-  with 1024 entries).
+* ``collect`` -- **hybrid rollout** (the paper's replay buffer): some groups get ``G - k`` fresh samples and ``k``
+  samples built from stored trajectories. Which groups (``replay_prompts``): ``batch`` (the papers' wording: prompts
+  come from the dataset) -- a fraction ``off_policy_groups`` of the batch's groups whose prompt has buffer entries;
+  ``buffer`` -- a share ``off_policy_groups`` of the batch's groups takes its prompt from the buffer's prompts instead
+  of the dataset, so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the
+  prompt list (in ``batch`` mode a group is eligible only if its prompt is both drawn and stored: ~4% of groups on a
+  25k-prompt list with 1024 entries).
   A stored trajectory is reused for its first ``t_off`` transitions (its recorded latents 0..t_off are kept
-  bit-identical); **truncation** (sec. 2C): the current policy regenerates transitions ``t_off .. T-1`` from the
-  stored latent at ``t_off`` and the new final sample is rewarded afresh, so it enters the group's advantages.
+  bit-identical); **truncation** (the paper's trajectory truncation): the current policy regenerates transitions
+  ``t_off .. T-1`` from the stored latent at ``t_off`` and the new final sample is rewarded afresh, so it enters the
+  group's advantages.
   For the reused transitions pi_old (the parameters at this rollout) is recomputed without gradient, and
-  **sequence-level correction** (sec. 2B) sets the sample's log-weight
+  **sequence-level correction** (the paper's importance sampling correction) sets the sample's log-weight
   ``log w = sum over reused SDE steps of (log p_old(z_{t+1}|z_t) - log p_off(z_{t+1}|z_t))``
   (``losses.sequence_log_weight``); the PPO ratio of every trained step stays pi_theta / pi_old, and the base
   ``update`` multiplies the sample's loss by ``w`` (a constant: no gradient). Regenerated steps are on-policy and add
@@ -55,10 +57,7 @@ from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from algorithms.rollout import rollout, sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
-
-#: stream keys of the generators OP-GRPO draws (distinct from the fresh samples' group offsets)
-_GROUP_CHOICE_STREAM = 2_000_003
-_REGEN_STREAM = 2_000_029
+from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
 
 
 @dataclass
@@ -178,7 +177,7 @@ class OPGRPO(Algorithm):
             return prompts, metadata, {}
         plan = self.step_plan(1)
         plan = dataclasses.replace(plan, sigmas=plan.sigmas.cpu(), sde=plan.sde.cpu(), train=plan.train.cpu())
-        gen = sample_generators(self.seed, self.iteration, _GROUP_CHOICE_STREAM, count=1)[0]
+        gen = sample_generators(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE, count=1)[0]
         if cfg.replay_prompts == "buffer":
             return self._buffer_groups(prompts, metadata, plan, gen)
         eligible: dict[int, list[ReplayEntry]] = {}
@@ -228,7 +227,8 @@ class OPGRPO(Algorithm):
         and log w; with the per-step sums and counts of |log pi_old - log pi_off| over its finite samples."""
         cfg = self.config
         order = [(i, e) for i, entries in groups.items() for e in entries]
-        gens = sample_generators(self.seed, self.iteration, _REGEN_STREAM, count=len(order))[rows.start: rows.stop]
+        gens = sample_generators(self.seed, self.iteration, OP_GRPO_REGENERATION, count=len(order))
+        gens = gens[rows.start: rows.stop]
         order = order[rows.start: rows.stop]
         n, t_off, device = len(order), self.t_off, self.model.device
         rep_prompts = [prompts[i] for i, _ in order]

@@ -14,16 +14,12 @@ from __future__ import annotations
 import torch
 
 from algorithms.rollout import sample_generators
-from algorithms.sde import sigma_schedule, time_shift
+from algorithms.sde import inverse_time_shift, sigma_schedule, time_shift
 from algorithms.trajectory import StepPlan
-
-#: ``purpose`` keys of :func:`iteration_generator`; far from the small group offsets fresh_rollout uses as its key
-PURPOSE_TRAIN_SUBSETS = 1_000_001
-PURPOSE_WINDOW = 1_000_002
 
 
 def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Generator:
-    """A generator seeded by (seed, iteration, purpose) only."""
+    """A generator seeded by (seed, iteration, purpose) only; ``purpose`` is one of ``flowzoo.streams``' keys."""
     return sample_generators(seed, iteration, purpose, count=1)[0]
 
 
@@ -68,11 +64,6 @@ def random_step_subsets(batch: int, num_steps: int, candidates: int, count: int,
     return train
 
 
-def unshift_sigma(s: torch.Tensor, shift: float) -> torch.Tensor:
-    """The inverse of :func:`algorithms.sde.time_shift`: t = s / (shift - (shift - 1) s)."""
-    return s / (shift - (shift - 1) * s)
-
-
 def compressed_tail_sigmas(
     sigmas: torch.Tensor, last: int, ratio: float, shift: float, counted: int | None = None
 ) -> torch.Tensor:
@@ -90,7 +81,7 @@ def compressed_tail_sigmas(
     if remaining < 1:
         raise ValueError(f"no step left after the window ending at step {last} of {num_steps}")
     points = max(int((remaining if counted is None else counted) * ratio), 2)
-    start = unshift_sigma(sigmas[last + 1].double(), shift)
+    start = inverse_time_shift(sigmas[last + 1].double(), shift)
     tail = time_shift(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
     tail[0] = sigmas[last + 1]  # exact, so the window's steps see the original sigmas
     return torch.cat([sigmas[: last + 1], tail])

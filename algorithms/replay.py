@@ -1,4 +1,4 @@
-"""OP-GRPO's replay buffer of high-reward trajectories (seeds/000 sec. 2A, seeds/003 sec. 2A).
+"""OP-GRPO's replay buffer of high-reward trajectories (arXiv 2604.04142, its replay buffer).
 
 Rules (the papers give the rules, not the numbers; every number here is a documented knob, see docs/op_grpo.md):
 
@@ -7,7 +7,7 @@ Rules (the papers give the rules, not the numbers; every number here is a docume
   rule ``above_group_mean`` its reward must be strictly greater than the mean reward of its whole group (fresh and
   replayed samples: the samples its advantage is computed against), i.e. its advantage is positive; a group whose
   rewards are all equal (e.g. all zero under a sparse reward) offers nothing. ``min_reward`` further requires
-  ``reward >= min_reward``. Why: the method keeps a "high-quality" buffer (seeds/000 sec. 2A); without a gate the
+  ``reward >= min_reward``. Why: the method keeps "high-quality trajectories" (arXiv 2604.04142); without a gate the
   best of an all-failure group is stored and later replayed in place of a fresh sample, which under sparse rewards
   replays failures. ``any`` (no gate) is the ablation.
 * **Uniqueness** (``unique=True``): at most one entry per prompt. A candidate whose prompt already has an entry is

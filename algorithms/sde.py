@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 KINDS = ("flow_grpo", "dance_grpo", "cps")
+REDUCTIONS = ("mean", "sum")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -40,20 +41,22 @@ def _bcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))
 
 
-def _reduce(t: torch.Tensor, reduction: str) -> torch.Tensor:
+def reduce_latent_dims(t: torch.Tensor, reduction: str) -> torch.Tensor:
+    """[B, ...] -> [B]: the mean (as the reference implementations reduce log-densities) or the sum (a joint
+    density) over the non-batch dims; the one place a log-prob or KL reduction is computed."""
     dims = tuple(range(1, t.dim()))
     if reduction == "mean":
         return t.mean(dim=dims)
     if reduction == "sum":
         return t.sum(dim=dims)
-    raise ValueError(f"unknown reduction {reduction!r}; known: mean, sum")
+    raise ValueError(f"unknown reduction {reduction!r}; known: {', '.join(REDUCTIONS)}")
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """log N(x; mean, std^2) per element, reduced over non-batch dims. ``std`` is [B] and must be > 0."""
     s = _bcast(std, x)
     elem = -((x - mean) ** 2) / (2 * s**2) - torch.log(s) - _LOG_SQRT_2PI
-    return _reduce(elem, reduction)
+    return reduce_latent_dims(elem, reduction)
 
 
 def _noise(like: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
@@ -124,7 +127,7 @@ def sde_step(
     if deterministic:
         log_prob = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
     elif kind == "cps":
-        log_prob = _reduce(-((prev_sample.detach() - mean) ** 2), reduction)
+        log_prob = reduce_latent_dims(-((prev_sample.detach() - mean) ** 2), reduction)
     else:
         log_prob = gaussian_log_prob(prev_sample.detach(), mean, std, reduction)
     return StepOutput(prev_sample.to(out_dtype), log_prob, mean, std)
@@ -142,6 +145,11 @@ SIGMA_GRIDS = ("diffusers", "linspace")
 def time_shift(t: torch.Tensor | float, shift: float) -> torch.Tensor | float:
     """SD3's static time shift s = shift t / (1 + (shift - 1) t)."""
     return shift * t / (1 + (shift - 1) * t)
+
+
+def inverse_time_shift(s: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    """The t with ``time_shift(t, shift) == s``: t = s / (shift - (shift - 1) s), which is the shift by 1 / shift."""
+    return time_shift(s, 1.0 / shift)
 
 
 def sigma_schedule(

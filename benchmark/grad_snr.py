@@ -31,9 +31,7 @@ from benchmark.config import ExperimentConfig
 from benchmark.experiment import Experiment
 from benchmark.runner import prompt_batch
 from flowzoo.errors import ConfigError
-
-#: prompt-stream offset of the batches measured here (away from the steps a run with the same seed trains on)
-STEP_OFFSET = 1_000_000
+from flowzoo.streams import GRAD_SNR_STEP_OFFSET
 
 
 def pairwise_cosines(gradients: torch.Tensor) -> torch.Tensor:
@@ -100,10 +98,10 @@ def gradients_at(runner: Experiment, batches: int, fixed_prompts: bool = False,
     gradients, rewards = [], []
     t0 = time.perf_counter()
     for k in tqdm(range(batches), desc="gradient batches", disable=not progress):
-        step = STEP_OFFSET + (0 if fixed_prompts else k)
+        step = GRAD_SNR_STEP_OFFSET + (0 if fixed_prompts else k)
         prompts = prompt_batch(runner.train_prompts, config.seed, step, config.train.prompts_per_step)
         algorithm.load_state_dict(copy.deepcopy(start))  # a copy: a model may load by reference
-        algorithm.iteration = STEP_OFFSET + k  # fresh noise for every batch
+        algorithm.iteration = GRAD_SNR_STEP_OFFSET + k  # fresh noise for every batch
         stats = algorithm.step([p for p, _ in prompts], [m for _, m in prompts])
         gradients.append(torch.cat([p.grad.detach().flatten().clone() for p in params]))
         rewards.append(stats.reward_mean)

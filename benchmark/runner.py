@@ -39,6 +39,7 @@ from benchmark.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.prompts import Prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
+from flowzoo.streams import PROMPT_ORDER
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
@@ -51,7 +52,7 @@ TIMING_COLUMNS = ["wall_s", "t_sampling", "t_reward", "t_training", "t_eval"]
 
 def prompt_batch(prompts: Prompts, seed: int, step: int, count: int) -> Prompts:
     """The prompts of training step ``step``: a seeded shuffle of enough copies of the prompt list."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, step, 17]))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, step, PROMPT_ORDER]))
     copies = math.ceil(count / len(prompts))
     order = rng.permutation(len(prompts) * copies)[:count] % len(prompts)
     return [prompts[i] for i in order]

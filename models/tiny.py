@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
 from models import register
 from models.base import Condition, FlowModel
 from models.diffusers_common import DEFAULT_LORA_TARGETS, DiffusersFlowModel, resolve_device
@@ -74,10 +75,11 @@ def build_networks(arch: TinyArch, seed: int = 0):
     from diffusers import SD3Transformer2DModel
 
     tokenizer = WordTokenizer()
-    text_encoder = build_text_encoder(tokenizer, arch.text_width, arch.text_layers, arch.text_heads, seed)
+    text_encoder = build_text_encoder(tokenizer, arch.text_width, arch.text_layers, arch.text_heads,
+                                      seed + TINY_TEXT_INIT_OFFSET)
     channels, height, width = image_shape(arch.data)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed + 1)
+        torch.manual_seed(seed + TINY_TRANSFORMER_INIT_OFFSET)
         transformer = SD3Transformer2DModel(
             sample_size=max(height, width),
             patch_size=arch.patch_size,
@@ -207,7 +209,7 @@ class TinyModel(DiffusersFlowModel):
         for module in (self.text_encoder, self.transformer):
             module.requires_grad_(False).eval().to(self.device)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + 2)  # peft's gaussian init of LoRA A draws from the global generator
+            torch.manual_seed(seed + TINY_LORA_INIT_OFFSET)  # peft's gaussian init of LoRA A draws from the global generator
             self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from flowzoo.streams import TINY_SAMPLE
+
 SHAPES_SIZE = 32
 SHAPES = ("circle", "square", "triangle")
 #: RGB in [0, 1]; hues 0/60/130/225 deg, far apart so a nearest-colour rule separates them
@@ -58,7 +60,7 @@ class ShapeObject:
 
 
 def sample_rng(seed: int, index: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(index), 0x5EED]))
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(index), TINY_SAMPLE]))
 
 
 # ---- shapes ------------------------------------------------------------------------------------------------

@@ -32,12 +32,13 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save, atomic_write_text
+from flowzoo.streams import TINY_PRETRAIN_BATCH
 from models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
 from models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
-    state = np.random.SeedSequence([seed, step, 0xF10]).generate_state(1, dtype=np.uint64)[0]
+    state = np.random.SeedSequence([seed, step, TINY_PRETRAIN_BATCH]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state >> 1))
 
 
