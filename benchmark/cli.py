@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -68,6 +69,11 @@ def _end_failed_rank(rank: str, error: BaseException) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from benchmark.suite import load_suite, run_suite, select
 
+    if args.workers is not None and args.workers < 1:
+        raise FlowZooError(f"--workers {args.workers}: give at least 1 (default: the number of CPUs)")
+    if args.budget_minutes is not None and not (math.isfinite(args.budget_minutes) and args.budget_minutes > 0):
+        raise FlowZooError(f"--budget-minutes {args.budget_minutes}: give a positive number of minutes (default: "
+                           f"no limit)")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
     for failure in failures:

@@ -114,3 +114,13 @@ def test_makefile_targets_all_have_rules_and_make_help_lists_them():
     if shutil.which("make"):
         out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         assert {line.split("\t")[0] for line in out.splitlines()} == phony
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0"), ("--workers", "-2"), ("--budget-minutes", "0"),
+                                           ("--budget-minutes", "-1"), ("--budget-minutes", "nan"),
+                                           ("--budget-minutes", "inf")])
+def test_bench_refuses_a_worker_count_or_budget_that_means_nothing(option, value, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("benchmark.suite.run_suite", lambda *args: pytest.fail("a run started"))
+    assert cli.main(["bench", "smoke", "--runs", str(tmp_path), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"flowzoo: error: {option} ") and not any(tmp_path.iterdir())
