@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, load_runs, ratio_ci
+from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, find_run_dirs, load_runs, ratio_ci
 from benchmark.study_claims import claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
@@ -344,6 +344,29 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", fraction: f
     return table, effects, targets
 
 
+#: metrics.csv columns a trimmed copy keeps (``--save-metrics``): what the study reads
+KEPT_COLUMNS = ("step", "nfe", "wall_s", "eval_reward", "reward_mean", "clip_frac", *DIAGNOSTICS)
+
+
+def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int = 6) -> int:
+    """Copies each run's config.yaml and its metrics.csv cut to ``KEPT_COLUMNS`` plus the per-step log-ratio columns
+    (floats at ``digits`` significant digits) into ``out_dir``, keeping the relative layout; returns the run count.
+    The study's tables computed from the copy match the full runs' to that precision."""
+    runs_dir, out_dir = Path(runs_dir), Path(out_dir)
+    count = 0
+    for run in find_run_dirs(runs_dir):
+        target = out_dir / run.relative_to(runs_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        frame = pd.read_csv(run / "metrics.csv")
+        keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
+        tmp = target / "metrics.csv.tmp"
+        frame[keep].to_csv(tmp, index=False, float_format=f"%.{digits}g")
+        tmp.replace(target / "metrics.csv")
+        (target / "config.yaml").write_bytes((run / "config.yaml").read_bytes())
+        count += 1
+    return count
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark.study", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir")
@@ -356,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
     parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table (needs "
                         "--also-vs op_grpo)")
+    parser.add_argument("--save-metrics", default=None, metavar="DIR", help="also copy every run's config.yaml "
+                        "and its metrics.csv trimmed to the columns the study reads into DIR (a committable "
+                        "record the report can be regenerated from)")
     parser.add_argument("--also-vs", default="", help="comma-separated cells (algorithm or algorithm@variant) to "
                         "pair the other cells with as well, e.g. op_grpo")
     args = parser.parse_args(argv)
@@ -380,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = wall_clock_ratios(table, timing, args.baseline) if timing is not None else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.save_metrics:
+        print(f"saved {save_trimmed_metrics(args.runs_dir, args.save_metrics)} runs' metrics to {args.save_metrics}")
     table.to_csv(out / "runs.csv", index=False)
     effects.to_csv(out / "effects.csv", index=False)
     curves = mean_curves(args.runs_dir)

@@ -140,3 +140,18 @@ def test_timing_measures_every_cell_in_every_repeat():
     op = table[table["cell"] == "toy2d_sparse64/op_grpo"].set_index("repeat")
     ref = reference.set_index("repeat")
     assert np.allclose(op["ratio"], op["s_per_step"] / ref["s_per_step"])
+
+
+def test_trimmed_metrics_give_the_same_study(tmp_path):
+    from benchmark.study import save_trimmed_metrics
+
+    fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
+    _study(tmp_path / "runs", fast, [0.0, 0.1, 0.2, 0.3, 0.4, 0.51], 0.4, 10)
+    for run in (tmp_path / "runs").rglob("metrics.csv"):  # a column the study does not read is dropped
+        pd.read_csv(run).assign(unread=1.0).to_csv(run, index=False)
+    assert save_trimmed_metrics(tmp_path / "runs", tmp_path / "kept") == 42
+    kept = next((tmp_path / "kept").rglob("op_grpo_no_truncation/s0/metrics.csv"))
+    assert "unread" not in pd.read_csv(kept).columns and "abs_log_ratio_t9" in pd.read_csv(kept).columns
+    full = analyze_study(tmp_path / "runs", also_vs=("op_grpo",))[1]
+    trimmed = analyze_study(tmp_path / "kept", also_vs=("op_grpo",))[1]
+    pd.testing.assert_frame_equal(full, trimmed, rtol=1e-5)
