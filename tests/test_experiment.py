@@ -178,3 +178,21 @@ def test_huge_group_that_runs_out_of_memory_at_step_one_leaves_no_run_dir(tmp_pa
     err = done.stderr.strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and "out of memory" in err, err
     assert not run.exists()
+
+
+class _ReadsTheModel(Algorithm):
+    name = "test_reads_the_model"
+    Config = _Config
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.latent_size = self.model.latent_shape  # more than the stand-in of the dry check knows
+
+
+def test_an_algorithm_that_reads_more_of_the_model_is_checked_on_the_built_one():
+    algorithms.REGISTRY.add(_ReadsTheModel.name, _ReadsTheModel)
+    try:
+        config = load_config(CONFIG, [*SMALL, f"algorithm.name={_ReadsTheModel.name}"])  # the dry check steps aside
+        assert experiment.build(config).algorithm.latent_size == (2,)
+    finally:
+        algorithms.REGISTRY._entries.pop(_ReadsTheModel.name)
