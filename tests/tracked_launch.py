@@ -1,0 +1,42 @@
+"""``python tests/tracked_launch.py train ...``: the CLI with a custom tracker ``fake`` registered (as accelerate's
+``register_tracker_class`` does), which appends one line per call and the process's RANK to
+``<logging_dir>/fake.log``. Used by tests/test_trackers_distributed.py under a 2-process launch."""
+
+import os
+import sys
+
+from accelerate import tracking
+
+import benchmark.tracking
+from benchmark.cli import main
+
+
+class FakeTracker(tracking.GeneralTracker):
+    name, requires_logging_directory, main_process_only = "fake", True, False
+
+    def __init__(self, run_name, logging_dir):
+        super().__init__()
+        os.makedirs(logging_dir, exist_ok=True)
+        self.path = os.path.join(logging_dir, "fake.log")
+
+    @property
+    def tracker(self):
+        return self
+
+    def _write(self, text):
+        with open(self.path, "a") as f:
+            f.write(f"{text} rank={os.environ.get('RANK')}\n")
+
+    def store_init_configuration(self, values):
+        self._write("config")
+
+    def log(self, values, step, **kwargs):
+        self._write(f"log {step}")
+
+    def finish(self):
+        self._write("finish")
+
+
+tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
+benchmark.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
+sys.exit(main(sys.argv[1:]))
