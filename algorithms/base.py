@@ -77,6 +77,10 @@ class AlgorithmConfig:
     # Which CFG branch carries the gradient in the update (models.base.FlowModel.velocity): ``cond`` detaches the
     # unconditional one (Flow-GRPO's compute_log_prob), ``both`` back-propagates through both.
     cfg_grad: Literal["cond", "both"] = "cond"
+    # How ``cfg_grad: cond`` runs with autograd on (models.base.FlowModel.velocity): ``batched`` one call on
+    # [cond; uncond] with the unconditional half detached after it (the released form), ``split`` the unconditional
+    # half as its own no_grad call, ``auto`` the model's choice (split for big transformers). Same math.
+    cfg_batch: Literal["auto", "batched", "split"] = "auto"
     lr: float = 3e-4
     weight_decay: float = 1e-4
     adam_eps: float = 1e-8
@@ -91,8 +95,10 @@ class AlgorithmConfig:
     # Recompute-free first update (LeanGRPO, arXiv 2609.03528): the rollout evaluates the trained steps with
     # gradients and keeps their graphs, and the update back-propagates through them instead of recomputing the
     # policy forward. Same gradients; saves one forward per trained transition; holds the graphs in memory
-    # until the update. Needs a single optimizer step per rollout (inner_epochs 1, minibatches 1).
-    reuse_rollout_graph: bool = False
+    # until the update. Needs a single optimizer step per rollout (inner_epochs 1, minibatches 1). ``auto``: on where
+    # that holds, ``micro_batch`` is unset (kept graphs are not micro-batched) and the algorithm's trajectories keep
+    # their graphs and train every sample at the same steps (``Algorithm.rollout_graph_auto``).
+    reuse_rollout_graph: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
@@ -103,7 +109,7 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.num_steps is not None and self.num_steps < 1:
             raise ConfigError(f"algorithm.num_steps must be >= 1, got {self.num_steps}")
-        if self.reuse_rollout_graph and (self.inner_epochs, self.minibatches) != (1, 1):
+        if self.reuse_rollout_graph is True and (self.inner_epochs, self.minibatches) != (1, 1):
             raise ConfigError(
                 "algorithm.reuse_rollout_graph needs inner_epochs 1 and minibatches 1 (one optimizer step per rollout); "
                 f"got inner_epochs {self.inner_epochs}, minibatches {self.minibatches}"
@@ -186,6 +192,8 @@ class Algorithm:
     diagnostics: ClassVar[dict[str, str]] = {}
     #: config overrides that define a named preset of a class (e.g. an ablation), applied under the user's config
     preset: ClassVar[dict[str, Any]] = {}
+    #: whether ``reuse_rollout_graph: auto`` may turn the recompute-free update on for this algorithm
+    rollout_graph_auto: ClassVar[bool] = True
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
 
@@ -310,13 +318,20 @@ class Algorithm:
         gens = gens[rows.start: rows.stop]
         plan = self.make_plan(batch)
         plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
-        live = {} if self.config.reuse_rollout_graph else None
+        live = {} if self.keeps_rollout_graph() else None
         latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance, live=live,
-                                     cfg_grad=self.config.cfg_grad)
+                                     cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
         group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
         return Trajectory.from_rollout(
             plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance, live=live
         )
+
+    def keeps_rollout_graph(self) -> bool:
+        """``reuse_rollout_graph`` resolved (``auto``: see ``AlgorithmConfig``)."""
+        cfg = self.config
+        if cfg.reuse_rollout_graph != "auto":
+            return bool(cfg.reuse_rollout_graph)
+        return self.rollout_graph_auto and (cfg.inner_epochs, cfg.minibatches) == (1, 1) and cfg.micro_batch is None
 
     def make_plan(self, batch: int) -> StepPlan:
         """The algorithm's ``step_plan`` with the settings every algorithm shares (the log-prob reduction)."""
@@ -356,7 +371,8 @@ class Algorithm:
         x = traj.latents[rows, t]
         sigma = traj.sigmas[t].expand(len(rows))
         sigma_next = traj.sigmas[t + 1].expand(len(rows))
-        v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad)
+        v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad,
+                                cfg_batch=self.config.cfg_batch)
         return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
                         prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction)
 

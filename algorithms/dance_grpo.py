@@ -54,6 +54,9 @@ class DanceGRPOConfig(AlgorithmConfig):
 @register("dance_grpo")
 class DanceGRPO(Algorithm):
     Config = DanceGRPOConfig
+    # each sample trains its own random steps: the rollout's kept graphs would cover every sample at nearly every step,
+    # a backward over more rows than the recomputed forward + backward of the trained ones saves
+    rollout_graph_auto = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

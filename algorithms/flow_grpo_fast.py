@@ -121,10 +121,10 @@ class FlowGRPOFast(Algorithm):
         plan = self.make_plan(batch)
         plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
         group = torch.arange(len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
-        live = {} if self.config.reuse_rollout_graph else None
+        live = {} if self.keeps_rollout_graph() else None
         latents, log_probs = branched_rollout(
             self.model, cond, plan, x1, gens[rows.start: rows.stop], group, self.window_start(),
-            self.config.guidance, live, cfg_grad=self.config.cfg_grad,
+            self.config.guidance, live, cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch,
         )
         return Trajectory.from_rollout(
             plan, [prompts[i // g] for i in rows], [metadata[i // g] for i in rows], cond, latents, log_probs, group,

@@ -114,6 +114,7 @@ class OPGRPO(Algorithm):
     """OP-GRPO (see the module docstring)."""
 
     Config = OPGRPOConfig
+    rollout_graph_auto = False  # a hybrid batch is concatenated (Trajectory.cat), which drops the fresh part's graphs
     diagnostics = {
         CLIP_FRAC_ON: "PPO clip fraction of the on-policy (fresh) samples' trained steps",
         CLIP_FRAC_OFF: "PPO clip fraction of the replayed samples' trained steps (paper: 11.8% corrected, >40% naive)",

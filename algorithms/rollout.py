@@ -46,6 +46,7 @@ def rollout(
     start_step: int = 0,
     live: dict[int, StepOutput] | None = None,
     cfg_grad: str = "cond",
+    cfg_batch: str = "auto",
     stop_step: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. stop_step - 1`` (default: to the last, T - 1) from state ``x`` (the
@@ -56,7 +57,7 @@ def rollout(
     ``live`` is a dict: then the steps the plan trains are evaluated with gradients and their StepOutputs (with the
     autograd graph) are stored in ``live[t]``, so the first update can back-propagate without recomputing them
     (the recompute-free schedule of LeanGRPO, arXiv 2609.03528); ``cfg_grad`` is then the CFG gradient form of those
-    graphs (see ``FlowModel.velocity``).
+    graphs and ``cfg_batch`` how they run (see ``FlowModel.velocity``).
     ODE steps marked in ``plan.dpm_solver`` use DPM-Solver++ 2M, whose history is the data prediction
     ``x - sigma v`` of the previous step whatever its kind (as MixGRPO-Flash's reference feeds its solver state during
     the SDE window); the first step after ``start_step`` has no history.
@@ -72,7 +73,7 @@ def rollout(
         sigma_next = plan.sigmas[t + 1].expand(batch)
         keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
         with torch.set_grad_enabled(keep_graph):
-            v = model.velocity(x, sigma, cond, guidance, cfg_grad=cfg_grad)
+            v = model.velocity(x, sigma, cond, guidance, cfg_grad=cfg_grad, cfg_batch=cfg_batch)
             if plan.sde[t]:
                 out = sde_step(
                     x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators),
@@ -105,6 +106,7 @@ def branched_rollout(
     guidance: float | None = None,
     live: dict[int, StepOutput] | None = None,
     cfg_grad: str = "cond",
+    cfg_batch: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rollout` for groups that share one deterministic prefix (Flow-GRPO-Fast's branching).
 
@@ -126,7 +128,7 @@ def branched_rollout(
     prefix = prefix[inverse]
     latents, log_probs = rollout(
         model, cond, plan, prefix[:, branch_step], generators, guidance, start_step=branch_step, live=live,
-        cfg_grad=cfg_grad,
+        cfg_grad=cfg_grad, cfg_batch=cfg_batch,
     )
     latents[:, :branch_step] = prefix[:, :branch_step]
     return latents, log_probs

@@ -21,14 +21,22 @@ from flowzoo.errors import RunError
 from flowzoo.secrets import without_secrets
 
 
+#: algorithm keys that choose how an iteration is computed, not what it computes (gradients equal to float rounding,
+#: tests/test_perf_gradient.py): a run made with other values, or before they existed, is the same run
+EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
+
+
 def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
     """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
-    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``."""
+    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``; and
+    without the algorithm's ``EXECUTION_KEYS``."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     if isinstance(resolved.get("train"), dict):
         resolved["train"] = {k: v for k, v in resolved["train"].items() if k != "threads"}
+    if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
+        resolved["algorithm"] = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
     return without_secrets(resolved, declared_secrets)
 
 

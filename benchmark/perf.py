@@ -1,14 +1,12 @@
 """``flowzoo perf``: one Flow-GRPO training iteration of ours against a reference-style loop, timed in one process.
 
-Both variants run on the same SD3 pipeline (by default a tiny random one built and saved by the SD3 adapter tests'
-``build_tiny_sd3`` and loaded through the adapter's real ``from_pretrained`` path), interleaved A B A B ..., and the
-medians are compared. The reference iteration shares our rollout and reward code (the released rollout is the same
-batched-CFG SDE sampling under no_grad) and trains as the released Flow-GRPO trainer does: per trained timestep one
-batched transformer call on [uncond; cond] with the unconditional half detached, that timestep's loss backward,
-gradients accumulated over the timesteps, one optimizer step (scripts/train_sd3.py:180-195, 872-939 at ac4c86e; the
-transcription is tests/test_fidelity_sd3.py's ``released_pair_loss``, reused here, not copied).
-
-The benchmark imports the transcription and the tiny-pipeline builder from ``tests/`` so it runs from a checkout.
+Both variants run on the same SD3 adapter (by default a tiny random pipeline, ``benchmark/perf_pipeline.py``, saved
+and loaded through the adapter's real ``from_pretrained`` path), interleaved A B A B ..., and the medians are
+compared. The reference iteration shares our rollout and reward code (the released rollout is the same batched-CFG
+SDE sampling under no_grad) and trains as the released Flow-GRPO trainer does: per trained timestep one batched
+transformer call on [uncond; cond] with the unconditional half detached, that timestep's loss backward, gradients
+accumulated over the timesteps, one optimizer step per minibatch (scripts/train_sd3.py:180-195, 872-939 at ac4c86e;
+the transcription is ``benchmark/perf_reference.py``).
 """
 
 from __future__ import annotations
@@ -16,80 +14,71 @@ from __future__ import annotations
 import dataclasses
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmark.perf_memory import SavedActivations
+from benchmark.perf_pipeline import MAX_SEQ, RESOLUTION, MeanBrightness, build_tiny_sd3
+from benchmark.perf_reference import released_gradient, released_pair_loss
 from flowzoo.errors import ConfigError
 
 PROMPT = "a photo of a cat"
-#: the released recipe's CFG scale; the transcription in tests/test_fidelity_sd3.py is written for it
+#: the released recipe's CFG scale
 GUIDANCE = 4.5
-
-
-def _helpers():
-    root = str(Path(__file__).resolve().parents[1])
-    if (Path(root) / "tests").is_dir() and root not in sys.path:  # the console script does not put the checkout on
-        sys.path.append(root)  # sys.path
-    try:
-        from tests.test_fidelity_sd3 import released_gradient, released_pair_loss
-        from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3
-        from tests.adapter_training import MeanBrightness
-    except ImportError as e:  # installed without the repository's tests/
-        raise ConfigError(f"flowzoo perf needs the repository checkout (tests/ importable): {e}") from e
-    return released_gradient, released_pair_loss, MAX_SEQ, RESOLUTION, build_tiny_sd3, MeanBrightness
 
 
 def load_model(path: str | None, device: str, lora_rank: int):
     """The SD3 adapter on ``path``, or on a tiny random pipeline written to a temporary directory."""
     from models.sd3 import SD3Model
 
-    _, _, max_seq, resolution, build, _ = _helpers()
     if path is None:
         tmp = Path(tempfile.mkdtemp(prefix="flowzoo_perf_"))
         (tmp / "tok").mkdir()
-        path = str(build(tmp / "sd3", tmp / "tok"))
-        return SD3Model(path=path, resolution=resolution, max_sequence_length=max_seq, lora_rank=lora_rank,
+        path = str(build_tiny_sd3(tmp / "sd3", tmp / "tok"))
+        return SD3Model(path=path, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=lora_rank,
                         lora_alpha=2 * lora_rank, device=device)
     return SD3Model(path=path, lora_rank=lora_rank, lora_alpha=2 * lora_rank, device=device)
 
 
-def make_algorithm(model, overrides: dict, seed: int = 0):
+def make_algorithm(model, overrides: dict, seed: int = 0, name: str = "flow_grpo"):
     import algorithms
 
-    _, _, _, _, _, reward = _helpers()
     config = {"group_size": 8, "num_steps": 10, "guidance": GUIDANCE, **overrides}
-    if float(config["guidance"]) != GUIDANCE:
-        raise ConfigError(f"perf: guidance {config['guidance']!r} is not supported; the reference loop uses {GUIDANCE}")
     if config.get("cfg_grad", "cond") != "cond":
         raise ConfigError(f"perf: cfg_grad {config['cfg_grad']!r} is not supported; the released loop detaches the "
                           "unconditional branch (cond)")
-    return algorithms.get("flow_grpo")(model, reward(), config, seed=seed)
+    return algorithms.get(name)(model, MeanBrightness(), config, seed=seed)
 
 
-def reference_update(alg, traj, advantages) -> None:
-    """The released per-timestep update: loss of each trained timestep over the whole batch, backward, accumulate
-    (divided by the number of trained timesteps), one optimizer step with the same clipping and optimizer as ours."""
-    _, released_pair_loss, *_ = _helpers()
+def reference_update(alg, traj, advantages, saved: SavedActivations | None = None) -> None:
+    """The released per-timestep update: for each of ``minibatches`` random parts of the batch, the loss of each
+    trained timestep over the part, backward, accumulate (divided by the number of trained timesteps), one optimizer
+    step with the same clipping and optimizer as ours."""
     model, cfg = alg.model, alg.config
-    rows = torch.arange(len(traj))
     steps = [t for t in range(traj.num_steps) if traj.train[:, t].any()]
-    alg.optimizer.zero_grad(set_to_none=True)
-    for t in steps:
-        loss, _ = released_pair_loss(model, traj, advantages, rows, t, cfg)
-        (loss.mean() / len(steps)).backward()
-    if cfg.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), cfg.max_grad_norm)
-    alg.optimizer.step()
+    perm = torch.randperm(len(traj), generator=torch.Generator().manual_seed(alg.iteration))
+    for _ in range(cfg.inner_epochs):
+        for rows in perm.chunk(cfg.minibatches):
+            rows = rows.sort().values
+            alg.optimizer.zero_grad(set_to_none=True)
+            for t in steps:
+                if saved is not None:
+                    saved.mark()
+                loss, _ = released_pair_loss(model, traj, advantages, rows, t, cfg)
+                (loss.mean() / len(steps)).backward()
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), cfg.max_grad_norm)
+            alg.optimizer.step()
     alg.optimizer.zero_grad(set_to_none=True)
 
 
-def reference_step(alg, prompts) -> dict[str, float]:
-    """One reference iteration with the phase split: our rollout and reward, then ``reference_update``."""
-    reuse, alg.config.reuse_rollout_graph = alg.config.reuse_rollout_graph, False  # the released rollout: no_grad
+def reference_step(alg, prompts, saved: SavedActivations | None = None) -> dict[str, float]:
+    """One reference iteration with the phase split: our rollout (under no_grad, as released) and reward, then
+    ``reference_update``."""
+    reuse, alg.config.reuse_rollout_graph = alg.config.reuse_rollout_graph, False
     t0 = time.perf_counter()
     try:
         traj = alg.collect(list(prompts), [{} for _ in prompts])
@@ -101,22 +90,33 @@ def reference_step(alg, prompts) -> dict[str, float]:
     batch = alg.dist.gather_batch(traj)
     advantages = alg.advantages(batch)[batch.local]
     t2 = time.perf_counter()
-    reference_update(alg, traj, advantages)
+    with model_autocast(alg.model):
+        reference_update(alg, traj, advantages, saved)
     t3 = time.perf_counter()
     return {"sampling": t1 - t0, "reward": t2 - t1, "training": t3 - t2}
 
 
+def model_autocast(model):
+    """The adapter's autocast (bf16 on GPU runs), so that the reference's direct transformer calls match ours."""
+    import contextlib
+
+    return model._autocast() if hasattr(model, "_autocast") else contextlib.nullcontext()
+
+
 def gradient_check(alg, prompts) -> float:
     """Relative difference between our update's gradient and the released loss's gradient on one rollout (before
-    clipping and the optimizer step). The LoRA weights are restored afterwards."""
-    released_gradient, *_ = _helpers()
+    clipping and the optimizer step), for one optimizer step per rollout. The LoRA weights are restored afterwards."""
+    if (alg.config.inner_epochs, alg.config.minibatches) != (1, 1):
+        raise ConfigError("perf: the gradient check needs one optimizer step per rollout (inner_epochs 1, "
+                          f"minibatches 1); got {alg.config.inner_epochs}, {alg.config.minibatches}")
     params = alg.model.trainable_parameters()
     state = alg.model.trainable_state_dict()
     seen = {}
     plain_update, plain_step = alg.update, alg.optimizer.step
 
     def update(traj, advantages):
-        seen["released"] = released_gradient(alg.model, traj, advantages, alg.config, "flow_grpo")
+        with model_autocast(alg.model):
+            seen["released"] = released_gradient(alg.model, traj, advantages, alg.config, "flow_grpo")
         alg.optimizer.step = lambda *a, **k: seen.setdefault("ours", torch.cat([p.grad.flatten() for p in params]))
         return plain_update(traj, advantages)
 
@@ -145,11 +145,44 @@ def _peak(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def run(model, overrides: dict, repeats: int = 5, prompts_per_step: int = 1, device: str = "cpu") -> dict:
-    """Interleaved timing; returns per-variant median phase times, peak memory and the gradient check."""
-    alg = make_algorithm(model, overrides)
+def activation_peaks(alg, prompts) -> dict[str, float]:
+    """GiB of autograd-saved activations alive at the peak of one iteration of each variant (frozen weights left
+    out): what the kept rollout graphs, or one recomputed timestep, hold. Device-independent; not timed."""
+    state, opt_state = alg.model.trainable_state_dict(), alg.optimizer.state_dict()
+    out = {}
+    for name in ("ours", "reference"):
+        alg.model.load_trainable_state_dict(state)
+        alg.optimizer.load_state_dict(opt_state)
+        with SavedActivations(alg.model.transformer) as saved:
+            if name == "ours":
+                plain = alg._step_terms
+
+                def step_terms(*args, **kwargs):
+                    if not alg.keeps_rollout_graph():  # a recomputed timestep's forward and backward
+                        saved.mark()
+                    return plain(*args, **kwargs)
+
+                alg._step_terms = step_terms
+                try:
+                    alg.step(list(prompts))
+                finally:
+                    del alg._step_terms
+            else:
+                reference_step(alg, prompts, saved)
+        out[name] = saved.peak / 2**30
+    alg.model.load_trainable_state_dict(state)
+    alg.optimizer.load_state_dict(opt_state)
+    return out
+
+
+def run(model, overrides: dict, repeats: int = 5, prompts_per_step: int = 1, device: str = "cpu",
+        algorithm: str = "flow_grpo", check_gradient: bool = True) -> dict:
+    """Interleaved timing; returns per-variant median phase times and their spread, peak memory, saved activations
+    and (one optimizer step per rollout) the gradient check."""
+    alg = make_algorithm(model, overrides, name=algorithm)
     prompts = [PROMPT] * prompts_per_step
-    rel = gradient_check(alg, prompts)
+    one_step = (alg.config.inner_epochs, alg.config.minibatches) == (1, 1)
+    rel = gradient_check(alg, prompts) if check_gradient and one_step else None
     state = model.trainable_state_dict()
     opt_state = alg.optimizer.state_dict()
     times = {"ours": [], "reference": []}
@@ -174,23 +207,66 @@ def run(model, overrides: dict, repeats: int = 5, prompts_per_step: int = 1, dev
         once("ours")
         once("reference")
     model.load_trainable_state_dict(state)
-    out = {"grad_rel_diff": rel, "peak_gib": peaks, "config": dataclasses.asdict(alg.config)}
+    alg.optimizer.load_state_dict(opt_state)
+    out = {"grad_rel_diff": rel, "peak_gib": peaks, "activations_gib": activation_peaks(alg, prompts),
+           "config": dataclasses.asdict(alg.config), "keeps_rollout_graph": alg.keeps_rollout_graph(),
+           "split_cfg": alg.config.cfg_batch == "split" or (alg.config.cfg_batch == "auto" and model.split_cfg_pays())}
     for name, rows in times.items():
         out[name] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         out[name]["total"] = statistics.median(sum(r.values()) for r in rows)
+    pairs = [sum(o.values()) / sum(r.values()) for o, r in zip(times["ours"], times["reference"])]
     out["ratio"] = out["ours"]["total"] / out["reference"]["total"]
+    out["pair_ratios"] = (min(pairs), max(pairs))
     out["training_ratio"] = out["ours"]["training"] / out["reference"]["training"]
     return out
 
 
 def format_result(result: dict, device: str) -> str:
     mem = "peak GPU memory allocated" if device.startswith("cuda") else "peak process RSS (whole process, monotonic)"
-    lines = [f"{'':10s} {'sampling':>9s} {'reward':>9s} {'training':>9s} {'total':>9s}  {mem}"]
+    lines = [f"{'':10s} {'sampling':>9s} {'reward':>9s} {'training':>9s} {'total':>9s}  activations  {mem}"]
     for name in ("ours", "reference"):
         r = result[name]
         lines.append(f"{name:10s} {r['sampling']:9.3f} {r['reward']:9.3f} {r['training']:9.3f} {r['total']:9.3f}"
-                     f"  {result['peak_gib'][name]:.2f} GiB")
-    lines.append(f"ratio ours/reference: iteration {result['ratio']:.3f}, training phase {result['training_ratio']:.3f}"
-                 f"  (medians, seconds)")
-    lines.append(f"gradient relative difference: {result['grad_rel_diff']:.2e}")
+                     f"  {result['activations_gib'][name] * 1024:8.2f} MiB  {result['peak_gib'][name]:.2f} GiB")
+    low, high = result["pair_ratios"]
+    lines.append(f"ratio ours/reference: iteration {result['ratio']:.3f} (interleaved pairs {low:.3f}-{high:.3f}), "
+                 f"training phase {result['training_ratio']:.3f}  (medians, seconds)")
+    lines.append(f"ours: recompute-free update {'on' if result['keeps_rollout_graph'] else 'off'}, CFG "
+                 f"{'split' if result['split_cfg'] else 'batched'} (cfg_batch {result['config']['cfg_batch']})")
+    rel = result["grad_rel_diff"]
+    lines.append("gradient relative difference: " + ("n/a (more than one optimizer step per rollout)" if rel is None
+                                                       else f"{rel:.2e}"))
     return "\n".join(lines)
+
+
+def parse_overrides(items) -> dict:
+    import yaml
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"perf: override {item!r} is not key=value (e.g. reuse_rollout_graph=false)")
+        overrides[key.removeprefix("algorithm.")] = yaml.safe_load(value)
+    return overrides
+
+
+def command(args) -> int:
+    """``flowzoo perf``: exit 1 when the gradients differ by more than 1e-5 (relative)."""
+    import sys
+
+    if args.repeats < 1:
+        raise ConfigError(f"perf: --repeats {args.repeats} must be >= 1")
+    overrides = parse_overrides(args.overrides)
+    if args.gpu_check:
+        from benchmark import perf_gpu
+
+        return perf_gpu.main(args.device, overrides, repeats=args.repeats)
+    model = load_model(args.model_path, args.device, args.lora_rank)
+    result = run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
+    print(format_result(result, args.device))
+    rel = result["grad_rel_diff"]
+    if rel is not None and not rel < 1e-5:
+        print(f"flowzoo: error: gradients differ by {rel:.2e} (> 1e-5)", file=sys.stderr)
+        return 1
+    return 0

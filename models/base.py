@@ -18,6 +18,8 @@ import torch
 
 #: which CFG branch carries the gradient in training (see ``FlowModel.velocity``)
 CFG_GRADS = ("cond", "both")
+#: how the detached-unconditional CFG form runs with autograd on (see ``FlowModel.velocity``)
+CFG_BATCHES = ("auto", "batched", "split")
 
 
 @dataclass
@@ -106,7 +108,7 @@ class FlowModel:
     # ---- shared ---------------------------------------------------------------------------------------------
     def velocity(
         self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition, guidance: float | None = None,
-        cfg_grad: str = "cond",
+        cfg_grad: str = "cond", cfg_batch: str = "auto",
     ) -> torch.Tensor:
         """Guided velocity ``v_u + g * (v_c - v_u)``; ``g == 1`` makes a single conditional pass.
 
@@ -117,6 +119,10 @@ class FlowModel:
           ``noise_pred_uncond.detach()`` was added in 2d76907; note that later stored revisions of that file, e.g.
           74db691, and train_sd3_fast.py there, no longer detach). It runs as its own pass under ``no_grad``, which
           keeps no activations for it and back-propagates through B rows instead of 2 B.
+          ``cfg_batch`` says how this form runs: ``split`` as just said (two transformer calls); ``batched`` as the
+          released code, one call on 2 B rows with autograd and the unconditional half detached after it (one call
+          fewer, but its backward and saved activations cover 2 B rows); ``auto`` asks ``split_cfg_pays()``.
+          Both give the same velocity and gradient (to float rounding).
         * ``"both"``: both branches carry gradient, d v = g d v_c + (1 - g) d v_u, as DanceGRPO's released trainers
           that use CFG in training (XueZeyue/DanceGRPO fastvideo/train_grpo_sd.py:611-622,
           fastvideo/train_grpo_wan_2_1.py:238-248; its FLUX/HunyuanVideo trainers and MixGRPO's FLUX trainer use
@@ -126,6 +132,8 @@ class FlowModel:
         """
         if cfg_grad not in CFG_GRADS:
             raise ValueError(f"unknown cfg_grad {cfg_grad!r}; known: {', '.join(CFG_GRADS)}")
+        if cfg_batch not in CFG_BATCHES:
+            raise ValueError(f"unknown cfg_batch {cfg_batch!r}; known: {', '.join(CFG_BATCHES)}")
         g = self.default_guidance if guidance is None else float(guidance)
         batch = x.shape[0]
         if sigma.dim() == 0:
@@ -134,7 +142,9 @@ class FlowModel:
             self.nfe += batch
             return self.predict(x, sigma, cond)
         self.nfe += 2 * batch
-        if cfg_grad == "cond" and torch.is_grad_enabled():
+        detach_uncond = cfg_grad == "cond" and torch.is_grad_enabled()
+        split = cfg_batch == "split" or (cfg_batch == "auto" and self.split_cfg_pays())
+        if detach_uncond and split:
             v_cond = self.predict(x, sigma, cond)
             with torch.no_grad():
                 v_uncond = self.predict(x, sigma, self.null_condition(batch))
@@ -142,7 +152,15 @@ class FlowModel:
         both = Condition.cat([cond, self.null_condition(batch)])
         v = self.predict(torch.cat([x, x]), torch.cat([sigma, sigma]), both)
         v_cond, v_uncond = v.chunk(2)
+        if detach_uncond:
+            v_uncond = v_uncond.detach()
         return v_uncond + g * (v_cond - v_uncond)
+
+    def split_cfg_pays(self) -> bool:
+        """Whether ``cfg_batch: auto`` runs the detached unconditional branch as its own no_grad call: it saves the
+        backward of B rows and their activations but costs one more call, which pays once a call's work outweighs
+        its fixed overhead. Models too small for that (the default) batch; big adapters override."""
+        return False
 
     def cfg_factor(self, guidance: float | None = None) -> int:
         g = self.default_guidance if guidance is None else float(guidance)

@@ -220,6 +220,17 @@ class DiffusersFlowModel(FlowModel):
         self._cache.clear()
 
     # ---- network evaluation -------------------------------------------------------------------------------
+    #: ``cfg_batch: auto`` splits the detached unconditional CFG branch into its own no_grad call from this many
+    #: transformer parameters on (SD3.5-Medium 2.5 B, Wan2.1-1.3B): there the backward of B rows it saves outweighs
+    #: one call's overhead; below it (the tiny tier, ~1.7 M; the perf pipeline, ~0.02 M) one batched call is faster
+    #: (docs/perf.md has the measurements).
+    cfg_split_min_params: ClassVar[int] = 10_000_000
+
+    def split_cfg_pays(self) -> bool:
+        if not hasattr(self, "_transformer_params"):
+            self._transformer_params = sum(p.numel() for p in self.transformer.parameters())
+        return self._transformer_params >= self.cfg_split_min_params
+
     def _autocast(self):
         if self.dtype == torch.float32:
             return contextlib.nullcontext()

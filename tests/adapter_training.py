@@ -4,17 +4,7 @@ adapter tests so both check the same things."""
 import torch
 
 import algorithms
-from rewards.base import Reward, RewardOutput
-
-
-class MeanBrightness(Reward):
-    """A cheap differentiable-free reward for images and videos: the mean pixel value."""
-
-    name = "mean_brightness"
-    accepts = ("image", "video")
-
-    def score(self, samples, prompts, metadata):
-        return RewardOutput(samples.float().flatten(1).mean(1))
+from benchmark.perf_pipeline import MeanBrightness  # noqa: F401  (shared with flowzoo perf)
 
 
 def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball")) -> None:

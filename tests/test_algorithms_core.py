@@ -135,14 +135,16 @@ def test_second_epoch_moves_the_ratio(toy_model, toy_prompts):
 
 def test_nfe_counts_sampling_and_training(toy_model, toy_prompts):
     prompts, meta = toy_prompts
-    alg = _flow_grpo(toy_model, kl_beta=0.04)
+    alg = _flow_grpo(toy_model, kl_beta=0.04, reuse_rollout_graph=False)
     stats = alg.step(prompts, meta)
     batch = len(prompts) * 4
     assert stats.nfe_sampling == batch * 10
     assert stats.nfe_training == batch * 9 * 2  # policy + reference forward per trained step
-    cfg = _flow_grpo(toy_model, guidance=2.0)
+    cfg = _flow_grpo(toy_model, guidance=2.0, reuse_rollout_graph=False)
     stats = cfg.step(prompts, meta)
     assert stats.nfe_sampling == batch * 10 * 2 and stats.nfe_training == batch * 9 * 2
+    # the default (reuse_rollout_graph auto: on here) back-propagates through the rollout: the reference forward only
+    assert _flow_grpo(toy_model, kl_beta=0.04).step(prompts, meta).nfe_training == batch * 9
 
 
 def test_kl_grows_after_updates(toy_model, toy_prompts):
@@ -220,7 +222,7 @@ def test_recompute_free_update_gives_the_same_step_with_fewer_forwards(toy_promp
     import models
 
     prompts, meta = toy_prompts
-    plain = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta)
+    plain = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta, reuse_rollout_graph=False)
     lean = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta, reuse_rollout_graph=True)
     s_plain, s_lean = plain.step(prompts, meta), lean.step(prompts, meta)
     assert s_lean.ratio_mean == 1.0 and s_lean.reward_mean == s_plain.reward_mean

@@ -26,6 +26,7 @@ def expected_nfe(alg, prompts, prefixes=None):
     k = 2 if cfg.kl_beta > 0 else 1
     samples = prompts * cfg.group_size
     prefixes = prompts if prefixes is None else prefixes
+    k -= alg.keeps_rollout_graph()  # the recompute-free update (one epoch) runs no policy forward of its own
     return (s * prefixes + (T - s) * samples) * c, cfg.inner_epochs * k * c * samples * cfg.sde_window_size
 
 
@@ -43,7 +44,8 @@ def test_measured_nfe_matches_the_formula(toy_model, toy_prompts, variant):
 
 def test_nfe_example_at_the_released_shape(toy_model):
     # SD3 fast_nocfg shape: T = 10, G = 24, window 3 at start 2, no CFG: 2 + 8 * 24 = 194 passes per prompt
-    alg = build(toy_model, {"group_size": 24, "shared_prefix": True, "sde_window_size": 3, "guidance": 1.0})
+    alg = build(toy_model, {"group_size": 24, "shared_prefix": True, "sde_window_size": 3, "guidance": 1.0,
+                            "reuse_rollout_graph": False})  # the docs' formula: the update recomputes
     alg.iteration = next(i for i in range(100) if alg.window_start(i) == 2)
     assert expected_nfe(alg, 1) == (194, 72)  # unshared: 10 * 24 = 240 sampling passes
 

@@ -50,4 +50,5 @@ def test_registers_validates_and_trains(toy_model, toy_prompts):
     assert torch.equal(traj.log_probs[:, :6], torch.zeros(len(traj), 6))
     history = [alg.step(prompts * 2, meta * 2).reward_mean for _ in range(15)]
     assert history[-1] > history[0]
-    assert alg.step(prompts, meta).nfe_training == len(prompts) * 8 * 3
+    recomputed = 0 if alg.keeps_rollout_graph() else len(prompts) * 8 * 3  # no KL: the policy forward, if recomputed
+    assert alg.step(prompts, meta).nfe_training == recomputed

@@ -332,6 +332,7 @@ def expected_nfe(alg, samples):
         steps, trained = T, cfg.sde_window_size
     else:
         pytest.skip(f"no NFE formula for {alg.name} here")
+    k -= alg.keeps_rollout_graph()  # the recompute-free update (one epoch) runs no policy forward of its own
     return steps * samples * c, cfg.inner_epochs * k * c * samples * trained
 
 
@@ -348,10 +349,11 @@ def test_measured_nfe_matches_the_documented_formula(toy_model, toy_prompts, nam
 
 def test_nfe_examples_from_the_docs(toy_model):
     """MixGRPO at T = 25, w = 4: 25 sampling + 4 trained passes per sample; Flash at its first window: 11 + 4."""
-    alg = build("mix_grpo", toy_model, {"num_steps": 25, "shift": 3.0})
+    recompute = {"reuse_rollout_graph": False}  # the docs' formula: the update recomputes the policy forward
+    alg = build("mix_grpo", toy_model, {"num_steps": 25, "shift": 3.0, **recompute})
     assert expected_nfe(alg, 1) == (25, 4)
     assert alg.step_plan(1).num_steps == 25 and int(alg.step_plan(1).train.sum()) == 4
-    flash = build("mix_grpo_flash", toy_model, {"num_steps": 25, "shift": 3.0})
+    flash = build("mix_grpo_flash", toy_model, {"num_steps": 25, "shift": 3.0, **recompute})
     assert expected_nfe(flash, 1) == (11, 4) and flash.step_plan(1).num_steps == 11
 
 
