@@ -240,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: number of CPUs)")
     b.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of the suite's algorithms "
                                                       "(default: all)")
-    b.add_argument("--seeds", default=None, metavar="S,S", help="comma-separated seeds instead of the suite's")
+    b.add_argument("--seeds", default=None, metavar="S,S",
+                   help="comma-separated seeds for every task, instead of the suite's and the tasks' own")
     b.add_argument("--budget-minutes", type=float, default=None, metavar="M", help="start no run after this many minutes "
                                                                        "(default: no limit)")
     b.add_argument("--out", default=None, metavar="DIR",

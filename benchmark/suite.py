@@ -144,7 +144,7 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
     """The suite cut to some of its algorithms and/or seeds (command-line ``--algorithms a,b --seeds 0,1``).
 
     A task that lists its own algorithms keeps those of the selection (a task left with none is dropped); a selection
-    that leaves no run at all is an error."""
+    that leaves no run at all is an error. ``--seeds`` replaces the suite's seeds and every task's own."""
     suite, original = copy.deepcopy(suite), suite
     if algorithms_csv:
         wanted = [a.strip() for a in algorithms_csv.split(",") if a.strip()]
@@ -172,6 +172,9 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
             raise ConfigError(f"--seeds: expected comma-separated integers, got {seeds_csv!r}") from None
         if not suite.seeds:
             raise ConfigError(f"--seeds: no seed in {seeds_csv!r}; give comma-separated integers, e.g. 0,1,2")
+        for task_cfg in suite.tasks.values():  # the command line's seeds replace a task's own too
+            if task_cfg and "seeds" in task_cfg:
+                task_cfg["seeds"] = list(suite.seeds)
     return suite
 
 

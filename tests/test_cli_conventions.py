@@ -75,7 +75,7 @@ def test_the_report_directory_is_out_and_bench_report_is_a_hidden_alias(capsys, 
 def _suite() -> Suite:
     return Suite(name="s", algorithms=["flow_grpo", "op_grpo"], seeds=[0], tasks={
         "all": {"reward": "toy_target"},
-        "op_only": {"reward": "toy_target", "algorithms": ["op_grpo"]},
+        "op_only": {"reward": "toy_target", "algorithms": ["op_grpo"], "seeds": [5, 6]},
         "both": {"reward": "toy_mode", "algorithms": ["flow_grpo", "op_grpo"]},
     })
 
@@ -87,7 +87,9 @@ def _cells(suite: Suite, tmp_path: Path) -> list[tuple[str, str, int]]:
 def test_algorithms_selection_is_cut_per_task(tmp_path):
     assert _cells(select(_suite(), "flow_grpo", "3"), tmp_path) == [("all", "flow_grpo", 3), ("both", "flow_grpo", 3)]
     assert _cells(select(_suite(), "op_grpo"), tmp_path) == [("all", "op_grpo", 0), ("both", "op_grpo", 0),
-                                                            ("op_only", "op_grpo", 0)]
+                                                            ("op_only", "op_grpo", 5), ("op_only", "op_grpo", 6)]
+    assert _cells(select(_suite(), "op_grpo", "3"), tmp_path) == [("all", "op_grpo", 3), ("both", "op_grpo", 3),
+                                                                 ("op_only", "op_grpo", 3)]  # --seeds: every task
     listing = _suite()
     del listing.tasks["all"]  # every task lists its algorithms, none of them dance_grpo
     with pytest.raises(ConfigError, match=r"^--algorithms dance_grpo: no task of suite s runs it; its tasks run: "
