@@ -162,23 +162,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_perf(args) -> int:
-    import yaml
-
     from benchmark import perf
 
-    overrides = {}
-    for item in args.overrides:
-        key, _, value = item.partition("=")
-        overrides[key.removeprefix("algorithm.")] = yaml.safe_load(value)
-    if args.repeats < 1:
-        raise FlowZooError(f"--repeats {args.repeats} must be >= 1")
-    model = perf.load_model(args.model_path, args.device, args.lora_rank)
-    result = perf.run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
-    print(perf.format_result(result, args.device))
-    if not result["grad_rel_diff"] < 1e-5:
-        print(f"flowzoo: error: gradients differ by {result['grad_rel_diff']:.2e} (> 1e-5)", file=sys.stderr)
-        return 1
-    return 0
+    return perf.command(args)
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -298,6 +284,8 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (32 is the released recipe)")
     pf.add_argument("--repeats", type=int, default=5, help="interleaved repetitions per variant")
     pf.add_argument("--prompts", type=int, default=1, help="prompts per iteration, group_size samples each")
+    pf.add_argument("--gpu-check", action="store_true", help="one Flow-GRPO and one OP-GRPO iteration of a random "
+                    "SD3.5-Medium-sized transformer at 512 px, bf16, LoRA r32 (docs/perf.md); needs --device cuda")
 
     rc = _command(sub, "recipes", _cmd_recipes, "the table of every algorithm's recipe values with their sources",
                   "Reads benchmark/hyperparams/*.yaml and the registered algorithms' defaults.")
