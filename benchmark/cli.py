@@ -5,6 +5,7 @@
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
     flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
+    flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
     flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
@@ -142,6 +143,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     out = export(Path(args.run_dir), Path(args.out))
     print(f"LoRA written to {out}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from benchmark.eval_cmd import evaluate
+
+    record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides)
+    print(json.dumps(record))
     return 0
 
 
@@ -297,6 +308,19 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("run_dir", help="run directory of an sd3, wan or tiny run (its config.yaml and checkpoint.pt)")
     ex.add_argument("--out", required=True, metavar="DIR",
                     help="directory for pytorch_lora_weights.safetensors and README.md")
+
+    ev = _command(sub, "eval", _cmd_eval,
+                  "evaluate a run's checkpoint, or a config's untrained model, as the runner does",
+                  "A run directory: its last checkpoint (the final one of a finished run) under its own config. A "
+                  "config:\nits untrained model. Prints one JSON line (eval_reward, eval/<component>, per-tag means); "
+                  "writes\nnothing into the run.")
+    ev.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory or a YAML config")
+    ev.add_argument("overrides", nargs="*", help="key=value overrides of a config, e.g. algorithm.guidance=3")
+    ev.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="ODE steps (default: the config's train.eval_num_steps)")
+    ev.add_argument("--samples", type=int, default=None, metavar="K",
+                    help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
+    ev.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
 
     _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites", "")
     return p

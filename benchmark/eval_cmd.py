@@ -1,0 +1,136 @@
+"""``flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]``: the runner's evaluation.
+
+* A run directory: its ``config.yaml`` rebuilds the experiment and its ``checkpoint.pt`` (the final one of a finished
+  run, else the latest) is loaded through the runner's checkpoint loader, which refuses a corrupt checkpoint or one
+  written by another config. The evaluation is the run's own (same held-out prompts, noise, ODE steps, guidance), so
+  without ``--steps``/``--samples`` it repeats the ``eval_reward`` the run logged at that step.
+* A config file (with optional ``key=value`` overrides): its untrained model, i.e. the run's step-0 evaluation.
+
+``--steps N`` sets the ODE steps (``train.eval_num_steps``), ``--samples K`` the samples per held-out prompt
+(``train.eval_samples_per_prompt``). The evaluation is :meth:`benchmark.runner.Runner.evaluate`: deterministic ODE
+samples from the fixed noise stream ``train.eval_seed``, scored by the config's reward. The result (one JSON line on
+stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
+``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag. Nothing is
+written into the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+from algorithms.distributed import SingleProcess
+from flowzoo.errors import ConfigError
+from flowzoo.io import atomic_write_text
+
+
+class _TagRecorder:
+    """The reward, recording each scored batch's output with its metadata (for the per-tag means)."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.batches: list[tuple[object, list[dict]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.reward, name)
+
+    def __call__(self, samples, prompts, metadata):
+        out = self.reward(samples, prompts, metadata)
+        self.batches.append((out, list(metadata or [{} for _ in prompts])))
+        return out
+
+    def by_tag(self) -> dict[str, dict[str, float]]:
+        """{tag: {"eval_reward": mean score, "eval/<component>": mean}} when the samples carry two or more tags."""
+        totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for out, metadata in self.batches:
+            columns = {"eval_reward": out.score, **{f"eval/{k}": v for k, v in out.components.items()}}
+            for column, values in columns.items():
+                for value, meta in zip(values.tolist(), metadata):
+                    totals[meta.get("tag")][column].append(float(value))
+        if None in totals or len(totals) < 2:
+            return {}
+        return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
+
+
+def _target(path: Path, overrides: Sequence[str]):
+    """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
+    from benchmark.config import load_config
+    from benchmark.runner import Runner
+
+    if path.is_dir():
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(f"{str(path)!r} is not a run directory (it has no config.yaml); give a run directory "
+                              f"or a config file")
+        if overrides:
+            raise ConfigError(f"key=value overrides ({' '.join(overrides)}) apply to a config file; a run is evaluated "
+                              f"as it was trained (change --steps/--samples, or evaluate its config.yaml)")
+        checkpoint = path / "checkpoint.pt"
+        if not checkpoint.is_file():
+            raise ConfigError(f"run {str(path)!r} has no checkpoint.pt yet (written every train.checkpoint_every "
+                              f"steps and at the end); evaluate {str(path / 'config.yaml')!r} for the untrained model")
+        config = load_config(path / "config.yaml")
+        loader = Runner(config, progress=False, dist=SingleProcess())
+        loader.run_dir = path  # the run as found here, even if it was moved since it was trained
+        return config, loader._load_checkpoint(checkpoint), checkpoint
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} does not exist; give a config file or a run directory")
+    return load_config(path, overrides), None, None
+
+
+def evaluate(
+    target: str | Path, steps: int | None = None, samples: int | None = None, out: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> dict:
+    """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
+    from benchmark.runner import Runner
+
+    for flag, value in (("--steps", steps), ("--samples", samples)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if out is not None:
+        out = Path(out)
+        if out.is_dir() or not out.parent.is_dir():
+            raise ConfigError(f"--out {str(out)!r}: need a file path in an existing directory")
+    path = Path(target)
+    config, state, checkpoint = _target(path, overrides)
+    train = dataclasses.replace(
+        config.train, save_samples=False,
+        eval_num_steps=config.train.eval_num_steps if steps is None else steps,
+        eval_samples_per_prompt=config.train.eval_samples_per_prompt if samples is None else samples,
+    )
+    runner = Runner(dataclasses.replace(config, train=train), progress=False, dist=SingleProcess())
+    runner.build()
+    step = 0
+    if state is not None:
+        runner.algorithm.load_state_dict(state["algorithm"])
+        step = state["step"]
+    recorder = _TagRecorder(runner.reward)
+    runner.reward = recorder
+    t0 = time.perf_counter()
+    result = runner.evaluate(step)
+    guidance = runner.algorithm.config.guidance
+    record = {
+        "source": str(path),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "step": step,
+        "finished": (path / "done.json").is_file() if checkpoint is not None else None,
+        "model": config.model.name,
+        "algorithm": config.algorithm_name,
+        "reward": config.reward,
+        "guidance": runner.model.default_guidance if guidance is None else guidance,
+        "num_steps": len(runner.eval_sigmas) - 1,
+        "prompts": len(runner.eval_prompts),
+        "samples_per_prompt": train.eval_samples_per_prompt,
+        **result,
+        "eval_s": round(time.perf_counter() - t0, 2),
+    }
+    by_tag = recorder.by_tag()
+    if by_tag:
+        record["by_tag"] = by_tag
+    if out is not None:
+        atomic_write_text(out, json.dumps(record, indent=2) + "\n")
+    return record

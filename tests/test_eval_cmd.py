@@ -1,0 +1,116 @@
+"""`flowzoo eval` on the toy tier: a run's checkpoint and a config's untrained model give the evaluations the run
+logged, nothing is written into the run, and bad input is one line (exit 2) before any work."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from benchmark.cli import main
+from benchmark.eval_cmd import _TagRecorder
+from rewards.base import RewardOutput
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
+FAST = ["train.steps=2", "train.prompts_per_step=2", "train.eval_every=0", "train.eval_samples_per_prompt=4",
+        "train.save_samples=true", "algorithm.group_size=4"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("eval") / "run"
+    assert main(["train", str(CONFIG), *FAST, f"run_dir={run_dir}", "--quiet"]) == 0
+    return run_dir
+
+
+def _files(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()}
+
+
+def test_a_run_is_evaluated_at_its_final_checkpoint_as_the_runner_did(run, tmp_path, capsys):
+    before = _files(run)
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(run), "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    record = json.loads(out.read_text())
+    assert printed == record
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert record["step"] == 2 and record["finished"] is True
+    assert record["checkpoint"] == str(run / "checkpoint.pt")
+    assert record["eval_reward"] == pytest.approx(metrics["eval_reward"].iloc[-1], abs=1e-12)
+    assert record["samples_per_prompt"] == 4 and record["num_steps"] == 20  # the toy model's default ODE steps
+    assert _files(run) == before  # nothing written, no sample grid, no checkpoint touched
+
+
+def test_a_config_is_evaluated_untrained_as_the_runs_step_0(run, capsys):
+    assert main(["eval", str(CONFIG), *FAST]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert record["step"] == 0 and record["checkpoint"] is None and record["finished"] is None
+    assert record["eval_reward"] == pytest.approx(metrics["eval_reward"].iloc[0], abs=1e-12)
+    assert record["eval_reward"] != pytest.approx(metrics["eval_reward"].iloc[-1], abs=1e-9)  # training moved it
+
+
+def test_steps_and_samples_change_the_evaluation(run, capsys):
+    assert main(["eval", str(run), "--steps", "3", "--samples", "1"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["num_steps"] == 3 and record["samples_per_prompt"] == 1
+
+
+def _no_checkpoint(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "young"
+    copy.mkdir()
+    shutil.copy(run / "config.yaml", copy / "config.yaml")
+    return copy
+
+
+@pytest.mark.parametrize("args, message", [
+    (lambda run, tmp: [str(tmp / "nope")], "does not exist; give a config file or a run directory"),
+    (lambda run, tmp: [str(tmp)], "is not a run directory (it has no config.yaml)"),
+    (lambda run, tmp: [str(_no_checkpoint(run, tmp))], "has no checkpoint.pt yet"),
+    (lambda run, tmp: [str(run), "algorithm.guidance=3"], "key=value overrides (algorithm.guidance=3) apply to a "
+                                                          "config file"),
+    (lambda run, tmp: [str(run), "--samples", "0"], "--samples must be a positive integer, got 0"),
+    (lambda run, tmp: [str(run), "--steps", "-1"], "--steps must be a positive integer, got -1"),
+    (lambda run, tmp: [str(run), "--out", str(tmp / "missing" / "x.json")], "need a file path in an existing"),
+    (lambda run, tmp: [str(CONFIG), "algorithm.name=flow_grpoo"], "unknown algorithm 'flow_grpoo'; known: "),
+])
+def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, args, message):
+    argv = args(run, tmp_path)
+    before = _files(tmp_path)
+    assert main(["eval", *argv, "--out", str(tmp_path / "eval.json")] if "--out" not in argv else ["eval", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flowzoo: error: ") and message in lines[0]
+    assert _files(tmp_path) == before
+
+
+def test_a_corrupt_checkpoint_is_refused_by_the_runners_loader(run, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    state = torch.load(copy / "checkpoint.pt", weights_only=False)
+    state["step"] = 1  # contents no longer match the seal
+    torch.save(state, copy / "checkpoint.pt")
+    assert main(["eval", str(copy)]) == 2
+    assert "is corrupt" in capsys.readouterr().err
+
+
+class _Scores:
+    name = "fake"
+
+    def __call__(self, samples, prompts, metadata):
+        score = samples.sum(dim=1)
+        return RewardOutput(score=score, components={"hit": (score > 1).float()})
+
+
+def test_per_tag_means():
+    recorder = _TagRecorder(_Scores())
+    recorder(torch.tensor([[1.0, 1.0], [0.0, 0.5]]), ["a", "b"], [{"tag": "x"}, {"tag": "y"}])
+    recorder(torch.tensor([[0.0, 0.0]]), ["c"], [{"tag": "x"}])
+    assert recorder.name == "fake"
+    assert recorder.by_tag() == {"x": {"eval_reward": 1.0, "eval/hit": 0.5}, "y": {"eval_reward": 0.5, "eval/hit": 0.0}}
+    untagged = _TagRecorder(_Scores())
+    untagged(torch.ones(1, 2), ["a"], [{}])
+    assert untagged.by_tag() == {}
