@@ -39,10 +39,10 @@ from benchmark.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.prompts import Prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
-from flowzoo.streams import PROMPT_ORDER
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
+from flowzoo.streams import PROMPT_ORDER
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
