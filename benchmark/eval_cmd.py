@@ -59,23 +59,13 @@ class _TagRecorder:
 def _target(path: Path, overrides: Sequence[str]):
     """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
     from benchmark.config import load_config
-    from benchmark.runner import Runner
+    from benchmark.runner import load_trained_run
 
     if path.is_dir():
-        if not (path / "config.yaml").is_file():
-            raise ConfigError(f"{str(path)!r} is not a run directory (it has no config.yaml); give a run directory "
-                              f"or a config file")
         if overrides:
             raise ConfigError(f"key=value overrides ({' '.join(overrides)}) apply to a config file; a run is evaluated "
                               f"as it was trained (change --steps/--samples, or evaluate its config.yaml)")
-        checkpoint = path / "checkpoint.pt"
-        if not checkpoint.is_file():
-            raise ConfigError(f"run {str(path)!r} has no checkpoint.pt yet (written every train.checkpoint_every "
-                              f"steps and at the end); evaluate {str(path / 'config.yaml')!r} for the untrained model")
-        config = load_config(path / "config.yaml")
-        loader = Runner(config, progress=False, dist=SingleProcess())
-        loader.run_dir = path  # the run as found here, even if it was moved since it was trained
-        return config, loader._load_checkpoint(checkpoint), checkpoint
+        return load_trained_run(path, f"evaluate {str(path / 'config.yaml')!r} for the untrained model")
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist; give a config file or a run directory")
     return load_config(path, overrides), None, None

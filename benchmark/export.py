@@ -30,27 +30,18 @@ WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 
 
 def _load_run(run_dir: Path):
-    """The run's config and its last checkpoint's state, or a one-line RunError naming what is missing."""
-    from benchmark.config import load_config
-    from benchmark.runner import Runner
+    """The run's config and its last checkpoint's state, or a one-line RunError naming what is missing or wrong."""
+    from benchmark.runner import load_trained_run
 
-    if not run_dir.is_dir():
-        raise RunError(f"run directory {str(run_dir)!r} does not exist")
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise RunError(f"{str(run_dir)!r} is not a run directory: it has no config.yaml")
-    config = load_config(config_path)
-    name = config.model.name
-    if name not in LORA_FORMATS:
-        raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers format; "
-                       f"export takes runs of {', '.join(LORA_FORMATS)}")
-    checkpoint = run_dir / "checkpoint.pt"
-    if not checkpoint.is_file():
-        raise RunError(f"run {str(run_dir)!r} has no checkpoint.pt yet (it is written every train.checkpoint_every "
-                       f"steps and at the end); nothing to export")
-    runner = Runner(config, progress=False)
-    runner.run_dir = run_dir  # the run as found here, even if it was moved since it was trained
-    return config, runner._load_checkpoint(checkpoint)  # refuses a corrupt one or one of another config
+    if run_dir.is_dir() and (run_dir / "config.yaml").is_file():
+        from benchmark.config import load_config
+
+        name = load_config(run_dir / "config.yaml").model.name
+        if name not in LORA_FORMATS:
+            raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers "
+                           f"format; export takes runs of {', '.join(LORA_FORMATS)}")
+    config, state, _ = load_trained_run(run_dir, "nothing to export")
+    return config, state
 
 
 def _model_card(run_dir: Path, config, state: dict) -> str:

@@ -311,6 +311,27 @@ class _Created:
                     path.unlink(missing_ok=True)
 
 
+def load_trained_run(run_dir: Path, no_checkpoint_hint: str) -> tuple[ExperimentConfig, dict[str, Any], Path]:
+    """(config, last checkpoint's state, checkpoint path) of a run directory, for commands that read a trained run
+    (``flowzoo eval``, ``flowzoo export``). The checkpoint goes through the runner's sealed loader (a corrupt one, or
+    one of another config, is refused); a missing directory, config.yaml or checkpoint is a one-line RunError (the
+    last one ends with ``no_checkpoint_hint``). Nothing is written."""
+    from benchmark.config import load_config
+
+    if not run_dir.is_dir():
+        raise RunError(f"run directory {str(run_dir)!r} does not exist")
+    if not (run_dir / "config.yaml").is_file():
+        raise RunError(f"{str(run_dir)!r} is not a run directory (it has no config.yaml)")
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.is_file():
+        raise RunError(f"run {str(run_dir)!r} has no checkpoint.pt yet (it is written every train.checkpoint_every "
+                       f"steps and at the end); {no_checkpoint_hint}")
+    config = load_config(run_dir / "config.yaml")
+    loader = Runner(config, progress=False, dist=SingleProcess())
+    loader.run_dir = run_dir  # the run as found here, even if it was moved since it was trained
+    return config, loader._load_checkpoint(checkpoint), checkpoint
+
+
 def train(config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None) -> Path:
     """One run; ``dist``: the data-parallel context (default: joined from the launcher's environment)."""
     return Runner(config, progress=progress, dist=dist).run()
