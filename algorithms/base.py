@@ -216,8 +216,8 @@ class Algorithm:
             eps=self.config.adam_eps,
         )
         self.num_steps = self.config.num_steps or model.default_num_steps
-        shift = model.default_shift if self.config.shift is None else self.config.shift
-        self.sigmas = sigma_schedule(self.num_steps, shift)
+        self.shift = model.default_shift if self.config.shift is None else self.config.shift  # sigma-schedule shift
+        self.sigmas = sigma_schedule(self.num_steps, self.shift)
         self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)
 
     # ---- hooks ----------------------------------------------------------------------------------------------

@@ -177,6 +177,5 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     if config.train.eval_prompts:
         eval_prompts = eval_prompts[: config.train.eval_prompts]
     eval_steps = config.train.eval_num_steps or model.default_eval_num_steps
-    shift = alg_config.shift if alg_config.shift is not None else model.default_shift
     return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts,
-                      sigma_schedule(eval_steps, shift), dist)
+                      sigma_schedule(eval_steps, algorithm.shift), dist)  # evaluation uses the training shift
