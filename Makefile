@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench report perf clean help
+.PHONY: setup test bench report perf gpu-check clean help
 
 setup: $(STAMP)  ## create or refresh .venv (CPU torch, the package with its test extra)
 
@@ -24,9 +24,16 @@ bench: setup  ## run the quick CPU suite into runs/quick/ and its report into re
 	$(VENV)/bin/flowzoo bench quick --runs runs --out reports/quick
 
 # one Flow-GRPO iteration of ours against the released-style loop (ratio, phase split, gradient check); PERF_ARGS
-# e.g. "--device cuda --model-path DIR reuse_rollout_graph=true"
-perf: setup  ## time one Flow-GRPO iteration against the released-style loop (PERF_ARGS)
+# e.g. "--device cuda --model-path DIR reuse_rollout_graph=false"; then the interleaved pytest-benchmark pairs, whose
+# ours/reference ratios fail the target when more than 15% above the committed baseline (docs/perf.md)
+PERF_JSON ?= /tmp/flowzoo-perf.json
+perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fail on a >15% ratio regression
 	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
+	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
+	$(PY) -m benchmark.perf_compare benchmark/perf_baseline.json $(PERF_JSON)
+
+gpu-check: setup  ## Flow-GRPO and OP-GRPO at SD3.5-Medium size on one GPU (random weights, docs/perf.md)
+	$(VENV)/bin/flowzoo perf --gpu-check --device cuda $(PERF_ARGS)
 
 report: setup  ## rewrite reports/quick/ from runs/quick/
 	$(VENV)/bin/flowzoo report runs/quick --out reports/quick

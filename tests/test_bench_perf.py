@@ -1,9 +1,14 @@
 """pytest-benchmark: one Flow-GRPO iteration of ours and of the released-style loop of benchmark/perf.py on the
-tiny random SD3 pipeline (batch 8 of one prompt, T = 10, CFG 4.5, the first 9 steps trained, one optimizer step).
-``flowzoo perf`` prints the interleaved medians, ratio and phase split; this file gives pytest-benchmark's view.
+tiny random SD3 pipeline (batch 8 of one prompt, T = 10, CFG 4.5, the first 9 steps trained, one optimizer step),
+timed as interleaved pairs (ours, reference) so that the ratio survives a noisy machine. Each benchmark's
+``extra_info`` holds both variants' seconds per round and ``ratio``, the median over pairs of ours / reference,
+which ``make perf`` compares with the committed baseline (benchmark/perf_baseline.json, via benchmark/perf_compare.py).
 
-Skipped by the default ``--benchmark-skip``; run with ``pytest tests/test_bench_perf.py --benchmark-only``.
+Skipped by the default ``--benchmark-skip``; ``make perf`` runs it with ``-o addopts="" --benchmark-only``.
 """
+
+import statistics
+import time
 
 import pytest
 
@@ -14,6 +19,9 @@ from benchmark import perf  # noqa: E402
 from tests.test_fidelity_sd3 import model  # noqa: E402,F401
 from tests.test_models_sd3 import sd3_dir  # noqa: E402,F401
 
+VARIANTS = {"defaults": {}, "recompute": {"reuse_rollout_graph": False},
+            "released_two_steps": {"minibatches": 2}}
+
 
 @pytest.fixture
 def fresh(model):  # noqa: F811
@@ -22,12 +30,21 @@ def fresh(model):  # noqa: F811
     model.load_trainable_state_dict(state)
 
 
-@pytest.mark.parametrize("reuse", [False, True], ids=["default", "reuse_rollout_graph"])
-def test_bench_perf_ours(benchmark, fresh, reuse):
-    alg = perf.make_algorithm(fresh, {"reuse_rollout_graph": reuse})
-    benchmark.pedantic(alg.step, args=([perf.PROMPT],), rounds=3, iterations=1, warmup_rounds=1)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bench_perf_pair(benchmark, fresh, variant):
+    alg = perf.make_algorithm(fresh, VARIANTS[variant])
+    state, opt_state = fresh.trainable_state_dict(), alg.optimizer.state_dict()
+    seconds = {"ours": [], "reference": []}
 
+    def pair():
+        for name in ("ours", "reference"):
+            fresh.load_trainable_state_dict(state)
+            alg.optimizer.load_state_dict(opt_state)
+            t0 = time.perf_counter()
+            alg.step([perf.PROMPT]) if name == "ours" else perf.reference_step(alg, [perf.PROMPT])
+            seconds[name].append(time.perf_counter() - t0)
 
-def test_bench_perf_reference(benchmark, fresh):
-    alg = perf.make_algorithm(fresh, {})
-    benchmark.pedantic(perf.reference_step, args=(alg, [perf.PROMPT]), rounds=3, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(pair, rounds=10, iterations=1, warmup_rounds=0)
+    ours, reference = seconds["ours"][1:], seconds["reference"][1:]  # the first pair warms up
+    benchmark.extra_info.update(ours_s=ours, reference_s=reference,
+                                ratio=statistics.median(o / r for o, r in zip(ours, reference)))
