@@ -79,7 +79,7 @@ class AlgorithmConfig:
     cfg_grad: Literal["cond", "both"] = "cond"
     # How ``cfg_grad: cond`` runs with autograd on (models.base.FlowModel.velocity): ``batched`` one call on
     # [cond; uncond] with the unconditional half detached after it (the released form), ``split`` the unconditional
-    # half as its own no_grad call, ``auto`` the model's choice (split for big transformers). Same math.
+    # half as its own no_grad call, ``auto`` the model's choice (split from 1M transformer parameters). Same math.
     cfg_batch: Literal["auto", "batched", "split"] = "auto"
     lr: float = 3e-4
     weight_decay: float = 1e-4

@@ -221,10 +221,10 @@ class DiffusersFlowModel(FlowModel):
 
     # ---- network evaluation -------------------------------------------------------------------------------
     #: ``cfg_batch: auto`` splits the detached unconditional CFG branch into its own no_grad call from this many
-    #: transformer parameters on (SD3.5-Medium 2.5 B, Wan2.1-1.3B): there the backward of B rows it saves outweighs
-    #: one call's overhead; below it (the tiny tier, ~1.7 M; the perf pipeline, ~0.02 M) one batched call is faster
-    #: (docs/perf.md has the measurements).
-    cfg_split_min_params: ClassVar[int] = 10_000_000
+    #: transformer parameters on: there the backward of B rows it saves outweighs one call's overhead. Measured on
+    #: the CPU (docs/perf.md): the tiny tier (1.7 M) trains 2.3x faster split, the perf pipeline (0.02 M) is faster
+    #: batched; SD3.5-Medium (2.5 B) and Wan2.1 (1.3 B) split.
+    cfg_split_min_params: ClassVar[int] = 1_000_000
 
     def split_cfg_pays(self) -> bool:
         if not hasattr(self, "_transformer_params"):
