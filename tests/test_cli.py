@@ -38,7 +38,8 @@ def test_train_writes_run_directory(tmp_path):
                                          "clip_frac", "approx_kl", "kl"]
     assert metrics["step"].tolist() == [0, 1, 2, 3, 4]
     assert metrics["eval_reward"].notna().tolist() == [True, False, True, False, True]
-    assert (metrics["nfe"].diff().dropna() == 16 * (10 + 9)).all()  # 16 samples x (10 sampling + 9 trained)
+    # 16 samples x 10 sampling steps; the default recompute-free update (reuse_rollout_graph auto) adds no forward
+    assert (metrics["nfe"].diff().dropna() == 16 * 10).all()
     assert (run_dir / "done.json").is_file() and (run_dir / "checkpoint.pt").is_file()
     assert (run_dir / "samples" / "step_4.png").is_file()
 
