@@ -28,6 +28,8 @@ TINY = ["train.steps=3", "train.prompts_per_step=3", "algorithm.group_size=6", "
 ALGORITHMS = {
     # two minibatches: the permutation over global sample indices splits each process's samples
     "flow_grpo": ["algorithm.name=flow_grpo", "algorithm.minibatches=2"],
+    # one optimizer step: the default recompute-free update (each process back-propagates its kept rollout graphs)
+    "flow_grpo_lean": ["algorithm.name=flow_grpo"],
     # replay from step 2 on (every prompt repeats), truncated at t_off, self-normalised weights
     "op_grpo": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.weight_self_normalize=true",
                 "algorithm.off_policy_groups=1.0"],
