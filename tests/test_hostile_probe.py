@@ -35,6 +35,8 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("overrides, message", [
     # silent wrong results: t_off beyond T was clamped
     (["algorithm.name=op_grpo", "algorithm.t_off=11"], "algorithm.t_off must be in [0, T] = [0, 10]"),
+    (["algorithm.shift=0"], "algorithm.shift must be a finite number > 0"),  # found by the config fuzz
+    (["algorithm.shift=.nan"], "algorithm.shift: expected a finite number, got nan"),
     (["algorithm.name=op_grpo", "algorithm.num_steps=4", "algorithm.t_off=5"], "algorithm.t_off must be in [0, T] = [0, 4]"),
     (["algorithm.name=op_grpo_no_truncation", "algorithm.num_steps=3", "algorithm.replay_k=4"],
      "algorithm.replay_k must be in [0, group_size - 1] = [0, 3], got 4"),
