@@ -150,8 +150,12 @@ def _ablation_claim(table: pd.DataFrame, effects: pd.DataFrame, algorithm: str, 
     p = float(fisher_exact([[bad, n - bad], [ref_bad, ref_n - ref_bad]], alternative="greater")[1])
     final = _effect(effects, SPARSE, "op_grpo", algorithm, "final_reward")
     bound = 1 - 0.05 ** (1 / n)  # one-sided 95% upper bound of the instability rate when 0 of n are unstable
+    off = _cell(table, SPARSE, algorithm).get("off_policy_frac")
+    ref_off = _cell(table, SPARSE, "op_grpo").get("off_policy_frac")
+    share = (f"; realised off-policy share {off.mean():.3f} vs OP-GRPO's {ref_off.mean():.3f}"
+             if off is not None and ref_off is not None else "")
     measured = (f"unstable {bad}/{n} (OP-GRPO {ref_bad}/{ref_n}, p {p:.2g}); final reward vs OP-GRPO "
-                f"{final['diff']:+.3f} {_ci(final['ci_low'], final['ci_high'])} (MDE {final['mde']:.3f})")
+                f"{final['diff']:+.3f} {_ci(final['ci_low'], final['ci_high'])} (MDE {final['mde']:.3f}){share}")
     if p < 0.05 or final["ci_high"] < 0:
         return _row(claim, rule, measured, "reproduced")
     if bad == 0 and final["ci_low"] > -final["mde"]:
