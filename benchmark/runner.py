@@ -243,35 +243,37 @@ class Runner:
 
         bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
                    disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)
-        for step in range(start + 1, cfg.train.steps + 1):
-            batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
-            t0 = time.perf_counter()
-            with guard.during(step):
-                stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
-            guard.check(step, stats, self.model.trainable_parameters())
-            wall_s += time.perf_counter() - t0
-            nfe += stats.nfe
-            row = {"step": step, "nfe": nfe, "wall_s": wall_s, **stats.row()}
-            last = step == cfg.train.steps
-            if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+        try:  # the bar is closed on an error too, so the error's one line starts a line of its own
+            for step in range(start + 1, cfg.train.steps + 1):
+                batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
                 t0 = time.perf_counter()
                 with guard.during(step):
-                    row.update(self.evaluate(step))
-                row["t_eval"] = time.perf_counter() - t0
-            rows.append(row)
-            self._write_metrics(rows)
-            if trackers:
-                trackers.log(row, step)
-            if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
-                self._checkpoint(step, rows, wall_s, nfe)
-                self._resumable = True
-                guard.saved(step)
-            bar.update(1)
-            postfix = {"reward": f"{stats.reward_mean:.3f}"}
-            evals = [r["eval_reward"] for r in rows if "eval_reward" in r]
-            postfix["eval"] = f"{evals[-1]:.3f}"
-            bar.set_postfix(postfix)
-        bar.close()
+                    stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
+                guard.check(step, stats, self.model.trainable_parameters())
+                wall_s += time.perf_counter() - t0
+                nfe += stats.nfe
+                row = {"step": step, "nfe": nfe, "wall_s": wall_s, **stats.row()}
+                last = step == cfg.train.steps
+                if last or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+                    t0 = time.perf_counter()
+                    with guard.during(step):
+                        row.update(self.evaluate(step))
+                    row["t_eval"] = time.perf_counter() - t0
+                rows.append(row)
+                self._write_metrics(rows)
+                if trackers:
+                    trackers.log(row, step)
+                if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+                    self._checkpoint(step, rows, wall_s, nfe)
+                    self._resumable = True
+                    guard.saved(step)
+                bar.update(1)
+                postfix = {"reward": f"{stats.reward_mean:.3f}"}
+                evals = [r["eval_reward"] for r in rows if "eval_reward" in r]
+                postfix["eval"] = f"{evals[-1]:.3f}"
+                bar.set_postfix(postfix)
+        finally:
+            bar.close()
         if trackers:
             trackers.finish()
         summary = {
