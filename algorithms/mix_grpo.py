@@ -168,16 +168,29 @@ class MixGRPOFlashConfig(MixGRPOConfig):
 class MixGRPOFlash(MixGRPO):
     Config = MixGRPOFlashConfig
 
-    def step_plan(self, batch: int) -> StepPlan:
+    def flash_sigmas(self) -> tuple[torch.Tensor, int]:
+        """This iteration's sampling sigmas (the original grid up to the window's end, then the compressed tail) and
+        ``last``, the window's last step (``start - 1`` for an empty window: the tail follows the ODE steps)."""
         cfg = self.config
-        start = self.window_start()
-        last = start + self.window_steps() - 1  # start - 1 for an empty window: the tail follows the ODE steps
+        last = self.window_start() + self.window_steps() - 1
         shift = self.model.default_shift if cfg.shift is None else cfg.shift
         counted = self.num_steps - last if cfg.compress_count == "released" else None
-        sigmas = compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift, counted)
+        return compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift, counted), last
+
+    def step_plan(self, batch: int) -> StepPlan:
+        cfg = self.config
+        sigmas, last = self.flash_sigmas()
         dpm = torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)
         dpm[last + 1 :] = True
-        return window_plan(sigmas, start, self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)
+        return window_plan(sigmas, self.window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)
+
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
+        super().after_update(traj, batch)
+        # the tail's length and first sigma: with one tail step the rewarded sample is the one-step data prediction
+        # x - sigma v at that sigma (docs/algorithms.md, "Flash on the toy tier")
+        sigmas, last = self.flash_sigmas()
+        self.log("tail_steps", sigmas.shape[0] - 2 - last)
+        self.log("tail_sigma", float(sigmas[last + 1]))
 
 
 register_preset(
