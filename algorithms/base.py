@@ -33,7 +33,7 @@ from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
-from algorithms.trajectory import StepPlan, Trajectory
+from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
 from flowzoo.streams import UPDATE_ORDER_OFFSET
@@ -307,26 +307,38 @@ class Algorithm:
         ``group_size`` overrides G (OP-GRPO rolls out G - k fresh samples for groups that get k replayed ones).
         ``rows`` restricts the rollout to these indices of the ``len(prompts) * G`` samples (default: this process's
         shard, i.e. all of them in a single process); their noise, plan and groups are those of the full batch."""
+        inputs = self.fresh_inputs(prompts, metadata, group_offset, group_size, rows)
+        live = {} if self.keeps_rollout_graph() else None
+        latents, log_probs = rollout(self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators,
+                                     self.config.guidance, live=live, cfg_grad=self.config.cfg_grad,
+                                     cfg_batch=self.config.cfg_batch)
+        return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
+                                       inputs.group, self.config.guidance, live=live)
+
+    def fresh_inputs(
+        self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None,
+        rows: range | None = None,
+    ) -> RolloutInputs:
+        """What :meth:`fresh_rollout` (same arguments) samples from: its rows' condition, initial noise, generators,
+        plan and groups (OP-GRPO rolls several such parts out as one batch)."""
         g = self.config.group_size if group_size is None else group_size
         batch = len(prompts) * g
         rows = self.dist.shard(batch) if rows is None else rows
         first, last = rows.start // g, (rows.stop - 1) // g + 1  # the prompts these rows belong to
         local = slice(rows.start - first * g, rows.stop - first * g)
-        rep_prompts = [prompts[i // g] for i in rows]
-        rep_meta = [metadata[i // g] for i in rows]
         cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
         cond = cond.repeat_interleave(g).index(local)
         gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
         x1 = initial_noise(self.model, gens[first * g: last * g], g, self.config.shared_noise)[local]
-        gens = gens[rows.start: rows.stop]
         plan = self.make_plan(batch)
-        plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
-        live = {} if self.keeps_rollout_graph() else None
-        latents, log_probs = rollout(self.model, cond, plan, x1, gens, self.config.guidance, live=live,
-                                     cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
-        group = torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
-        return Trajectory.from_rollout(
-            plan, rep_prompts, rep_meta, cond, latents, log_probs, group, self.config.guidance, live=live
+        return RolloutInputs(
+            prompts=[prompts[i // g] for i in rows],
+            metadata=[metadata[i // g] for i in rows],
+            cond=cond,
+            x=x1,
+            generators=gens[rows.start: rows.stop],
+            plan=dataclasses.replace(plan, train=plan.train[rows.start: rows.stop]),
+            group=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop],
         )
 
     def keeps_rollout_graph(self) -> bool:

@@ -36,6 +36,11 @@ the update each rank proposes the best fresh trajectory of each group it holds; 
 every rank offers the same winners, in group order, to its copy of the buffer. Weight normalisation and diagnostics
 use the global batch.
 
+Cost: a hybrid batch is sampled as one batch (``_hybrid_rollout``): the fresh samples alone over steps 0..t_off-1,
+then fresh and replayed samples together from t_off (each sample's noise is its own generator's, so the samples are
+those of separate rollouts); pi_old of all reused transitions is one batched evaluation (``_recompute_old``). A
+replayed sample thus costs T model evaluations inside the same batched calls as a fresh one, not calls of its own.
+
 Sample dropping: a replayed sample whose log-weight, or whose "old" log-prob of a reused step, is not finite is
 removed from the batch before advantages are computed, and counted (``replay_dropped``).
 """
@@ -55,7 +60,8 @@ from algorithms.distributed import GatheredBatch
 from algorithms.losses import sequence_log_weight
 from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from algorithms.rollout import rollout, sample_generators
-from algorithms.trajectory import StepPlan, Trajectory
+from algorithms.sde import sde_step
+from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
 
@@ -114,7 +120,7 @@ class OPGRPO(Algorithm):
     """OP-GRPO (see the module docstring)."""
 
     Config = OPGRPOConfig
-    rollout_graph_auto = False  # a hybrid batch is concatenated (Trajectory.cat), which drops the fresh part's graphs
+    rollout_graph_auto = False  # a hybrid batch is sampled in two phases (_hybrid_rollout) that keep no graphs
     diagnostics = {
         CLIP_FRAC_ON: "PPO clip fraction of the on-policy (fresh) samples' trained steps",
         CLIP_FRAC_OFF: "PPO clip fraction of the replayed samples' trained steps (paper: 11.8% corrected, >40% naive)",
@@ -213,20 +219,27 @@ class OPGRPO(Algorithm):
         return prompts, metadata, {keep + j: self._entries_for(e.prompt, plan) for j, e in enumerate(chosen)}
 
     @torch.no_grad()
-    def _recompute_old(self, traj: Trajectory, reused: torch.Tensor) -> torch.Tensor:
-        """log pi_old of the recorded transitions marked ``reused`` [n, T] under the current parameters (0 elsewhere)."""
-        old = torch.zeros_like(traj.log_probs)
-        for t in range(traj.num_steps):
-            rows = reused[:, t].nonzero().flatten()
-            if len(rows):
-                old[rows, t] = self.score_transition(traj, rows, t).log_prob
+    def _recompute_old(self, traj: Trajectory, reused: torch.Tensor, first: int) -> torch.Tensor:
+        """log pi_old [n, T] of the recorded transitions of rows ``first .. first + n - 1`` of ``traj`` marked
+        ``reused`` [n, T], under the current parameters (0 elsewhere). They are scored together in chunks of at most
+        ``len(traj)`` transitions (the rollout's batch, so the peak memory stays the rollout's), not one model call per
+        step."""
+        old = torch.zeros(reused.shape, dtype=traj.log_probs.dtype, device=traj.log_probs.device)
+        rows, steps = reused.nonzero(as_tuple=True)  # sample by sample, step by step
+        for lo in range(0, len(rows), len(traj)):
+            r, t = rows[lo: lo + len(traj)], steps[lo: lo + len(traj)]
+            x, ts = traj.latents[first + r, t], t.to(traj.sigmas.device)
+            sigma, sigma_next = traj.sigmas[ts], traj.sigmas[ts + 1]
+            v = self.model.velocity(x, sigma, traj.cond.index(first + r), traj.guidance,
+                                    cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
+            old[r, t] = sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
+                                 prev_sample=traj.latents[first + r, t + 1], reduction=traj.reduction).log_prob
         return old
 
-    def _replayed(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
-                  ) -> tuple[Trajectory, tuple[torch.Tensor, torch.Tensor]]:
-        """The buffer samples ``rows`` (of all the chosen groups' samples): stored prefix + regenerated tail, pi_old
-        and log w; with the per-step sums and counts of |log pi_old - log pi_off| over its finite samples."""
-        cfg = self.config
+    def _replay_inputs(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
+                       ) -> tuple[RolloutInputs, torch.Tensor, torch.Tensor]:
+        """The buffer samples ``rows`` (of all the chosen groups' samples) as rollout inputs whose ``x`` is the stored
+        latent at ``t_off`` (the regeneration's start), with their stored latents 0..t_off and pi_off [n, T]."""
         order = [(i, e) for i, entries in groups.items() for e in entries]
         gens = sample_generators(self.seed, self.iteration, OP_GRPO_REGENERATION, count=len(order))
         gens = gens[rows.start: rows.stop]
@@ -234,25 +247,56 @@ class OPGRPO(Algorithm):
         n, t_off, device = len(order), self.t_off, self.model.device
         rep_prompts = [prompts[i] for i, _ in order]
         rep_meta = [metadata[i] for i, _ in order]
-        cond = self.model.encode(rep_prompts, rep_meta)
-        plan = self.make_plan(n)
         stored = torch.stack([e.latents[: t_off + 1] for _, e in order]).to(device)
         pi_off = torch.stack([e.log_probs for _, e in order]).to(device=device, dtype=torch.float32)
-        latents, log_probs = rollout(self.model, cond, plan, stored[:, t_off], gens, cfg.guidance, start_step=t_off)
-        latents[:, : t_off + 1] = stored
-        steps = torch.arange(plan.num_steps, device=plan.sde.device)
-        reused = (plan.sde & (steps < t_off)).unsqueeze(0).expand(n, -1).to(device)
-        traj = Trajectory.from_rollout(
-            plan, rep_prompts, rep_meta, cond, latents, log_probs, torch.tensor([i for i, _ in order]), cfg.guidance,
-            off_policy=torch.ones(n, dtype=torch.bool),
-        )
+        inputs = RolloutInputs(rep_prompts, rep_meta, self.model.encode(rep_prompts, rep_meta), stored[:, t_off], gens,
+                               self.make_plan(n), torch.tensor([i for i, _ in order]))
+        return inputs, stored, pi_off
+
+    def _hybrid_rollout(self, fresh: RolloutInputs | None, replay: RolloutInputs | None, stored: torch.Tensor | None
+                        ) -> Trajectory:
+        """Fresh samples and replayed ones (stored latents 0..t_off, regenerated from t_off) sampled as one batch:
+        the fresh rows alone over steps 0..t_off-1, then every row together, so a replayed sample costs its
+        regenerated steps' model calls in the same batched passes as the fresh ones (not a rollout of its own).
+        Each row's noise is its own generator's, so the samples are those of separate rollouts."""
+        guidance, t_off = self.config.guidance, self.t_off
+        rollout_args = dict(cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
+        head = None
+        if fresh is not None and t_off > 0:
+            head = rollout(self.model, fresh.cond, fresh.plan, fresh.x, fresh.generators, guidance, stop_step=t_off,
+                           **rollout_args)
+            fresh = fresh._replace(x=head[0][:, t_off])
+        everyone = RolloutInputs.cat([p for p in (fresh, replay) if p is not None])
+        latents, log_probs = rollout(self.model, everyone.cond, everyone.plan, everyone.x, everyone.generators,
+                                     guidance, start_step=t_off, **rollout_args)
+        n_fresh = 0 if fresh is None else len(fresh.prompts)
+        if head is not None:
+            latents[:n_fresh, :t_off] = head[0][:, :t_off]
+            log_probs[:n_fresh, :t_off] = head[1][:, :t_off]
+        if replay is not None:
+            latents[n_fresh:, : t_off + 1] = stored
+        off_policy = torch.arange(len(everyone.prompts)) >= n_fresh
+        return Trajectory.from_rollout(everyone.plan, everyone.prompts, everyone.metadata, everyone.cond, latents,
+                                       log_probs, everyone.group, guidance, off_policy=off_policy)
+
+    def _weigh_replayed(self, traj: Trajectory, pi_off: torch.Tensor, n_fresh: int
+                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """For the replayed rows ``n_fresh:`` of ``traj``: sets their reused steps' "old" log-probs (pi_old, or pi_off
+        under the naive correction) and returns their log w, with the per-step sums and counts of
+        |log pi_old - log pi_off| over their finite samples."""
+        cfg = self.config
+        device = self.model.device
+        n = pi_off.shape[0]
+        log_probs = traj.log_probs[n_fresh:]
+        steps = torch.arange(traj.num_steps, device=traj.sde.device)
+        reused = (traj.sde & (steps < self.t_off)).unsqueeze(0).expand(n, -1).to(device)
         log_w = torch.zeros(n)
-        abs_log_ratio = (torch.zeros(plan.num_steps), torch.zeros(plan.num_steps))
+        abs_log_ratio = (torch.zeros(traj.num_steps), torch.zeros(traj.num_steps))
         if cfg.correction == "naive":
-            traj.log_probs = torch.where(reused, pi_off, log_probs)
+            traj.log_probs[n_fresh:] = torch.where(reused, pi_off, log_probs)
         else:
-            pi_old = self._recompute_old(traj, reused)
-            traj.log_probs = torch.where(reused, pi_old, log_probs)
+            pi_old = self._recompute_old(traj, reused, n_fresh)
+            traj.log_probs[n_fresh:] = torch.where(reused, pi_old, log_probs)
             # only reused steps may enter w (a non-finite value elsewhere must not poison it through 0 * inf)
             zero = torch.zeros((), device=device)
             old_r, off_r = torch.where(reused, pi_old, zero), torch.where(reused, pi_off, zero)
@@ -261,8 +305,7 @@ class OPGRPO(Algorithm):
             ok = torch.isfinite(old_r - off_r).all(dim=1, keepdim=True) & reused  # diagnostics over finite samples
             # per-step sums and counts; collect() reduces them over processes into the mean |log ratio|
             abs_log_ratio = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu(), ok.sum(0).float().cpu())
-        traj.log_weight = log_w
-        return traj, abs_log_ratio
+        return log_w, abs_log_ratio
 
     def _log_abs_log_ratio(self, total: torch.Tensor, count: torch.Tensor) -> None:
         """Mean |log pi_old - log pi_off| per reused SDE step over the (global) finite replayed samples, from this
@@ -316,22 +359,25 @@ class OPGRPO(Algorithm):
         for (count, idx), span in zip(sorted(by_count.items()), spans):
             if len(span) == 0:
                 continue
-            part = self.fresh_rollout([prompts[i] for i in idx], [metadata[i] for i in idx],
-                                      group_offset=count * len(prompts), group_size=g - count, rows=span)
-            part.group = torch.tensor(idx).repeat_interleave(g - count)[span.start: span.stop]
-            parts.append(part)
-        replay, abs_log_ratio = None, (torch.zeros(self.num_steps), torch.zeros(self.num_steps))
+            part = self.fresh_inputs([prompts[i] for i in idx], [metadata[i] for i in idx],
+                                     group_offset=count * len(prompts), group_size=g - count, rows=span)
+            parts.append(part._replace(group=torch.tensor(idx).repeat_interleave(g - count)[span.start: span.stop]))
+        fresh = RolloutInputs.cat(parts) if parts else None
+        n_fresh = 0 if fresh is None else len(fresh.prompts)
+        replay = stored = pi_off = None
         if len(spans[-1]):
-            replay, abs_log_ratio = self._replayed(groups, prompts, metadata, spans[-1])
+            replay, stored, pi_off = self._replay_inputs(groups, prompts, metadata, spans[-1])
+        traj = self._hybrid_rollout(fresh, replay, stored)
+        abs_log_ratio = (torch.zeros(self.num_steps), torch.zeros(self.num_steps))
+        if replay is not None:
+            traj.log_weight[n_fresh:], abs_log_ratio = self._weigh_replayed(traj, pi_off, n_fresh)
         self._log_abs_log_ratio(*abs_log_ratio)
         versions = [e.version for entries in groups.values() for e in entries]
         self.log("versions_age", self.iteration - sum(versions) / len(versions))
         # drop replayed samples whose weight or reused "old" log-probs are not finite
-        if replay is not None:
-            finite = torch.isfinite(replay.log_weight) & torch.isfinite(replay.log_probs).all(dim=1).cpu()
-            local_raw = replay.log_weight[finite]
-        else:
-            finite, local_raw = torch.zeros(0, dtype=torch.bool), torch.zeros(0)
+        replayed_log_w = traj.log_weight[n_fresh:]
+        finite = torch.isfinite(replayed_log_w) & torch.isfinite(traj.log_probs[n_fresh:]).all(dim=1).cpu()
+        local_raw = replayed_log_w[finite]
         dropped = self.dist.sum(int((~finite).sum()))
         raw = self.dist.cat(local_raw)
         if len(raw):
@@ -340,13 +386,10 @@ class OPGRPO(Algorithm):
                 self.log(f"log_weight_{name}", float(value))
             lw = raw.double()  # normalised effective sample size (sum w)^2 / (n sum w^2), in log space
             self.log("weight_ess", float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw)))
-        if replay is not None and not finite.all():
-            replay = replay.select(finite.nonzero().flatten())
-        log_w = self._transform_weights(replay.log_weight if replay is not None else torch.zeros(0))
-        if replay is not None and (len(replay) or not parts):
-            replay.log_weight = log_w
-            parts.append(replay)
-        return Trajectory.cat(parts), dropped
+        if not finite.all():
+            traj = traj.select(torch.cat([torch.arange(n_fresh), n_fresh + finite.nonzero().flatten()]))
+        traj.log_weight[n_fresh:] = self._transform_weights(traj.log_weight[n_fresh:])
+        return traj, dropped
 
     def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
         cfg = self.config

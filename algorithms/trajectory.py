@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -45,6 +46,33 @@ class StepPlan:
     @property
     def num_steps(self) -> int:
         return self.sde.shape[0]
+
+
+class RolloutInputs(NamedTuple):
+    """What a rollout of a batch starts from: its samples' prompts, metadata, condition, initial latents, noise
+    generators, plan and group ids (``Algorithm.fresh_inputs``)."""
+
+    prompts: list[str]
+    metadata: list[dict]
+    cond: Condition
+    x: torch.Tensor
+    generators: list[torch.Generator]
+    plan: StepPlan
+    group: torch.Tensor
+
+    @staticmethod
+    def cat(parts: Sequence["RolloutInputs"]) -> "RolloutInputs":
+        """One batch of ``parts`` (in order) that share the first part's plan apart from its ``train`` rows."""
+        first = parts[0]
+        return RolloutInputs(
+            prompts=[q for p in parts for q in p.prompts],
+            metadata=[m for p in parts for m in p.metadata],
+            cond=Condition.cat([p.cond for p in parts]),
+            x=torch.cat([p.x for p in parts]),
+            generators=[g for p in parts for g in p.generators],
+            plan=dataclasses.replace(first.plan, train=torch.cat([p.plan.train for p in parts])),
+            group=torch.cat([p.group for p in parts]),
+        )
 
 
 @dataclass
