@@ -167,15 +167,19 @@ class MixGRPOFlashConfig(MixGRPOConfig):
 @register("mix_grpo_flash")
 class MixGRPOFlash(MixGRPO):
     Config = MixGRPOFlashConfig
+    diagnostics = {
+        "tail_steps": "solver steps of the compressed ODE tail after the SDE window (released count int((T - last) r)); "
+                      "at 1 the rewarded sample is the one-step prediction x - sigma v",
+        "tail_sigma": "sigma at which the compressed tail starts",
+    }
 
     def flash_sigmas(self) -> tuple[torch.Tensor, int]:
         """This iteration's sampling sigmas (the original grid up to the window's end, then the compressed tail) and
         ``last``, the window's last step (``start - 1`` for an empty window: the tail follows the ODE steps)."""
         cfg = self.config
         last = self.window_start() + self.window_steps() - 1
-        shift = self.model.default_shift if cfg.shift is None else cfg.shift
         counted = self.num_steps - last if cfg.compress_count == "released" else None
-        return compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, shift, counted), last
+        return compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, self.shift, counted), last
 
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config

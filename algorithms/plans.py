@@ -25,10 +25,9 @@ def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Genera
 
 def algorithm_sigmas(algorithm) -> torch.Tensor:
     """The training sigmas of an algorithm whose config has a ``sigma_grid`` (DanceGRPO, MixGRPO): its T steps and
-    shift (the model's default when unset) on that grid, see :func:`algorithms.sde.sigma_schedule`."""
-    cfg = algorithm.config
-    shift = algorithm.model.default_shift if cfg.shift is None else cfg.shift
-    return sigma_schedule(algorithm.num_steps, shift, grid=cfg.sigma_grid)
+    shift (``algorithm.shift``: the model's default when unset) on that grid, see
+    :func:`algorithms.sde.sigma_schedule`."""
+    return sigma_schedule(algorithm.num_steps, algorithm.shift, grid=algorithm.config.sigma_grid)
 
 
 def window_mask(num_steps: int, start: int, size: int) -> torch.Tensor:
