@@ -449,12 +449,18 @@ def ratio_ci(
     ratio = ratio_of_means(values, baseline_values)
     if values.size < 2 or baseline_values.size < 2 or math.isnan(ratio):
         return ratio, math.nan, math.nan
-    rng = np.random.default_rng(seed)
+    ratios = ratio_bootstrap(values, baseline_values, resamples, np.random.default_rng(seed))
+    return (ratio, *percentile_interval(ratios, confidence))
+
+
+def ratio_bootstrap(values, baseline_values, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """``resamples`` bootstrap replicates of mean(values) / mean(baseline_values), each group resampled alone
+    (NaN where a resampled baseline mean is 0)."""
+    values, baseline_values = np.asarray(values, float), np.asarray(baseline_values, float)
     numerators = values[_bootstrap_indices(values.size, resamples, rng)].mean(axis=1)
     denominators = baseline_values[_bootstrap_indices(baseline_values.size, resamples, rng)].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = np.where(denominators != 0, numerators / denominators, np.nan)
-    return (ratio, *percentile_interval(ratios, confidence))
+        return np.where(denominators != 0, numerators / denominators, np.nan)
 
 
 def ratio_bound(algorithm_censored: int, baseline_censored: int) -> str:

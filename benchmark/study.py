@@ -40,7 +40,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from benchmark.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves, find_run_dirs, load_runs, ratio_ci
+from benchmark.stats import (DEFAULT_CONFIDENCE, DEFAULT_SMOOTH, bootstrap_ci, eval_curves, find_run_dirs, load_runs,
+                             percentile_interval, ratio_bootstrap, ratio_ci)
 from benchmark.study_claims import claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
@@ -199,9 +200,7 @@ def wall_clock_ratios(table: pd.DataFrame, timing: pd.DataFrame, baseline: str,
             for metric in metrics:
                 a, b = rows_alg[metric].to_numpy(float), base[metric].to_numpy(float)
                 steps_ratio = a.mean() / b.mean()
-                boot_steps = (a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1)
-                              / b[rng.integers(0, b.size, (resamples, b.size))].mean(axis=1))
-                low, high = np.percentile(boot_steps * boot_cost, [2.5, 97.5])
+                low, high = percentile_interval(ratio_bootstrap(a, b, resamples, rng) * boot_cost, DEFAULT_CONFIDENCE)
                 rows.append({"task": task, "algorithm": algorithm, "metric": metric.replace("steps", "wall"),
                              "steps_ratio": steps_ratio, "cost_ratio": float(np.median(cost_ratios)),
                              "cost_ratio_min": float(cost_ratios.min()), "cost_ratio_max": float(cost_ratios.max()),

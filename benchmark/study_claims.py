@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy.stats import fisher_exact
 
 from benchmark.stats import bootstrap_ci
 
@@ -143,8 +144,6 @@ def _ablation_claim(table: pd.DataFrame, effects: pd.DataFrame, algorithm: str, 
             "contradicted if no run is unstable and the final-reward CI lies above -MDE; else inconclusive")
     if _cell(table, SPARSE, algorithm).empty:
         return _row(claim, rule, "no runs", "not tested")
-    from scipy.stats import fisher_exact
-
     bad, n = _instability(table, algorithm)
     ref_bad, ref_n = _instability(table, "op_grpo")
     p = float(fisher_exact([[bad, n - bad], [ref_bad, ref_n - ref_bad]], alternative="greater")[1])
