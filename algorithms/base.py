@@ -380,12 +380,13 @@ class Algorithm:
             unbiased=self.config.adv_std_unbiased,
         )
 
-    def score_transition(self, traj: Trajectory, rows: torch.Tensor, t: int) -> StepOutput:
+    def score_transition(self, traj: Trajectory, rows: torch.Tensor, t: int | torch.Tensor) -> StepOutput:
         """The recorded transition t -> t+1 of samples ``rows`` scored under the model's current policy (gradients
-        flow unless the caller disables them)."""
+        flow unless the caller disables them). ``t``: one step for every row, or a tensor of one step per row."""
         x = traj.latents[rows, t]
-        sigma = traj.sigmas[t].expand(len(rows))
-        sigma_next = traj.sigmas[t + 1].expand(len(rows))
+        steps = torch.as_tensor(t, device=traj.sigmas.device)
+        sigma = traj.sigmas[steps].expand(len(rows))
+        sigma_next = traj.sigmas[steps + 1].expand(len(rows))
         v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad,
                                 cfg_batch=self.config.cfg_batch)
         return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,

@@ -60,7 +60,6 @@ from algorithms.distributed import GatheredBatch
 from algorithms.losses import sequence_log_weight
 from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from algorithms.rollout import rollout, sample_generators
-from algorithms.sde import sde_step
 from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
@@ -228,12 +227,7 @@ class OPGRPO(Algorithm):
         rows, steps = reused.nonzero(as_tuple=True)  # sample by sample, step by step
         for lo in range(0, len(rows), len(traj)):
             r, t = rows[lo: lo + len(traj)], steps[lo: lo + len(traj)]
-            x, ts = traj.latents[first + r, t], t.to(traj.sigmas.device)
-            sigma, sigma_next = traj.sigmas[ts], traj.sigmas[ts + 1]
-            v = self.model.velocity(x, sigma, traj.cond.index(first + r), traj.guidance,
-                                    cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
-            old[r, t] = sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
-                                 prev_sample=traj.latents[first + r, t + 1], reduction=traj.reduction).log_prob
+            old[r, t] = self.score_transition(traj, first + r, t).log_prob
         return old
 
     def _replay_inputs(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
