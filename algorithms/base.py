@@ -309,11 +309,13 @@ class Algorithm:
         shard, i.e. all of them in a single process); their noise, plan and groups are those of the full batch."""
         inputs = self.fresh_inputs(prompts, metadata, group_offset, group_size, rows)
         live = {} if self.keeps_rollout_graph() else None
+        prediction: dict[str, torch.Tensor] = {}  # the last step's data prediction, where the plan decodes it
         latents, log_probs = rollout(self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators,
                                      self.config.guidance, live=live, cfg_grad=self.config.cfg_grad,
-                                     cfg_batch=self.config.cfg_batch)
+                                     cfg_batch=self.config.cfg_batch, prediction=prediction)
         return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
-                                       inputs.group, self.config.guidance, live=live)
+                                       inputs.group, self.config.guidance, live=live,
+                                       prediction=prediction.get("x0"))
 
     def fresh_inputs(
         self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None,
@@ -354,8 +356,9 @@ class Algorithm:
 
     @torch.no_grad()
     def score(self, traj: Trajectory) -> None:
-        """Decode the final latents and score them; fills ``samples``, ``rewards`` and ``reward_components``."""
-        traj.samples = self.model.decode(traj.final)
+        """Decode the rewarded latents (``traj.rewarded``: the final sample, or the last step's data prediction where
+        the plan says so) and score them; fills ``samples``, ``rewards`` and ``reward_components``."""
+        traj.samples = self.model.decode(traj.rewarded)
         try:
             out = self.reward(traj.samples, traj.prompts, traj.metadata)
         except FlowZooError:  # already one line (a RewardError, non-finite samples, a bad prompt, ...)

@@ -10,6 +10,11 @@ What differs from Flow-GRPO (the base template):
   dropped, ``samples["latents"][:, :-1]``, and trains ``int(len * timestep_fraction)`` of them), so the final
   transition is never trained;
 * no KL term (``kl_beta`` 0);
+* the reward scores the last step's data prediction ``x_{T-1} - sigma_{T-1} v(x_{T-1})``, not the final SDE sample
+  (``rewarded: prediction``): the released trainers decode ``pred_original`` of the last step (XueZeyue/DanceGRPO
+  fastvideo/train_grpo_flux_lora.py:192, train_grpo_flux.py:254, train_grpo_wan_2_1.py:219, ``latents =
+  pred_original`` after the sampling loop); the final sample x_T would carry the last step's noise
+  ``eta sqrt(sigma_{T-1})`` (0.15 at T = 10, shift 3, eta 0.3). ``rewarded: sample`` rewards x_T instead;
 * the sigma grid ``shift(linspace(1, 0, T + 1))`` (``sigma_grid: linspace``; XueZeyue/DanceGRPO
   fastvideo/train_grpo_flux.py:311-313 with ``sd3_time_shift`` :127-128), not diffusers' SD3 grid, which ends at the
   shifted 1/1000 before 0 (``sigma_grid: diffusers``, the other algorithms' grid).
@@ -42,6 +47,9 @@ class DanceGRPOConfig(AlgorithmConfig):
     shared_noise: bool = True
     kl_beta: float = 0.0
     sigma_grid: Literal["diffusers", "linspace"] = "linspace"
+    # the state the reward decodes: "prediction" x_{T-1} - sigma_{T-1} v (the released trainers' pred_original) or
+    # "sample" x_T (the final SDE sample)
+    rewarded: Literal["prediction", "sample"] = "prediction"
 
     def check_num_steps(self, num_steps: int) -> None:
         super().check_num_steps(num_steps)
@@ -71,4 +79,5 @@ class DanceGRPO(Algorithm):
         gen = iteration_generator(self.seed, self.iteration, PURPOSE_TRAIN_SUBSETS)
         train = random_step_subsets(batch, self.num_steps, self.num_steps - 1, self.trained_steps_per_sample(), gen)
         sde = torch.ones(self.num_steps, dtype=torch.bool)
-        return StepPlan(self.sigmas, sde, train, self.config.kernel, self.config.noise_level)
+        return StepPlan(self.sigmas, sde, train, self.config.kernel, self.config.noise_level,
+                        decode=self.config.rewarded)

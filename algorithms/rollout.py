@@ -48,6 +48,7 @@ def rollout(
     cfg_grad: str = "cond",
     cfg_batch: str = "auto",
     stop_step: int | None = None,
+    prediction: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. stop_step - 1`` (default: to the last, T - 1) from state ``x`` (the
     latent at ``plan.sigmas[start_step]``).
@@ -61,6 +62,9 @@ def rollout(
     ODE steps marked in ``plan.dpm_solver`` use DPM-Solver++ 2M, whose history is the data prediction
     ``x - sigma v`` of the previous step whatever its kind (as MixGRPO-Flash's reference feeds its solver state during
     the SDE window); the first step after ``start_step`` has no history.
+    With ``prediction`` a dict and a plan that decodes the prediction (``plan.decode == "prediction"``), the last
+    step's data prediction ``x_{T-1} - sigma_{T-1} v`` (float32, as DanceGRPO's ``pred_original``) is stored in
+    ``prediction["x0"]`` when the run reaches that step: the state the reward decodes (``Trajectory.rewarded``).
     """
     batch = x.shape[0]
     num_steps = plan.num_steps
@@ -81,7 +85,8 @@ def rollout(
                 )
         v = v.detach()
         # the data prediction is the DPM-Solver++ history; plans without solver steps need not compute it
-        x0 = None if plan.dpm_solver is None else x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
+        x0 = None if plan.dpm_solver is None else _data_prediction(x, v, sigma)
+        x_t = x
         if plan.sde[t]:
             if keep_graph:
                 live[t] = out
@@ -90,9 +95,16 @@ def rollout(
             x = dpm_solver_pp_2m_step(x, v, sigma, sigma_next, prev_x0, prev_sigma)
         else:
             x = euler_step(x, v, sigma, sigma_next)
+        if prediction is not None and plan.decode == "prediction" and t == num_steps - 1:
+            prediction["x0"] = _data_prediction(x_t, v, sigma)
         prev_x0, prev_sigma = x0, sigma
         latents[:, t + 1] = x
     return latents, log_probs
+
+
+def _data_prediction(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """x0 = x - sigma v in float32 (``sigma``: [B])."""
+    return x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
 
 
 def branched_rollout(
@@ -107,6 +119,7 @@ def branched_rollout(
     live: dict[int, StepOutput] | None = None,
     cfg_grad: str = "cond",
     cfg_batch: str = "auto",
+    prediction: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rollout` for groups that share one deterministic prefix (Flow-GRPO-Fast's branching).
 
@@ -128,7 +141,7 @@ def branched_rollout(
     prefix = prefix[inverse]
     latents, log_probs = rollout(
         model, cond, plan, prefix[:, branch_step], generators, guidance, start_step=branch_step, live=live,
-        cfg_grad=cfg_grad, cfg_batch=cfg_batch,
+        cfg_grad=cfg_grad, cfg_batch=cfg_batch, prediction=prediction,
     )
     latents[:, :branch_step] = prefix[:, :branch_step]
     return latents, log_probs

@@ -11,6 +11,10 @@ import torch
 from models.base import Condition
 
 
+#: which state of a trajectory the reward decodes (``StepPlan.decode``)
+DECODED_STATES = ("sample", "prediction")
+
+
 @dataclass
 class StepPlan:
     """What a rollout does at each of its T steps.
@@ -19,6 +23,9 @@ class StepPlan:
     ``train`` [B, T] which (sample, step) transitions the update trains on (only stochastic steps can be trained).
     ``dpm_solver`` [T] (optional) which deterministic steps use DPM-Solver++ 2M instead of the Euler step
     (MixGRPO-Flash's compressed tail); ``None`` means Euler on every ODE step.
+    ``decode`` which state the reward decodes: ``sample``, the final latent x_T (Flow-GRPO, MixGRPO), or
+    ``prediction``, the last step's data prediction x_{T-1} - sigma_{T-1} v(x_{T-1}) (DanceGRPO's released trainers:
+    ``latents = pred_original`` after the sampling loop), which the rollout records (``rollout(prediction=...)``).
     """
 
     sigmas: torch.Tensor
@@ -28,9 +35,12 @@ class StepPlan:
     noise_level: float = 0.7
     dpm_solver: torch.Tensor | None = None
     reduction: str = "mean"  # log-density over latent dims: "mean" (reference codes) or "sum" (joint density)
+    decode: str = "sample"  # the rewarded state: "sample" (x_T) or "prediction" (x_{T-1} - sigma_{T-1} v)
 
     def __post_init__(self) -> None:
         num_steps = self.sigmas.shape[0] - 1
+        if self.decode not in DECODED_STATES:
+            raise ValueError(f"decode must be one of {', '.join(DECODED_STATES)}, got {self.decode!r}")
         if self.sde.shape != (num_steps,):
             raise ValueError(f"sde mask has shape {tuple(self.sde.shape)}, expected ({num_steps},)")
         if self.train.dim() != 2 or self.train.shape[1] != num_steps:
@@ -82,6 +92,8 @@ class Trajectory:
     ``latents[:, t]`` is the state at ``sigmas[t]``: index 0 is the initial noise, index T the final sample.
     ``log_probs[:, t]`` is the behaviour policy's log-density of the transition t -> t+1 (0 on ODE steps).
     ``group`` gives each sample's group id (samples of one prompt); advantages are relative within a group.
+    ``decode`` (from the plan) says which state the reward decodes, :attr:`rewarded`: the final sample, or
+    ``prediction`` [B, ...], the last step's data prediction x_{T-1} - sigma_{T-1} v recorded by the rollout.
     """
 
     prompts: list[str]
@@ -97,6 +109,9 @@ class Trajectory:
     noise_level: float = 0.7
     guidance: float | None = None
     reduction: str = "mean"
+    decode: str = "sample"
+    #: the last step's data prediction, recorded when ``decode`` is ``prediction``
+    prediction: torch.Tensor | None = None
     #: filled after decoding and scoring
     samples: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
@@ -116,7 +131,7 @@ class Trajectory:
         return cls(
             prompts=prompts, metadata=metadata, cond=cond, latents=latents, log_probs=log_probs, sigmas=plan.sigmas,
             sde=plan.sde, train=plan.train, group=group, kind=plan.kind, noise_level=plan.noise_level,
-            guidance=guidance, reduction=plan.reduction, **fields,
+            guidance=guidance, reduction=plan.reduction, decode=plan.decode, **fields,
         )
 
     def __post_init__(self) -> None:
@@ -137,11 +152,22 @@ class Trajectory:
     def final(self) -> torch.Tensor:
         return self.latents[:, -1]
 
+    @property
+    def rewarded(self) -> torch.Tensor:
+        """The latents the reward decodes: the final sample, or with ``decode: prediction`` the last step's data
+        prediction (refused when the rollout did not record it, so a path that forgets it cannot reward x_T)."""
+        if self.decode == "sample":
+            return self.final
+        if self.prediction is None:
+            raise ValueError("the plan decodes the last step's data prediction, but the rollout did not record it")
+        return self.prediction
+
     def select(self, idx: torch.Tensor | Sequence[int]) -> "Trajectory":
         """The sub-batch of the given sample indices."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         items = idx.tolist()
-        per_sample = {"latents", "log_probs", "train", "group", "samples", "rewards", "off_policy", "log_weight"}
+        per_sample = {"latents", "log_probs", "train", "group", "samples", "rewards", "off_policy", "log_weight",
+                      "prediction"}
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -164,9 +190,9 @@ class Trajectory:
         first = parts[0]
         for p in parts[1:]:
             same = torch.equal(p.sigmas, first.sigmas) and torch.equal(p.sde, first.sde)
-            if not same or (p.kind, p.reduction) != (first.kind, first.reduction):
-                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps, kernels or "
-                                 "log-prob reductions")
+            if not same or (p.kind, p.reduction, p.decode) != (first.kind, first.reduction, first.decode):
+                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps, kernels, "
+                                 "log-prob reductions or decoded states")
 
         def cat_opt(name: str):
             values = [getattr(p, name) for p in parts]
@@ -187,6 +213,8 @@ class Trajectory:
             noise_level=first.noise_level,
             guidance=first.guidance,
             reduction=first.reduction,
+            decode=first.decode,
+            prediction=cat_opt("prediction"),
             samples=cat_opt("samples"),
             rewards=cat_opt("rewards"),
             reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in sorted(keys)},
