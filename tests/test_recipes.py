@@ -5,7 +5,7 @@ The expected values below are typed from a reading of the released code (not fro
 FG = yifan123/flow_grpo (config/grpo.py at 31c71b9, config/base.py at 54809b5, scripts/train_sd3.py and
 flow_grpo/stat_tracking.py at ac4c86e, scripts/train_wan2_1.py at 32b48fd); DG = XueZeyue/DanceGRPO at 15cc71d
 (scripts/finetune/finetune_flux_grpo_8gpus_lora.sh "lora.sh", finetune_wan_2_1_grpo.sh "wan.sh",
-fastvideo/train_grpo_flux.py, train_grpo_wan_2_1.py); MG = Tencent-Hunyuan/MixGRPO at e5cdd6a
+fastvideo/train_grpo_flux_lora.py, train_grpo_wan_2_1.py); MG = Tencent-Hunyuan/MixGRPO at e5cdd6a
 (scripts/finetune/finetune_flux_grpo_MixGRPO.sh "mix.sh", ..._Flash.sh, fastvideo/train_grpo_flux.py).
 """
 
@@ -66,10 +66,11 @@ DANCE_SD3 = dict(
     kernel="dance_grpo", noise_level=0.3,  # DG lora.sh:43 eta
     timestep_fraction=0.6,  # DG lora.sh:53
     shared_noise=True,  # DG lora.sh:54 init_same_noise
-    sigma_grid="linspace",  # DG train_grpo_flux.py:311-313
+    sigma_grid="linspace",  # DG train_grpo_flux_lora.py:249-251
+    rewarded="prediction",  # DG train_grpo_flux_lora.py:192, train_grpo_wan_2_1.py:219: latents = pred_original
     clip_range=1e-4, adv_clip=5.0,  # DG lora.sh:55-56
-    adv_std="group", adv_std_unbiased=True, adv_eps=1e-8,  # DG train_grpo_flux.py:542
-    drop_zero_advantage=False, kl_beta=0.0,  # DG train_grpo_flux.py:597-603, no mask, no KL
+    adv_std="group", adv_std_unbiased=True, adv_eps=1e-8,  # DG train_grpo_flux_lora.py:486
+    drop_zero_advantage=False, kl_beta=0.0,  # DG train_grpo_flux_lora.py:541-547, no mask, no KL
     cfg_grad="both",  # DG train_grpo_wan_2_1.py:238-248 (its trainers with CFG)
     lr=3e-4, weight_decay=1e-4, max_grad_norm=1.0,  # DG lora.sh:33,47,46
     minibatches=2,  # DG lora.sh:26,31: 2 x 12 samples per GPU / accumulation 12
@@ -77,7 +78,7 @@ DANCE_SD3 = dict(
 DANCE_WAN = dict(
     DANCE_SD3,
     group_size=12, num_steps=20, guidance=5.0, shift=3.0,  # DG wan.sh:47,40,55,48
-    lr=1e-4,  # ours: the suite's LoRA lr (DanceGRPO's Wan run fine-tunes all weights at 1e-5, wan.sh:32)
+    lr=1e-4,  # ours: the suite's LoRA lr (DanceGRPO's Wan run fine-tunes all weights at 1e-5, wan.sh:31)
     minibatches=1,  # DG wan.sh:24,29: 2 x 12 samples per GPU / accumulation 24
 )
 MIX_SD3 = dict(
