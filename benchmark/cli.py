@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from flowzoo.errors import FlowZooError
+from models.shipped import refuse_shipped
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -75,7 +76,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.budget_minutes is not None and not (math.isfinite(args.budget_minutes) and args.budget_minutes > 0):
         raise FlowZooError(f"--budget-minutes {args.budget_minutes}: give a positive number of minutes (default: "
                            f"no limit)")
-    suite = select(load_suite(args.suite), args.algorithms, args.seeds)
+    suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
@@ -93,6 +94,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from benchmark.stats import parse_target
 
     target = parse_target(args.target) if args.target else None
+    refuse_shipped(args.out, "--out")
     out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
     print(f"report written to {out}")
     return 0
@@ -131,6 +133,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
     table = recipe_table()
     if args.out:
+        refuse_shipped(args.out, "--out")
         Path(args.out).write_text(table)
         print(f"recipes written to {args.out}")
     else:
@@ -224,21 +227,26 @@ def parser() -> argparse.ArgumentParser:
                  "The run goes to the config's run_dir (default runs/<task>/<algorithm>/s<seed>); a finished run is "
                  "kept,\na killed one resumes from its last checkpoint. Bad configs fail before anything is written.")
     t.add_argument("config", help="YAML config (see benchmark/configs/)")
-    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
+    t.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
     b = _command(sub, "bench", _cmd_bench, "run a suite: a grid of algorithm x task x seed",
                  "Runs go to RUNS/<suite>/<task>/<algorithm>/s<seed>/; finished runs are skipped, killed ones "
                  "resume.\n--algorithms cuts every task to the selected algorithms (a task left with none is "
-                 "skipped).")
+                 "skipped); --tasks keeps the named tasks; --seeds or --seed-set replaces the seeds.")
     b.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
-    b.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
+    b.add_argument("overrides", nargs="*", default=[], help="key=value overrides applied to every run")
     b.add_argument("--runs", default="runs", metavar="DIR", help="directory of run directories")
     b.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: number of CPUs)")
     b.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of the suite's algorithms "
                                                       "(default: all)")
     b.add_argument("--seeds", default=None, metavar="S,S",
                    help="comma-separated seeds for every task, instead of the suite's and the tasks' own")
+    b.add_argument("--seed-set", default=None, metavar="NAME",
+                   help="one of the suite's named seed sets (e.g. replication) as the seeds of every task")
+    b.add_argument("--tasks", default=None, metavar="T,T",
+                   help="comma-separated subset of the suite's tasks, control cells included (e.g. "
+                        "toy2d_sep64_sparse,toy2d_sep64_sparse@no_reuse; default: all)")
     b.add_argument("--budget-minutes", type=float, default=None, metavar="M", help="start no run after this many minutes "
                                                                        "(default: no limit)")
     b.add_argument("--out", default=None, metavar="DIR",
@@ -281,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
                  "cosine\n(with its standard error), the share of coordinates with |z| > 3, the reward and seconds "
                  "per batch.")
     g.add_argument("config", help="YAML config (see benchmark/configs/)")
-    g.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.prompts_per_step=16")
+    g.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.prompts_per_step=16")
     g.add_argument("--batches", type=int, default=16, help="independent batches to compare")
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -289,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     pf = _command(sub, "perf", _cmd_perf, "time one Flow-GRPO iteration of ours against the released-style loop",
                   "Interleaved medians, phase split, peak memory and a gradient check (exit 1 if the gradients "
                   "differ by more than 1e-5).")
-    pf.add_argument("overrides", nargs="*", help="algorithm key=value overrides, e.g. reuse_rollout_graph=true")
+    pf.add_argument("overrides", nargs="*", default=[], help="algorithm key=value overrides, e.g. reuse_rollout_graph=true")
     pf.add_argument("--model-path", default=None, help="SD3 diffusers directory (default: a tiny random pipeline)")
     pf.add_argument("--device", default="cpu", help="torch device")
     pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (32 is the released recipe)")
@@ -315,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
                   "config:\nits untrained model. Prints one JSON line (eval_reward, eval/<component>, per-tag means); "
                   "writes\nnothing into the run.")
     ev.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory or a YAML config")
-    ev.add_argument("overrides", nargs="*", help="key=value overrides of a config, e.g. algorithm.guidance=3")
+    ev.add_argument("overrides", nargs="*", default=[], help="key=value overrides of a config, e.g. algorithm.guidance=3")
     ev.add_argument("--steps", type=int, default=None, metavar="N",
                     help="ODE steps (default: the config's train.eval_num_steps)")
     ev.add_argument("--samples", type=int, default=None, metavar="K",

@@ -1,7 +1,8 @@
 """Prompt sources of a task: lists of (prompt, metadata) for training and for evaluation.
 
 * ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation;
-  ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument.
+  ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument;
+  ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
@@ -29,6 +30,7 @@ class PromptSection:
     train: str | None = None  # training prompts: a file or folder (the "files" source)
     test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
     classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
+    layout: str | None = None  # the "toy2d" many-condition layout (models.toy2d.LAYOUTS); None = "overlapping"
 
 
 def check_source(section: PromptSection) -> None:
@@ -43,12 +45,14 @@ def check_source(section: PromptSection) -> None:
                 raise ConfigError(f"prompts.{split}: the 'files' source needs a prompt file or folder")
             resolve_prompt_file(path, split)
     else:
-        if section.classes is not None and section.source != "toy2d":
-            raise ConfigError(f"prompts.classes is only used by the 'toy2d' source, not {section.source!r}")
-        if section.source == "toy2d" and section.classes is not None:
-            from models.toy2d import check_classes
+        for key in ("classes", "layout"):
+            if getattr(section, key) is not None and section.source != "toy2d":
+                raise ConfigError(f"prompts.{key} is only used by the 'toy2d' source, not {section.source!r}")
+        if section.source == "toy2d":
+            from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, check_classes, check_many_layout
 
-            check_classes(section.classes)
+            classes = NUM_CLASSES if section.classes is None else check_classes(section.classes)
+            check_many_layout(classes, DEFAULT_LAYOUT if section.layout is None else section.layout)
         for split in ("train", "test"):
             if getattr(section, split) is not None:
                 raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
@@ -58,10 +62,11 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     """(training prompts, evaluation prompts)."""
     check_source(section)
     if section.source == "toy2d":
-        from models.toy2d import NUM_CLASSES, prompt_set
+        from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
 
         classes = NUM_CLASSES if section.classes is None else section.classes
-        return prompt_set(classes), prompt_set(classes)
+        layout = DEFAULT_LAYOUT if section.layout is None else section.layout
+        return prompt_set(classes, layout), prompt_set(classes, layout)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
         from models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
 

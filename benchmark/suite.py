@@ -46,6 +46,9 @@ class Suite:
     description: str = ""
     #: algorithms to run only on some tasks: {algorithm: [task, ...]}; others run everywhere
     only_tasks: dict = field(default_factory=dict)
+    #: named, disjoint seed sets, e.g. {exploration: [0, ..., 9], replication: [100, ..., 109]}: a study designs on
+    #: the first and states each verdict on every set (benchmark/study.py); ``seeds`` is then their union
+    seed_sets: dict = field(default_factory=dict)
 
 
 def suite_names() -> list[str]:
@@ -58,7 +61,18 @@ def load_suite(name_or_path: str) -> Suite:
         path = SUITES_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown suite {name_or_path!r}; known: {', '.join(suite_names())} (or a path to a YAML file)")
-    suite = from_mapping(Suite, read_yaml(path), where=f"suite {path.name}")
+    data = read_yaml(path)
+    suite = from_mapping(Suite, data, where=f"suite {path.name}")
+    if suite.seed_sets:
+        union = check_seed_sets(suite.seed_sets, f"suite {path.name}")
+        if "seeds" in data and sorted(suite.seeds) != sorted(union):
+            raise ConfigError(f"suite {path.name}: seeds {suite.seeds} differ from the union of its seed_sets {union};"
+                              " give one or the other")
+        suite.seeds = union
+    check_unique(suite.seeds, f"suite {path.name}: seeds")
+    for task, task_cfg in suite.tasks.items():
+        if isinstance(task_cfg, dict) and "seeds" in task_cfg:
+            check_unique(task_cfg["seeds"], f"suite {path.name}: tasks.{task}.seeds")
     for alg in suite.algorithms:
         algorithms.get(alg)
     for alg, tasks in suite.only_tasks.items():
@@ -66,6 +80,35 @@ def load_suite(name_or_path: str) -> Suite:
         if unknown:
             raise ConfigError(f"suite {suite.name}: only_tasks.{alg} names unknown tasks {sorted(unknown)}; tasks: {', '.join(suite.tasks)}")
     return suite
+
+
+def check_unique(values, where: str) -> None:
+    """A grid never holds one run twice: repeated seeds (or names) are refused, naming them."""
+    seen, repeated = set(), []
+    for value in values:
+        if value in seen and value not in repeated:
+            repeated.append(value)
+        seen.add(value)
+    if repeated:
+        raise ConfigError(f"{where}: repeated {repeated}; each may appear once")
+
+
+def check_seed_sets(seed_sets, where: str) -> list[int]:
+    """Named seed sets must be non-empty lists of distinct integers, disjoint from each other; returns their union
+    in order."""
+    if not isinstance(seed_sets, dict):
+        raise ConfigError(f"{where}: seed_sets must map names to lists of seeds, got {seed_sets!r}")
+    union: list[int] = []
+    for name, seeds in seed_sets.items():
+        if (not isinstance(seeds, list) or not seeds
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+            raise ConfigError(f"{where}: seed_sets.{name} must be a non-empty list of integers, got {seeds!r}")
+        check_unique(seeds, f"{where}: seed_sets.{name}")
+        shared = sorted(set(seeds) & set(union))
+        if shared:
+            raise ConfigError(f"{where}: seed_sets.{name} shares seeds {shared} with another set; sets are disjoint")
+        union += seeds
+    return union
 
 
 def _deep_update(base: dict, extra: dict) -> dict:
@@ -140,17 +183,40 @@ def _cells(suite: Suite) -> list[tuple[str, str]]:
             if task in suite.only_tasks.get(alg, [task])]
 
 
-def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | None = None) -> Suite:
-    """The suite cut to some of its algorithms and/or seeds (command-line ``--algorithms a,b --seeds 0,1``).
+def _names(csv: str, option: str, valid) -> list[str]:
+    wanted = [a.strip() for a in csv.split(",") if a.strip()]
+    if not wanted:
+        raise ConfigError(f"{option}: nothing named in {csv!r}; valid: {', '.join(valid)}")
+    check_unique(wanted, option)
+    return wanted
 
-    A task that lists its own algorithms keeps those of the selection (a task left with none is dropped); a selection
-    that leaves no run at all is an error. ``--seeds`` replaces the suite's seeds and every task's own."""
+
+def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | None = None,
+           tasks_csv: str | None = None, seed_set: str | None = None) -> Suite:
+    """The suite cut to some of its tasks, algorithms and/or seeds (command line ``--tasks t,t@variant
+    --algorithms a,b --seeds 0,1 --seed-set replication``).
+
+    ``--tasks`` keeps the named tasks (a control cell ``task@variant`` is a task of its own). A task that lists its
+    own algorithms keeps those of the selection (a task left with none is dropped); a selection that leaves no run at
+    all is an error. ``--seeds`` (or ``--seed-set NAME``, one of the suite's ``seed_sets``) replaces the suite's
+    seeds and every task's own."""
     suite, original = copy.deepcopy(suite), suite
+    if tasks_csv is not None:
+        wanted = _names(tasks_csv, "--tasks", suite.tasks)
+        unknown = [t for t in wanted if t not in suite.tasks]
+        if unknown:
+            raise ConfigError(f"--tasks: suite {suite.name} has no task {', '.join(unknown)}; tasks: "
+                              f"{', '.join(suite.tasks)}")
+        suite.tasks = {t: suite.tasks[t] for t in wanted}
+    if seed_set is not None:
+        if seeds_csv:
+            raise ConfigError("--seeds and --seed-set both given; choose one")
+        if seed_set not in suite.seed_sets:
+            known = ", ".join(suite.seed_sets) or "none (the suite defines no seed_sets)"
+            raise ConfigError(f"--seed-set: suite {suite.name} has no seed set {seed_set!r}; sets: {known}")
+        seeds_csv = ",".join(str(s) for s in suite.seed_sets[seed_set])
     if algorithms_csv:
-        wanted = [a.strip() for a in algorithms_csv.split(",") if a.strip()]
-        if not wanted:
-            valid = ", ".join(suite.algorithms)
-            raise ConfigError(f"--algorithms: no algorithm named in {algorithms_csv!r}; valid: {valid}")
+        wanted = _names(algorithms_csv, "--algorithms", suite.algorithms)
         for name in wanted:
             algorithms.get(name)
         suite.algorithms = wanted
@@ -172,6 +238,7 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
             raise ConfigError(f"--seeds: expected comma-separated integers, got {seeds_csv!r}") from None
         if not suite.seeds:
             raise ConfigError(f"--seeds: no seed in {seeds_csv!r}; give comma-separated integers, e.g. 0,1,2")
+        check_unique(suite.seeds, "--seeds")
         for task_cfg in suite.tasks.values():  # the command line's seeds replace a task's own too
             if task_cfg and "seeds" in task_cfg:
                 task_cfg["seeds"] = list(suite.seeds)

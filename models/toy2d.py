@@ -16,6 +16,20 @@ conjugate, so neighbouring classes point in unrelated directions and each class 
 successes). An exact mode would hit the disc with probability 2.3% per sample; ``toy_target`` is the binary success
 and ``toy_mode`` the dense Gaussian score around the same disc centre. The default ``classes: 4`` is the 8-mode tier
 above, unchanged.
+
+Layouts of the many-condition variant (model arg and prompt option ``layout``, the same in both):
+
+* ``overlapping`` (default; the first OP-GRPO study's task): radius 2, mode std 0.25. With 64 classes the modes sit
+  0.196 apart, closer than one std, so neighbouring conditions overlap and a policy update for one class moves its
+  neighbours (Flow-GRPO's success plateaus near 10%).
+  The target disc sits 2.4 mode stds from the mode with radius 0.8 stds (0.6 and 0.2).
+* ``separable`` (the replicated study's task): radius 4, mode std 0.075. With 64 classes the modes sit 0.39 apart
+  (5.2 stds), so the pretrained model puts nearly all of a class's samples nearest its own mode and each condition is
+  learned on its own. The target disc sits 3.2 stds (0.24) from the mode with radius 1.5 stds (0.1125): the base
+  model (ODE, 20 steps) succeeds in ~3% of samples, and a policy that moves its mode onto the disc succeeds in most,
+  so the sparse reward can climb well above its base (Flow-GRPO: 3.3% -> ~0.57 in 300 steps at lr 1e-4, seed 0;
+  docs/op_grpo.md). At lr 1e-3, the first layout's rate, one update of these sharp modes destroys the policy
+  (approx. KL 0.13 at step 1, success -> 0).
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -39,9 +54,38 @@ MAJORITY_WEIGHT = 0.8
 HARD_TARGET_RADIUS = 2.4  # the sparse target sits 0.4 (1.6 std) outside the minority mode
 HARD_TARGET_SIZE = 0.3
 MIN_MANY_CLASSES = 8  # ``classes`` other than NUM_CLASSES selects the many-condition layout, from this many classes
-MANY_TARGET_OFFSET = 0.6  # 2.4 mode stds from the class's mode
-MANY_TARGET_SIZE = 0.2
 GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the many-condition variant's class modes lie (on a circle of ``radius``, each with std ``mode_std``) and
+    where each class's target disc is: ``offset_stds`` mode stds from its mode, ``size_stds`` mode stds in radius."""
+
+    radius: float
+    mode_std: float
+    offset_stds: float = 2.4
+    size_stds: float = 0.8
+
+    @property
+    def target_offset(self) -> float:
+        return self.offset_stds * self.mode_std
+
+    @property
+    def target_size(self) -> float:
+        return self.size_stds * self.mode_std
+
+
+LAYOUTS = {"overlapping": Layout(RADIUS, MODE_STD), "separable": Layout(4.0, 0.075, 3.2, 1.5)}
+DEFAULT_LAYOUT = "overlapping"
+MANY_TARGET_OFFSET = LAYOUTS[DEFAULT_LAYOUT].target_offset  # 0.6
+MANY_TARGET_SIZE = LAYOUTS[DEFAULT_LAYOUT].target_size  # 0.2
+
+
+def check_layout(layout) -> str:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ConfigError(f"toy2d: layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    return layout
 
 
 def check_classes(classes) -> int:
@@ -52,15 +96,15 @@ def check_classes(classes) -> int:
     return classes
 
 
-def many_center(c: int, classes: int) -> tuple[float, float]:
-    angle = 2 * math.pi * c / classes
-    return (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
+def many_center(c: int, classes: int, layout: str = DEFAULT_LAYOUT) -> tuple[float, float]:
+    angle, radius = 2 * math.pi * c / classes, LAYOUTS[layout].radius
+    return (radius * math.cos(angle), radius * math.sin(angle))
 
 
-def many_target(c: int, classes: int) -> list[float]:
-    cx, cy = many_center(c, classes)
-    angle = 2 * math.pi * ((c * GOLDEN) % 1.0)
-    return [cx + MANY_TARGET_OFFSET * math.cos(angle), cy + MANY_TARGET_OFFSET * math.sin(angle)]
+def many_target(c: int, classes: int, layout: str = DEFAULT_LAYOUT) -> list[float]:
+    cx, cy = many_center(c, classes, layout)
+    angle, offset = 2 * math.pi * ((c * GOLDEN) % 1.0), LAYOUTS[layout].target_offset
+    return [cx + offset * math.cos(angle), cy + offset * math.sin(angle)]
 
 
 def mode_center(mode: int) -> tuple[float, float]:
@@ -68,12 +112,13 @@ def mode_center(mode: int) -> tuple[float, float]:
     return (RADIUS * math.cos(angle), RADIUS * math.sin(angle))
 
 
-def class_metadata(c: int, classes: int = NUM_CLASSES) -> dict:
+def class_metadata(c: int, classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT) -> dict:
     """The prompt metadata of class c: where its rewards' targets are."""
     if classes != NUM_CLASSES:
-        target = many_target(c, check_classes(classes))
-        return {"class": c, "classes": classes, "mode_target": target, "hard_target": target,
-                "hard_radius": MANY_TARGET_SIZE}
+        target = many_target(c, check_classes(classes), check_layout(layout))
+        meta = {"class": c, "classes": classes, "mode_target": target, "hard_target": target,
+                "hard_radius": LAYOUTS[layout].target_size}
+        return meta if layout == DEFAULT_LAYOUT else {**meta, "layout": layout}
     angle = 2 * math.pi * (2 * c + 1) / (2 * NUM_CLASSES)
     return {
         "class": c,
@@ -83,19 +128,28 @@ def class_metadata(c: int, classes: int = NUM_CLASSES) -> dict:
     }
 
 
-def prompt_set(classes: int = NUM_CLASSES) -> list[tuple[str, dict]]:
+def prompt_set(classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT) -> list[tuple[str, dict]]:
     """The toy tier's prompts ("class 0" .. "class K-1") with their metadata. Training and evaluation share them;
     evaluation uses fixed noise seeds instead of held-out prompts."""
-    return [(f"class {c}", class_metadata(c, classes)) for c in range(check_classes(classes))]
+    check_many_layout(classes, layout)
+    return [(f"class {c}", class_metadata(c, classes, layout)) for c in range(check_classes(classes))]
 
 
-def sample_data(n: int, generator: torch.Generator, num_classes: int = NUM_CLASSES
+def check_many_layout(classes: int, layout: str) -> None:
+    """A layout other than the default needs the many-condition variant (the 8-mode tier has one layout)."""
+    check_layout(layout)
+    if layout != DEFAULT_LAYOUT and classes == NUM_CLASSES:
+        raise ConfigError(f"toy2d: layout {layout!r} needs the many-condition variant (classes >= {MIN_MANY_CLASSES}),"
+                          f" got classes: {classes}")
+
+
+def sample_data(n: int, generator: torch.Generator, num_classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """n points of the data distribution and their classes."""
     if num_classes != NUM_CLASSES:
         classes = torch.randint(0, num_classes, (n,), generator=generator)
-        centers = torch.tensor([many_center(c, num_classes) for c in range(num_classes)])[classes]
-        return centers + MODE_STD * torch.randn(n, 2, generator=generator), classes
+        centers = torch.tensor([many_center(c, num_classes, layout) for c in range(num_classes)])[classes]
+        return centers + LAYOUTS[layout].mode_std * torch.randn(n, 2, generator=generator), classes
     classes = torch.randint(0, NUM_CLASSES, (n,), generator=generator)
     minority = torch.rand(n, generator=generator) > MAJORITY_WEIGHT
     modes = 2 * classes + minority.long()
@@ -126,10 +180,10 @@ _PRETRAINED: dict[tuple, dict[str, torch.Tensor]] = {}
 
 def pretrain(
     hidden: int = 128, layers: int = 3, steps: int = 1500, batch: int = 256, lr: float = 3e-3, seed: int = 0,
-    cond_dropout: float = 0.1, classes: int = NUM_CLASSES,
+    cond_dropout: float = 0.1, classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT,
 ) -> VelocityMLP:
     """Rectified-flow pretraining: sigma ~ U(0, 1), x_s = (1 - s) x0 + s eps, regress v = eps - x0."""
-    key = (hidden, layers, steps, batch, lr, seed, cond_dropout, classes)
+    key = (hidden, layers, steps, batch, lr, seed, cond_dropout, classes, layout)
     net = VelocityMLP(hidden, layers, classes)
     if key not in _PRETRAINED:
         threads = torch.get_num_threads()
@@ -140,7 +194,7 @@ def pretrain(
         opt = torch.optim.Adam(net.parameters(), lr=lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
         for _ in range(steps):
-            x0, labels = sample_data(batch, gen, classes)
+            x0, labels = sample_data(batch, gen, classes, layout)
             eps = torch.randn(batch, 2, generator=gen)
             sigma = torch.rand(batch, generator=gen)
             drop = torch.rand(batch, generator=gen) < cond_dropout
@@ -168,12 +222,14 @@ class Toy2DModel(FlowModel):
     preferred_threads = 1  # the MLP is too small to gain from intra-op threads
 
     def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0,
-                 classes: int = NUM_CLASSES):
+                 classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT):
         super().__init__()
         if pretrain_steps < 0:
             raise ConfigError(f"model.pretrain_steps must be >= 0, got {pretrain_steps}")
         self.classes = check_classes(classes)
-        self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed, classes=classes)
+        check_many_layout(classes, layout)
+        self.layout = layout
+        self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed, classes=classes, layout=layout)
         self.ref_net = copy.deepcopy(self.net).requires_grad_(False)
         self._active = self.net
 
@@ -193,6 +249,9 @@ class Toy2DModel(FlowModel):
             if m.get("classes", NUM_CLASSES) != self.classes:  # targets laid out for another class count
                 raise ConfigError(f"toy2d: prompt metadata for {m.get('classes', NUM_CLASSES)} classes, but the model "
                                   f"has classes: {self.classes}; set prompts.classes to model.args.classes")
+            if m.get("layout", DEFAULT_LAYOUT) != self.layout:
+                raise ConfigError(f"toy2d: prompt metadata for layout {m.get('layout', DEFAULT_LAYOUT)!r}, but the "
+                                  f"model has layout {self.layout!r}; set prompts.layout to model.args.layout")
         return Condition({"class": torch.tensor(classes, dtype=torch.long)})
 
     def null_condition(self, n: int) -> Condition:
