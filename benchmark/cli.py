@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 from flowzoo.errors import FlowZooError
-from models.shipped import refuse_shipped
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -76,6 +75,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.budget_minutes is not None and not (math.isfinite(args.budget_minutes) and args.budget_minutes > 0):
         raise FlowZooError(f"--budget-minutes {args.budget_minutes}: give a positive number of minutes (default: "
                            f"no limit)")
+    from models.shipped import refuse_shipped
+
+    if args.out:
+        refuse_shipped(args.out, "--out")
+    refuse_shipped(args.runs, "--runs")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
     for failure in failures:
@@ -94,6 +98,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from benchmark.stats import parse_target
 
     target = parse_target(args.target) if args.target else None
+    from models.shipped import refuse_shipped
+
     refuse_shipped(args.out, "--out")
     out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
     print(f"report written to {out}")
@@ -130,6 +136,8 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
     from benchmark.recipes import recipe_table
+
+    from models.shipped import refuse_shipped
 
     table = recipe_table()
     if args.out:
