@@ -163,6 +163,24 @@ def _cell(value: Any) -> str:
     return text.removesuffix("...").strip().replace("|", "/")
 
 
+#: the index of the released files the recipes cite (tests/test_recipe_citations.py checks every citation against it)
+RELEASED_FILES = RECIPES_DIR.parent / "released_files.yaml"
+
+
+def _released_files() -> list[str]:
+    """The revisions the citations point into: one row per released file read."""
+    files = yaml.safe_load(RELEASED_FILES.read_text())["files"]
+    lines = ["", "Released files the sources cite, at the revision each was read (`benchmark/released_files.yaml`; "
+             "`tests/test_recipe_citations.py` checks every `file:line` above against it):", "",
+             "| repository | file | commit | lines |", "|---|---|---|---|"]
+    for f in files:
+        count = "not counted (cited without lines)" if f["lines"] is None else str(f["lines"])
+        if f.get("partial"):
+            count += f" (read: {f['partial']})"
+        lines.append(f"| {f['repo']} | `{f['path']}` | {f['commit'][:7]} | {count} |")
+    return lines
+
+
 def recipe_table() -> str:
     """docs/recipes.md: every recipe value and preset key, by algorithm, with its source."""
     files = sorted(RECIPES_DIR.glob("*.yaml"))
@@ -186,6 +204,7 @@ def recipe_table() -> str:
         lines.append(f"- `{name}`: {', '.join(chain)}")
     lines += ["", "Sources: each file's header names the released code and the short file names its rows use.", ""]
     lines += [f"- `{path.name}`: {_header(path)}" for path in files]
+    lines += _released_files()
     lines += ["", "| algorithm | applies to | knob | value | source |", "|---|---|---|---|---|"]
     for path in files:
         for row in read_recipe_file(path):
