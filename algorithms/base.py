@@ -20,6 +20,7 @@ so a run gives the same numbers whatever the number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -30,6 +31,7 @@ import torch
 
 from algorithms.advantages import combined_advantages, zero_std_fraction
 from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
+from algorithms.ema import WeightEMA
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
@@ -99,6 +101,13 @@ class AlgorithmConfig:
     # that holds, ``micro_batch`` is unset (kept graphs are not micro-batched) and the algorithm's trajectories keep
     # their graphs and train every sample at the same steps (``Algorithm.rollout_graph_auto``).
     reuse_rollout_graph: bool | Literal["auto"] = "auto"
+    # An exponential moving average of the trainable weights, with which the run evaluates and exports (training
+    # rollouts sample the trained weights), as released Flow-GRPO (scripts/train_sd3.py:445 at ac4c86e): after
+    # optimizer step s (from 1) it moves when (s + 1) % ema_every == 0, by 1 - min((1 + s) / (10 + s), ema_decay)
+    # (algorithms/ema.py). Off by default; part of a run's identity only when on.
+    ema: bool = False
+    ema_decay: float = 0.9
+    ema_every: int = 8
 
     def __post_init__(self) -> None:
         positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
@@ -114,6 +123,10 @@ class AlgorithmConfig:
                 "algorithm.reuse_rollout_graph needs inner_epochs 1 and minibatches 1 (one optimizer step per rollout); "
                 f"got inner_epochs {self.inner_epochs}, minibatches {self.minibatches}"
             )
+        if not (isinstance(self.ema_decay, (int, float)) and 0 <= self.ema_decay < 1):  # NaN fails the range
+            raise ConfigError(f"algorithm.ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.ema_every < 1:
+            raise ConfigError(f"algorithm.ema_every must be a positive integer, got {self.ema_every}")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 < self.timestep_fraction <= 1:
@@ -222,6 +235,14 @@ class Algorithm:
         self.shift = model.default_shift if self.config.shift is None else self.config.shift  # sigma-schedule shift
         self.sigmas = sigma_schedule(self.num_steps, self.shift)
         self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)
+        #: the moving average of the trainable weights the run evaluates with (``ema``), or None
+        self.ema = (WeightEMA(model.trainable_parameters(), self.config.ema_decay, self.config.ema_every)
+                    if self.config.ema else None)
+
+    def evaluation_weights(self) -> contextlib.AbstractContextManager:
+        """The weights evaluation samples with: within this context the trainable parameters hold the moving average
+        when ``ema`` is on (restored after); otherwise the trained weights, unchanged."""
+        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def step_plan(self, batch: int) -> StepPlan:
@@ -462,6 +483,8 @@ class Algorithm:
                 self.dist.all_reduce_gradients(params)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
                 self.optimizer.step()
+                if self.ema is not None:
+                    self.ema.update()
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
         sums, off_pairs = self.dist.sum(sums), self.dist.sum(off_pairs)
         n = max(sums["pairs"], 1)
@@ -483,13 +506,16 @@ class Algorithm:
 
     # ---- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "iteration": self.iteration,
             "model": self.model.trainable_state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "update_generator": self.update_generator.get_state(),
             "extra": self.extra_state(),
         }
+        if self.ema is not None:  # only then: a checkpoint without EMA is the one it always was
+            state["ema"] = self.ema.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
@@ -497,4 +523,8 @@ class Algorithm:
         self.optimizer.load_state_dict(state["optimizer"])
         self.update_generator.set_state(state["update_generator"])
         self.load_extra_state(state["extra"])
+        if self.ema is not None:
+            if "ema" not in state:
+                raise FlowZooError("the checkpoint holds no EMA weights, but algorithm.ema is on")
+            self.ema.load_state_dict(state["ema"])
 

@@ -24,19 +24,26 @@ from flowzoo.secrets import without_secrets
 #: algorithm keys that choose how an iteration is computed, not what it computes (gradients equal to float rounding,
 #: tests/test_perf_gradient.py): a run made with other values, or before they existed, is the same run
 EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
+#: algorithm keys that belong to a run's identity only when their switch (the first) is on: a run with the switch
+#: off is the run it was before the keys existed (the weight EMA, algorithm.ema)
+SWITCHED_KEYS = (("ema", "ema_decay", "ema_every"),)
 
 
 def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
     """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
-    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``; and
-    without the algorithm's ``EXECUTION_KEYS``."""
+    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``;
+    without the algorithm's ``EXECUTION_KEYS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     if isinstance(resolved.get("train"), dict):
         resolved["train"] = {k: v for k, v in resolved["train"].items() if k != "threads"}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
-        resolved["algorithm"] = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
+        algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
+        for group in SWITCHED_KEYS:
+            if not algorithm.get(group[0]):
+                algorithm = {k: v for k, v in algorithm.items() if k not in group}
+        resolved["algorithm"] = algorithm
     return without_secrets(resolved, declared_secrets)
 
 

@@ -1,7 +1,8 @@
 """``flowzoo export RUN_DIR --out DIR``: a run's trained LoRA in the format diffusers loads.
 
-The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last ``checkpoint.pt`` is loaded into it,
-and peft's ``get_peft_model_state_dict`` with the pipeline class's own ``save_lora_weights`` write
+The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last ``checkpoint.pt`` is loaded into it
+(its moving average when the run kept one, ``algorithm.ema``: the weights the run evaluated with), and peft's
+``get_peft_model_state_dict`` with the pipeline class's own ``save_lora_weights`` write
 ``DIR/pytorch_lora_weights.safetensors`` (keys ``transformer.<module>.lora_A.weight``/``lora_B.weight``, the
 adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
 ``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs) gives the
@@ -74,6 +75,8 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     import models
     from peft.utils import get_peft_model_state_dict
 
+    from algorithms.ema import load_average
+
     run_dir, out = Path(run_dir), Path(out)
     config, state = _load_run(run_dir)
     if out.exists() and not out.is_dir():
@@ -81,6 +84,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     model_cls = models.get(config.model.name)
     model = model_cls(**{**config.model.args, "device": "cpu"})  # export needs no accelerator
     model.load_trainable_state_dict(state["algorithm"]["model"])
+    load_average(model, state["algorithm"])  # with algorithm.ema on, the moving average the run evaluates with
     transformer = model.transformer
     lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
     metadata = transformer.peft_config["default"].to_dict()

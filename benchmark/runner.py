@@ -129,7 +129,8 @@ class Runner:
         pending, samples = [], []
         chunk = cfg.train.eval_batch
         shard = self.dist.shard(len(prompts), even=False)
-        with RewardPool(self.reward) as pool:
+        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
+        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool:
             for start in range(shard.start, shard.stop, chunk):
                 sl = slice(start, min(start + chunk, shard.stop))
                 cond = self.model.encode(prompts[sl], metadata[sl])

@@ -37,6 +37,7 @@ FLOW_SD3 = dict(
     lr=3e-4, weight_decay=1e-4, adam_eps=1e-8, max_grad_norm=1.0,  # FG base.py:76,82,84,89
     inner_epochs=1, minibatches=2,  # FG grpo.py:102 gradient_accumulation_steps = batches per epoch // 2
     log_prob_reduction="mean",
+    ema=True, ema_decay=0.9, ema_every=8,  # FG grpo.py:111 train.ema; train_sd3.py:445 EMAModuleWrapper(0.9, 8)
 )
 FLOW_WAN = dict(
     FLOW_SD3,
@@ -56,6 +57,7 @@ FAST_SD3 = dict(
     clip_range=1e-5, kl_beta=0.0,  # FG grpo.py:185,186
     adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4, drop_zero_advantage=True,
     lr=3e-4, minibatches=2, inner_epochs=1,  # FG base.py:76; grpo.py:183-184
+    ema=True,  # FG grpo.py:192 train.ema
 )
 FAST_WAN = dict(  # no released Wan Fast recipe: the Wan recipe with the Fast sampler (ours, flow_grpo_fast.yaml)
     FAST_SD3, group_size=4, num_steps=20, guidance=4.5, clip_range=1e-3, adv_std="group", lr=1e-4,
@@ -74,6 +76,7 @@ DANCE_SD3 = dict(
     cfg_grad="both",  # DG train_grpo_wan_2_1.py:238-248 (its trainers with CFG)
     lr=3e-4, weight_decay=1e-4, max_grad_norm=1.0,  # DG lora.sh:33,47,46
     minibatches=2,  # DG lora.sh:26,31: 2 x 12 samples per GPU / accumulation 12
+    ema=False,  # DG: no EMA in the trainers (train_grpo_wan_2_1.py parses --ema_decay and never uses it)
 )
 DANCE_WAN = dict(
     DANCE_SD3,
@@ -93,6 +96,7 @@ MIX_SD3 = dict(
     adv_std="group", adv_std_unbiased=True, adv_eps=1e-8, drop_zero_advantage=False,  # MG train_grpo_flux.py:448
     lr=3e-4,  # ours: LoRA (MixGRPO's 1e-5 fine-tunes all FLUX weights)
     minibatches=4,  # MG mix.sh:68,128,150: 12 samples per GPU / accumulation 3
+    ema=False,  # MG train_grpo_flux.py:1034-1035: --ema_decay parsed, never used
 )
 MIX_WAN = dict(MIX_SD3, num_steps=20, shift=None, lr=1e-4)  # the Wan task's sampling setup and LoRA lr (ours)
 FLASH = dict(window_tau=20, compress_ratio=0.4,  # MG ..._MixGRPO_Flash.sh:57,77
