@@ -176,3 +176,39 @@ def test_identity_holds_the_ema_keys_only_when_it_is_on():
 def test_bad_ema_settings_are_refused(toy_model, key, value, message):
     with pytest.raises(ConfigError, match=message):
         build(toy_model, ema=True, **{key: value})
+
+
+def test_export_writes_the_average_of_a_tiny_run(tmp_path):
+    """``flowzoo export`` of a run with the EMA on writes the average, the weights its evaluations used."""
+    pytest.importorskip("peft")
+    from benchmark.export import WEIGHTS_NAME
+    from models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
+
+    run, out = tmp_path / "run", tmp_path / "lora"
+    config = ROOT / "benchmark" / "configs" / "tiny_flow_grpo.yaml"
+    # every = 1: the average moves after each of the 2 optimizer steps by 1 - d (d = 2/11, then 3/12), so it is
+    # neither the trained weights nor the base
+    assert main(["train", str(config), "train.steps=2", "train.prompts_per_step=2", "algorithm.group_size=2",
+                 "algorithm.lr=0.05", "algorithm.ema=true", "algorithm.ema_every=1", "train.eval_prompts=2",
+                 "train.eval_every=1", f"run_dir={run}", "--quiet"]) == 0
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    state = torch.load(run / "checkpoint.pt", weights_only=False)["algorithm"]
+    averaged, trained = TinyModel(data="shapes"), TinyModel(data="shapes")
+    trained.load_trainable_state_dict(state["model"])
+    averaged.load_trainable_state_dict(state["model"])
+    assert load_average(averaged, state)
+    arch, tensors, _ = read_weights(averaged.path)
+    _, text_encoder, transformer = build_networks(arch)
+    load_networks(transformer, text_encoder, tensors)
+    transformer.load_lora_adapter(out, weight_name=WEIGHTS_NAME, prefix="transformer")
+
+    torch.manual_seed(2)
+    x = torch.randn(2, *averaged.latent_shape)
+    sigma = torch.tensor([0.8, 0.3])
+    cond = averaged.encode(["a red circle", "two blue squares"])
+    with torch.no_grad():
+        expected = averaged.predict(x, sigma, cond)
+        other = trained.predict(x, sigma, cond)
+        got = transformer_velocity(transformer.eval(), x, sigma * 1000, cond.tensors)
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - other).abs().max() > 1e-5
