@@ -16,12 +16,15 @@ an error. The definitions, in one place:
   where larger is better). ``absolute``: a reward value, optionally one per task. Non-finite values are refused.
 * **Cost to target** of a run: its ``step``, ``nfe`` and ``wall_s`` at its first evaluation whose smoothed eval reward
   is >= target (with a relative tolerance of 1e-9 so that float rounding of the seed average cannot make a run miss
-  a target it sits on). A run that never reaches the target is **censored**: it counts at the cost of its last
-  logged step (its true cost is larger) and is flagged ``reached=False``; it is never dropped.
-* **Ratio vs the baseline**: mean over seeds of the algorithm's cost / mean over seeds of the baseline's cost, with a
-  95% percentile bootstrap CI that resamples the seeds of the two groups independently (unpaired: seeds are
-  independent runs). Censored seeds of the algorithm make the ratio a lower bound; censored seeds of the baseline
-  make it an upper bound; both: the direction is unknown. :func:`ratio_bound` names which.
+  a target it sits on). A run that never reaches the target is **censored** at its last logged cost and flagged
+  ``reached=False``; it is never dropped, and never counted as reaching the target.
+* **Ratio vs the baseline** (:mod:`benchmark.effects`, shared with the study): the algorithm's restricted mean cost
+  to target over the budget (Kaplan-Meier) / the baseline's, with a 95% percentile bootstrap CI that draws the seeds
+  of the two groups apart (unpaired) and re-estimates the target from the baseline's drawn runs in every resample.
+  As an estimate of the unrestricted mean cost, censored seeds of the algorithm make the ratio a lower bound,
+  censored seeds of the baseline an upper bound, both: direction unknown; :func:`ratio_bound` names which.
+* **Wall-clock** costs are those logged by the runs; on a machine whose load varied they carry that load, so the
+  report shows them but states no verdict on them (the study measures per-step cost interleaved instead).
 * **IQM** (interquartile mean, Agarwal et al. 2021, "Deep RL at the edge of the statistical precipice"): the mean of
   the middle 50% of the sorted values, dropping floor(n/4) values at each end (the same as
   ``scipy.stats.trim_mean(x, 0.25)``).
@@ -44,11 +47,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from benchmark import effects
 from benchmark.aggregate import (aggregate_iqm_ci, iqm, percentile_interval, performance_profile_ci,
                                  probability_of_improvement_ci)
 from flowzoo.errors import ConfigError
 
-COSTS = ("step", "nfe", "wall_s")
+COSTS = effects.COSTS
 COST_LABELS = {"step": "steps", "nfe": "NFE", "wall_s": "wall-clock"}
 REQUIRED_COLUMNS = ("step", "nfe", "wall_s", "eval_reward")
 RUN_KEYS = ("run", "task", "algorithm", "seed", "train_steps", "finished")
@@ -57,7 +61,7 @@ DEFAULT_SMOOTH = 3
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_BOOTSTRAP_SEED = 0
-TARGET_TOLERANCE = 1e-9
+TARGET_TOLERANCE = effects.TARGET_TOLERANCE
 LOG = logging.getLogger("flowzoo.report")
 
 
@@ -497,38 +501,59 @@ def final_reward_table(finals: pd.DataFrame, **bootstrap) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def efficiency_table(costs: pd.DataFrame, baseline: str, **bootstrap) -> pd.DataFrame:
+def task_data(runs: pd.DataFrame, curves: pd.DataFrame) -> dict[str, effects.TaskRuns]:
+    """Per task, its runs as :class:`benchmark.effects.TaskRuns` (eval curves, censoring at each run's last logged
+    row) for the effects' bootstraps."""
+    last_rows = runs.sort_values(["run", "step"], kind="stable").groupby("run").tail(1).set_index("run")
+    return effects.task_runs(curves, last_rows)
+
+
+def target_function(target, task: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The task's target as a function of the baseline's mean base and mean final reward (vectorised), so that the
+    effects' bootstraps re-estimate it in every resample; a constant for absolute targets."""
+    target = as_target(target)
+    if isinstance(target, dict):
+        value = target.get(task, math.nan)
+        return lambda base, final: np.full(np.shape(base), value, dtype=float)
+    if target.kind == "absolute":
+        return lambda base, final: np.full(np.shape(base), target.value, dtype=float)
+    if target.kind == "relative":
+        return lambda base, final: target.value * np.asarray(final, dtype=float)
+    return effects.gain_target(target.value)
+
+
+def efficiency_table(data: Mapping[str, effects.TaskRuns], baseline: str, target=None, **bootstrap) -> pd.DataFrame:
     """Per (task, non-baseline algorithm): seeds and reached counts, and for every cost the ratio vs the baseline.
 
-    Columns: task, algorithm, target, n, reached, baseline_n, baseline_reached, bound, and for each cost in
-    ``COSTS``: ``<cost>_mean`` (the algorithm's mean cost), ``<cost>_baseline_mean``, ``<cost>_ratio``,
-    ``<cost>_lo``, ``<cost>_hi``.
+    Costs are restricted means to the target (:mod:`benchmark.effects`: a run that never reaches it is censored at
+    its last logged cost); the ratio's 95% CI is an unpaired bootstrap (each algorithm's seeds drawn apart) that
+    re-estimates the target from the baseline's drawn runs. Columns: task, algorithm, target, n, reached,
+    baseline_n, baseline_reached, bound, and for each cost in ``COSTS``: ``<cost>_mean`` (the algorithm's restricted
+    mean cost), ``<cost>_baseline_mean``, ``<cost>_ratio``, ``<cost>_lo``, ``<cost>_hi``.
     """
     rows = []
-    for task, task_costs in costs.groupby("task", sort=True):
-        base = task_costs[task_costs["algorithm"] == baseline]
-        for algorithm, group in task_costs[task_costs["algorithm"] != baseline].groupby("algorithm", sort=True):
-            row = {
-                "task": task,
-                "algorithm": algorithm,
-                "target": float(group["target"].iloc[0]),
-                "n": len(group),
-                "reached": int(group["reached"].sum()),
-                "baseline_n": len(base),
-                "baseline_reached": int(base["reached"].sum()),
-            }
-            row["bound"] = ratio_bound(row["n"] - row["reached"], row["baseline_n"] - row["baseline_reached"])
+    for task, runs in sorted(data.items()):
+        if baseline not in set(runs.cells):
+            continue
+        function = target_function(target, task)
+        for algorithm in runs.cell_names():
+            if algorithm == baseline:
+                continue
+            row = {"task": task, "algorithm": algorithm}
             for cost in COSTS:
-                ratio, lo, hi = ratio_ci(group[cost].to_numpy(float), base[cost].to_numpy(float), **bootstrap)
+                metric = effects.cost_metric(f"{cost}_to_target", cost, function)
+                e = effects.effect(runs, algorithm, baseline, metric, baseline, paired=False, **bootstrap)
                 row.update({
-                    f"{cost}_mean": float(group[cost].mean()),
-                    f"{cost}_baseline_mean": float(base[cost].mean()) if len(base) else math.nan,
-                    f"{cost}_ratio": ratio,
-                    f"{cost}_lo": lo,
-                    f"{cost}_hi": hi,
+                    "target": e["target"], "n": e["n"], "reached": e["reached"], "baseline_n": e["reference_n"],
+                    "baseline_reached": e["reference_reached"],
+                    f"{cost}_mean": e["algorithm_mean"], f"{cost}_baseline_mean": e["reference_mean"],
+                    f"{cost}_ratio": e["ratio"], f"{cost}_lo": e["ratio_low"], f"{cost}_hi": e["ratio_high"],
                 })
+            row["bound"] = ratio_bound(row["n"] - row["reached"], row["baseline_n"] - row["baseline_reached"])
             rows.append(row)
-    return pd.DataFrame(rows)
+    columns = ["task", "algorithm", "target", "n", "reached", "baseline_n", "baseline_reached", "bound"] + [
+        f"{cost}_{part}" for cost in COSTS for part in ("mean", "baseline_mean", "ratio", "lo", "hi")]
+    return pd.DataFrame(rows, columns=columns)
 
 
 # -------------------------------------------------------------------------------------------- across tasks (rliable)
@@ -653,7 +678,7 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
         targets=targets,
         costs=costs,
         final_table=final_reward_table(finals),
-        efficiency=efficiency_table(costs, baseline),
+        efficiency=efficiency_table(task_data(runs, curves), baseline, target),
         baseline=baseline,
         target_description=describe_target(baseline, target),
         smooth=smooth,

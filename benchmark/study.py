@@ -1,32 +1,26 @@
-"""The OP-GRPO study's analysis: paired effects vs a baseline with bootstrap CIs and the smallest detectable effect.
+"""A study's analysis: paired effects vs a baseline on fixed metrics, verdicts on exploration and held-out seeds.
 
-    python -m benchmark.study RUNS_DIR --out DIR [--baseline flow_grpo] [--fraction 0.8] [--smooth 3] [--also-vs CELL]
+    python -m benchmark.study RUNS_DIR --out DIR [--suite op-grpo-study] [--baseline flow_grpo] [--also-vs op_grpo]
+                              [--claims] [--timing timing.csv] [--save-metrics DIR]
 
-Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, via :mod:`benchmark.stats`) and writes
-``DIR/README.md`` (tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per reference, cell and
-metric) and ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps). A task named ``<task>@<variant>`` (a
-control run with other keys, e.g. ``toy2d_sparse64@no_reuse``) is analysed as the cell ``<algorithm>@<variant>`` of
-``<task>``, paired with that task's baseline. ``--also-vs CELL`` adds the paired differences of every cell against
-CELL as well. Definitions, per task:
+Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.stats`) and writes ``DIR/README.md``
+(tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric)
+and ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps). A task named ``<task>@<variant>`` (a control run
+with other keys, e.g. ``toy2d_sep64_sparse@no_reuse``) is the cell ``<algorithm>@<variant>`` of ``<task>``
+(:func:`split_variants`, the one place that reads the form). Every number comes from :mod:`benchmark.effects`, the
+report's statistics path:
 
-* **Eval curve**: the run's eval rewards smoothed by a trailing mean over ``smooth`` evaluations
-  (:func:`benchmark.stats.eval_curves`).
-* **Final reward**: the smoothed eval reward at the run's last evaluation. **AUC**: the mean raw eval reward over all
-  the run's evaluations (step 0 included), a speed-and-level summary.
-* **Target**: ``base + fraction * (baseline final - base)``, with ``base`` the mean step-0 eval reward and
-  ``baseline final`` the baseline's mean final reward over seeds: a fraction of the baseline's gain.
-* **Steps to target**: the step of the first evaluation whose smoothed reward is >= target; a run that never gets
-  there counts at its last logged step and is reported as censored (its true cost is larger).
-* **Steps to final**: the same with fraction 1, i.e. the steps to reach the baseline's mean final reward (the
-  papers' "same final performance").
-* **Steps ratio**: mean steps to target of the algorithm / the baseline's (the papers' "34.2% of the steps" form),
-  with the unpaired bootstrap CI of :func:`benchmark.stats.ratio_ci`; censored runs make it a bound.
-* **Paired difference** (algorithm - baseline) over the seeds both ran: seed s of both methods shares the prompt order
-  of its fresh groups and the seed of its sampler. Its 95% CI is a percentile bootstrap of the mean difference over
-  seeds (:func:`benchmark.stats.bootstrap_ci`).
-* **Minimum detectable effect (MDE)**: the true mean paired difference a two-sided paired t-test at level 0.05 would
-  detect with 80% power given the observed standard deviation ``sd`` of the differences over ``n`` seeds:
-  ``(t_{0.975, n-1} + t_{0.80, n-1}) * sd / sqrt(n)``. An effect smaller than it could well have been missed.
+* **Metrics**, fixed before a study's runs are looked at (:data:`METRICS`): steps and NFE to 50% and to 80% of the
+  baseline's gain over the base model (restricted means over the budget, Kaplan-Meier for censored runs), final
+  reward (mean of the last ``smooth`` evaluations) and AUC (mean eval reward over the run). ``steps_to_final``
+  (fraction 1: the baseline's own final reward, the papers' form) is shown but is ill-conditioned: the target sits on
+  the baseline's noisy plateau, so no verdict uses it.
+* **Paired effects** (cell - reference over the seeds both ran) with 95% bootstrap CIs that re-estimate the target
+  inside every resample, ratios of restricted means with theirs, and the smallest detectable effect (MDE).
+* **Seed sets**: with ``--suite``, the suite's ``seed_sets`` (e.g. ``exploration`` and ``replication``) are analysed
+  apart, each with its own target from its own baseline runs, and together (``all``); without, all seeds form one set.
+* **Wall-clock** (``--timing``): steps ratio x the per-step cost ratio measured interleaved in one process
+  (:mod:`benchmark.study_timing`), never the runs' own ``wall_s`` (which carries the shared machine's load).
 """
 
 from __future__ import annotations
@@ -38,16 +32,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
-from benchmark.stats import (DEFAULT_CONFIDENCE, DEFAULT_SMOOTH, bootstrap_ci, eval_curves, find_run_dirs, load_runs,
-                             percentile_interval, ratio_bootstrap, ratio_ci)
+from benchmark import effects
+from benchmark.stats import DEFAULT_SMOOTH, eval_curves, find_run_dirs, load_runs
 from benchmark.study_claims import claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
-ALPHA, POWER = 0.05, 0.80
-DEFAULT_FRACTION = 0.8
-METRICS = ("steps_to_target", "nfe_to_target", "steps_to_final", "final_reward", "auc")
+#: the study's metrics, in report order: (name, effects.Metric)
+METRICS = (
+    effects.cost_metric("steps_to_50", "step", effects.gain_target(0.5)),
+    effects.cost_metric("steps_to_80", "step", effects.gain_target(0.8)),
+    effects.cost_metric("nfe_to_50", "nfe", effects.gain_target(0.5)),
+    effects.cost_metric("nfe_to_80", "nfe", effects.gain_target(0.8)),
+    effects.value_metric("final_reward", "final"),
+    effects.value_metric("auc", "auc"),
+    effects.cost_metric("steps_to_final", "step", effects.gain_target(1.0)),
+)
+PRIMARY = "steps_to_80"
 #: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
 DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess",
                "log_weight_std")
@@ -55,179 +56,131 @@ DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", 
 STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
 VARIANT_SEP = "@"  # task@variant: a control cell of task
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
+ALL_SEEDS = "all"
 
 
-def minimum_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Smallest true mean paired difference a two-sided paired t-test detects with probability ``power``."""
-    if n < 2 or not math.isfinite(sd):
-        return math.nan
-    df = n - 1
-    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * sd / math.sqrt(n))
+def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with every ``task@variant`` run moved to the cell ``algorithm@variant`` of ``task``."""
+    out = runs.copy()
+    split = out["task"].astype(str).str.partition(VARIANT_SEP)
+    variant = split[2]
+    out["task"] = split[0]
+    out["algorithm"] = out["algorithm"].astype(str).where(variant == "", out["algorithm"].astype(str) + VARIANT_SEP
+                                                           + variant)
+    return out
 
 
-def steps_to_target(steps, smoothed, target: float, last_step: float) -> tuple[float, bool]:
-    """(first step whose smoothed reward >= target, True), else (last_step, False): censored."""
-    hit = np.flatnonzero(np.asarray(smoothed, dtype=float) >= target)
-    return (float(np.asarray(steps)[hit[0]]), True) if hit.size else (float(last_step), False)
+def seed_sets_of(suite: str | None, seeds) -> dict[str, list[int]]:
+    """{name: seeds}: the suite's ``seed_sets`` restricted to the seeds that ran, plus ``all``."""
+    seeds = sorted(int(s) for s in set(seeds))
+    sets: dict[str, list[int]] = {}
+    if suite:
+        from benchmark.suite import load_suite
+
+        for name, listed in load_suite(suite).seed_sets.items():
+            sets[name] = [s for s in listed if s in seeds]
+    return {**sets, ALL_SEEDS: seeds}
 
 
-def run_table(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
-    """One row per run: task, algorithm, seed, last_step, base, final_reward, auc and training diagnostics."""
-    curves = eval_curves(runs, smooth)
+def run_table(runs: pd.DataFrame, data: dict[str, effects.TaskRuns], baseline: str,
+              smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:
+    """One row per run: task, cell (``algorithm``), seed, base, final reward, AUC, the cost metrics at the task's
+    all-seeds target with ``reached_<metric>``, ``finished``, ``collapsed`` and the training diagnostics."""
     rows = []
-    for run, frame in runs.groupby("run", sort=True):
-        curve = curves[curves["run"] == run]
-        if curve.empty:
-            continue
-        first = frame.iloc[0]
-        task, _, variant = str(first["task"]).partition(VARIANT_SEP)
-        algorithm = f"{first['algorithm']}{VARIANT_SEP}{variant}" if variant else first["algorithm"]
-        row = {"run": run, "task": task, "algorithm": algorithm, "seed": int(first["seed"]),
-               "last_step": float(frame["step"].max()), "base": float(curve["eval_reward"].iloc[0]),
-               "final_reward": float(curve["eval_smoothed"].iloc[-1]), "auc": float(curve["eval_reward"].mean()),
-               "last_nfe": float(frame["nfe"].max()), "wall_s": float(frame["wall_s"].max()),
-               "finished": bool(first["finished"])}
-        train_rows = frame[frame["step"] > 0]
-        step_columns = [c for c in frame.columns if c.startswith(STEP_LOG_RATIO_PREFIX)]
-        for column in (*DIAGNOSTICS, *step_columns):
-            if column in frame and frame[column].notna().any():
-                row[column] = float(train_rows[column].mean())
-        # collapse: the run ends below the model it started from (divergence that the non-finite guard does not see)
-        row["collapsed"] = row["final_reward"] < row["base"]
-        if "zero_std_frac" in frame:
-            row["zero_std_frac_early"] = float(train_rows.nsmallest(EARLY_STEPS, "step")["zero_std_frac"].mean())
-        rows.append(row)
-    return pd.DataFrame(rows)
+    for task, task_data in data.items():
+        base_rows = np.flatnonzero(task_data.cells == baseline)
+        metrics = {m.name: (m, float(effects.baseline_target(task_data, m, base_rows)[0]) if m.is_cost else math.nan)
+                   for m in METRICS if m.is_cost}
+        for i, run in enumerate(task_data.runs):
+            row = {"run": run, "task": task, "algorithm": task_data.cells[i], "seed": int(task_data.seeds[i]),
+                   "base": task_data.base[i], "final_reward": task_data.final[i], "auc": task_data.auc[i]}
+            for name, (metric, target) in metrics.items():
+                cost, reached = effects.crossing(task_data.running_max[i], task_data.costs[metric.cost][i],
+                                                 task_data.censored_at[metric.cost][i], [target])
+                row[name], row[f"reached_{name}"] = float(cost[0]), bool(reached[0])
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    per_run = runs.groupby("run", sort=True)
+    table["finished"] = table["run"].map(per_run["finished"].first()).astype(bool)
+    table["last_step"] = table["run"].map(per_run["step"].max()).astype(float)
+    table["collapsed"] = table["final_reward"] < table["base"]
+    train_rows = runs[runs["step"] > 0]
+    step_columns = sorted((c for c in runs.columns if c.startswith(STEP_LOG_RATIO_PREFIX)),
+                          key=lambda c: int(c[len(STEP_LOG_RATIO_PREFIX):]))
+    for column in (*DIAGNOSTICS, *step_columns):
+        if column in runs and runs[column].notna().any():
+            table[column] = table["run"].map(train_rows.groupby("run")[column].mean())
+    if "zero_std_frac" in runs:
+        early = train_rows.sort_values("step").groupby("run").head(EARLY_STEPS).groupby("run")["zero_std_frac"].mean()
+        table["zero_std_frac_early"] = table["run"].map(early)
+    return table.sort_values(["task", "algorithm", "seed"], kind="stable").reset_index(drop=True)
 
 
-def is_cost(metric: str) -> bool:
-    """Steps/NFE to a target: lower is better, and censored runs make it a bound."""
-    return "_to_" in metric
-
-
-def reached_column(metric: str) -> str:
-    return "reached_final" if metric.endswith("_final") else "reached"
-
-
-def add_steps_to_target(table: pd.DataFrame, runs: pd.DataFrame, baseline: str, fraction: float,
-                        smooth: int = DEFAULT_SMOOTH, name: str = "target") -> dict[str, float]:
-    """Adds ``steps_to_<name>``, ``nfe_to_<name>`` (network evaluations logged at that evaluation; censored runs at
-    their last logged NFE) and its ``reached`` column (``reached_column``) to ``table`` (in place); returns the
-    target of each task."""
-    curves = eval_curves(runs, smooth)
-    targets = {}
-    columns = [f"steps_to_{name}", f"nfe_to_{name}", reached_column(f"steps_to_{name}")]
-    table[columns[0]], table[columns[1]], table[columns[2]] = math.nan, math.nan, False
-    for task, rows in table.groupby("task"):
-        base_rows = rows[rows["algorithm"] == baseline]
-        if base_rows.empty:
-            raise ConfigError(f"task {task!r} has no {baseline!r} runs; algorithms: {sorted(set(rows['algorithm']))}")
-        base = float(rows["base"].mean())
-        targets[task] = base + fraction * (float(base_rows["final_reward"].mean()) - base)
-        for index, row in rows.iterrows():
-            curve = curves[curves["run"] == row["run"]]
-            step, reached = steps_to_target(curve["step"], curve["eval_smoothed"], targets[task], row["last_step"])
-            nfe = float(curve.loc[curve["step"] == step, "nfe"].iloc[0]) if reached else row["last_nfe"]
-            table.loc[index, columns] = step, nfe, reached
-    return targets
-
-
-def mean_curves(runs_dir: str | Path, every: int = 20) -> pd.DataFrame:
-    """Mean raw eval reward over seeds at every ``every``-th step: one row per (task, cell), one column per step."""
-    runs = load_runs(runs_dir)
-    evals = runs[runs["eval_reward"].notna() & (runs["step"] % every == 0)].copy()
-    split = evals["task"].astype(str).str.partition(VARIANT_SEP)
-    evals["task"] = split[0]
-    evals["algorithm"] = evals["algorithm"].where(split[2] == "", evals["algorithm"] + VARIANT_SEP + split[2])
-    return evals.pivot_table(index=["task", "algorithm"], columns="step", values="eval_reward", aggfunc="mean")
-
-
-def paired_effects(table: pd.DataFrame, baseline: str, metrics=METRICS) -> pd.DataFrame:
-    """One row per (task, algorithm != baseline, metric): means, paired mean difference, its CI, sd, n and MDE.
-    ``baseline`` is the reference cell of the differences (column ``reference``); tasks without it are skipped."""
+def study_effects(data: dict[str, effects.TaskRuns], baseline: str, references: tuple[str, ...],
+                  seed_sets: dict[str, list[int]], resamples: int = effects.DEFAULT_RESAMPLES,
+                  keep_ratio_draws: bool = False) -> pd.DataFrame:
+    """One row per (seed set, task, reference, cell, metric): paired effects of :func:`benchmark.effects.effect`."""
     rows = []
-    for task, rows_task in table.groupby("task"):
-        base = rows_task[rows_task["algorithm"] == baseline].set_index("seed")
-        for algorithm, rows_alg in rows_task.groupby("algorithm"):
-            if algorithm == baseline or base.empty:
+    for set_name, seeds in seed_sets.items():
+        for task, task_data in data.items():
+            cells = task_data.cell_names()
+            if baseline not in cells:
                 continue
-            alg = rows_alg.set_index("seed")
-            seeds = sorted(set(alg.index) & set(base.index))
-            for metric in metrics:
-                diff = (alg.loc[seeds, metric] - base.loc[seeds, metric]).to_numpy(dtype=float)
-                sd = float(diff.std(ddof=1)) if len(diff) > 1 else math.nan
-                low, high = bootstrap_ci(diff)
-                rows.append({"task": task, "reference": baseline, "algorithm": algorithm, "metric": metric,
-                             "n": len(seeds),
-                             "baseline_mean": float(base.loc[seeds, metric].mean()),
-                             "algorithm_mean": float(alg.loc[seeds, metric].mean()),
-                             "diff": float(diff.mean()), "ci_low": low, "ci_high": high, "sd_diff": sd,
-                             "mde": minimum_detectable_effect(sd, len(seeds)),
-                             "p_t": float(sps.ttest_1samp(diff, 0.0).pvalue) if len(diff) > 1 and sd > 0 else math.nan,
-                             **(_steps_extras(alg.loc[seeds], base.loc[seeds], metric) if is_cost(metric) else {})})
+            for reference in (baseline, *references):
+                if reference not in cells:
+                    continue
+                for cell in cells:
+                    if cell == reference:
+                        continue
+                    for metric in METRICS:
+                        row = effects.effect(task_data, cell, reference, metric, baseline, paired=True, seeds=seeds,
+                                             resamples=resamples)
+                        rows.append({"seed_set": set_name, **row})
     return pd.DataFrame(rows)
 
 
-def wall_clock_ratios(table: pd.DataFrame, timing: pd.DataFrame, baseline: str,
-                      metrics=("steps_to_target", "steps_to_final"), resamples: int = 10_000,
-                      seed: int = 0) -> pd.DataFrame:
-    """Estimated wall-clock-to-target ratios vs ``baseline``: steps ratio x per-step cost ratio.
+def verdict(row: pd.Series) -> str:
+    metric = next((m for m in METRICS if m.name == row["metric"]), None)
+    return effects.verdict(row, metric.higher_is_better if metric else False)
 
-    ``timing`` is :mod:`benchmark.study_timing`'s table (cells ``TASK/ALGORITHM``). The per-step cost ratio of a
-    cell is, in each timing repeat, its seconds per step / the baseline's of the same task in that repeat (same
-    process, same moment); its median over repeats multiplies the steps ratio (mean steps of the cell / mean steps of
-    the baseline over their seeds). The 95% CI resamples seeds (each group alone, as ``ratio_ci``) and repeats
-    together. One row per (task, cell, metric) that has timing for both the cell and the baseline."""
+
+def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline: str,
+                      metrics=("steps_to_50", "steps_to_80"), resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """Wall-clock-to-target ratios vs ``baseline``: the steps ratio (and its CI) x the per-step cost ratio.
+
+    ``timing`` is :mod:`benchmark.study_timing`'s table (cells ``TASK/ALGORITHM``): in each timing repeat a cell's
+    seconds per step / the baseline's of the same task in that repeat (same process, same moment). The interval
+    combines the steps ratio's bootstrap CI with the spread of the cost ratio over repeats: the product's 95%
+    interval is the steps CI times the [2.5%, 97.5%] bootstrap interval of the median cost ratio (a conservative
+    union of the two sources)."""
     rows = []
     rng = np.random.default_rng(seed)
-    for task, rows_task in table.groupby("task"):
-        base_cost = timing[timing["cell"] == f"{task}/{baseline}"].set_index("repeat")["s_per_step"]
-        if base_cost.empty:
+    vs_baseline = effect_rows[(effect_rows["reference"] == baseline) & effect_rows["metric"].isin(metrics)]
+    for _, e in vs_baseline.iterrows():
+        base_cost = timing[timing["cell"] == f"{e['task']}/{baseline}"].set_index("repeat")["s_per_step"]
+        name, _, variant = str(e["algorithm"]).partition(VARIANT_SEP)
+        cell = f"{e['task']}{VARIANT_SEP}{variant}/{name}" if variant else f"{e['task']}/{name}"
+        cost = timing[timing["cell"] == cell].set_index("repeat")["s_per_step"]
+        repeats = sorted(set(cost.index) & set(base_cost.index))
+        if not repeats:
             continue
-        base = rows_task[rows_task["algorithm"] == baseline]
-        for algorithm, rows_alg in rows_task.groupby("algorithm"):
-            if algorithm == baseline:
-                continue
-            name, _, variant = str(algorithm).partition(VARIANT_SEP)
-            cell = f"{task}{VARIANT_SEP}{variant}/{name}" if variant else f"{task}/{name}"
-            cost = timing[timing["cell"] == cell].set_index("repeat")["s_per_step"]
-            repeats = sorted(set(cost.index) & set(base_cost.index))
-            if not repeats:
-                continue
-            cost_ratios = (cost.loc[repeats] / base_cost.loc[repeats]).to_numpy(float)
-            boot_cost = np.median(cost_ratios[rng.integers(0, len(cost_ratios), (resamples, len(cost_ratios)))],
-                                  axis=1)
-            for metric in metrics:
-                a, b = rows_alg[metric].to_numpy(float), base[metric].to_numpy(float)
-                steps_ratio = a.mean() / b.mean()
-                low, high = percentile_interval(ratio_bootstrap(a, b, resamples, rng) * boot_cost, DEFAULT_CONFIDENCE)
-                rows.append({"task": task, "algorithm": algorithm, "metric": metric.replace("steps", "wall"),
-                             "steps_ratio": steps_ratio, "cost_ratio": float(np.median(cost_ratios)),
-                             "cost_ratio_min": float(cost_ratios.min()), "cost_ratio_max": float(cost_ratios.max()),
-                             "repeats": len(repeats), "ratio": steps_ratio * float(np.median(cost_ratios)),
-                             "ratio_low": float(low), "ratio_high": float(high)})
+        cost_ratios = (cost.loc[repeats] / base_cost.loc[repeats]).to_numpy(float)
+        boot = np.median(cost_ratios[rng.integers(0, len(cost_ratios), (resamples, len(cost_ratios)))], axis=1)
+        low_cost, high_cost = np.percentile(boot, [2.5, 97.5])
+        median = float(np.median(cost_ratios))
+        rows.append({"seed_set": e["seed_set"], "task": e["task"], "algorithm": e["algorithm"],
+                     "metric": e["metric"].replace("steps", "wall"), "steps_ratio": e["ratio"],
+                     "cost_ratio": median, "cost_ratio_min": float(cost_ratios.min()),
+                     "cost_ratio_max": float(cost_ratios.max()), "repeats": len(repeats),
+                     "ratio": e["ratio"] * median, "ratio_low": e["ratio_low"] * low_cost,
+                     "ratio_high": e["ratio_high"] * high_cost})
     return pd.DataFrame(rows)
 
 
-def _steps_extras(alg: pd.DataFrame, base: pd.DataFrame, metric: str) -> dict:
-    ratio, low, high = ratio_ci(alg[metric].to_numpy(float), base[metric].to_numpy(float))
-    reached = reached_column(metric)
-    return {"censored_alg": int((~alg[reached].astype(bool)).sum()),
-            "censored_base": int((~base[reached].astype(bool)).sum()),
-            "ratio": ratio, "ratio_low": low, "ratio_high": high}
-
-
-def verdict(row: pd.Series, higher_is_better: bool) -> str:
-    """Plain words for one paired effect: which side the CI excludes 0 on, else 'no detectable difference'."""
-    if not (math.isfinite(row["ci_low"]) and math.isfinite(row["ci_high"])):
-        return "n<2"
-    better = row["ci_low"] > 0 if higher_is_better else row["ci_high"] < 0
-    worse = row["ci_high"] < 0 if higher_is_better else row["ci_low"] > 0
-    if better:
-        return "better"
-    if worse:
-        return "worse"
-    return f"no detectable difference (MDE {row['mde']:.3g})"
+def mean_curves(runs: pd.DataFrame, every: int = 20) -> pd.DataFrame:
+    """Mean raw eval reward over seeds at every ``every``-th step: one row per (task, cell), one column per step."""
+    evals = runs[runs["eval_reward"].notna() & (runs["step"] % every == 0)]
+    return evals.pivot_table(index=["task", "algorithm"], columns="step", values="eval_reward", aggfunc="mean")
 
 
 def _seed_list(seeds) -> str:
@@ -241,40 +194,45 @@ def _seed_list(seeds) -> str:
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
 
 
-def _fmt(value: float, digits: int = 3) -> str:
+def _fmt(value, digits: int = 3) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}g}"
 
 
-def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float], baseline: str, fraction: float,
+def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, list[int]], baseline: str,
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
            wall: pd.DataFrame | None = None) -> str:
-    lines = [f"# OP-GRPO study: paired effects vs {baseline}", "",
-             f"Target per task: step-0 reward + {fraction:g} x ({baseline}'s mean final reward - step-0 reward) "
-             f"(`*_to_target`); `steps_to_final`: steps to {baseline}'s mean final reward itself; "
-             f"eval curves smoothed over {smooth} evaluations. Differences are algorithm - {baseline} over the "
-             "seeds both ran, with 95% percentile-bootstrap CIs of the mean; MDE = smallest true difference a paired "
-             "t-test (two-sided, 0.05) detects with 80% power at the observed seed spread. Regenerate with "
-             "`python -m benchmark.study RUNS_DIR --out DIR` (module docstring: definitions).", ""]
+    sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
+    lines = [f"# Study: paired effects vs {baseline}", "",
+             f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
+             "model (restricted means over the budget; a run that never reaches a target is censored there, "
+             "Kaplan-Meier), final reward and AUC; primary: `steps_to_80`. `steps_to_final` (the baseline's own final "
+             "reward) is shown for the papers' form but is ill-conditioned and decides nothing. Differences are "
+             f"cell - reference over the seeds both ran, eval curves smoothed over {smooth} evaluations; 95% "
+             "percentile-bootstrap CIs over seeds that re-estimate the target in every resample; MDE = smallest true "
+             "difference a paired t-test (two-sided, 0.05) detects with 80% power. Seed sets, each analysed with its "
+             f"own target: {sets}. Definitions: `benchmark/effects.py`, `benchmark/study.py`.", ""]
     if claims is not None and len(claims):
         lines += render_claims(claims)
     if wall is not None and len(wall):
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
-                  "(`python -m benchmark.study_timing`, file `timing.csv`): median over repeats (range).", "",
-                  "| task | algorithm | metric | steps ratio | cost ratio (range) | repeats | wall-clock ratio (95% CI) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "(`python -m benchmark.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
+                  "own wall-clock is not used: it carries the load of the shared machine.", "",
+                  "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
+                  "| wall-clock ratio (95% CI) |", "|---|---|---|---|---|---|---|---|"]
         for _, w in wall.iterrows():
-            lines.append(f"| {w['task']} | {w['algorithm']} | {w['metric']} | {w['steps_ratio']:.2f} | "
-                         f"{w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-{w['cost_ratio_max']:.2f}) | "
-                         f"{int(w['repeats'])} | {w['ratio']:.2f} [{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}] |")
+            lines.append(f"| {w['seed_set']} | {w['task']} | {w['algorithm']} | {w['metric']} | "
+                         f"{w['steps_ratio']:.2f} | {w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-"
+                         f"{w['cost_ratio_max']:.2f}) | {int(w['repeats'])} | {w['ratio']:.2f} "
+                         f"[{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}] |")
         lines.append("")
     for task, rows in table.groupby("task"):
         seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
-        lines += [f"## {task} (target {targets[task]:.4f})", "", f"Seeds: {seeds}.", "",
-                  "| algorithm | seeds | final reward | AUC | steps to target (reached) | steps to final (reached) "
+        lines += [f"## {task}", "", f"Runs: {seeds}. Columns at the all-seeds targets.", "",
+                  "| cell | seeds | base | final reward | AUC | steps to 50% (reached) | steps to 80% (reached) "
                   f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) "
                   "| log w std / ESS | unstable |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for algorithm, runs in rows.groupby("algorithm"):
             clip = (f"{_fmt(runs.get('clip_frac_on', pd.Series(dtype=float)).mean())} / "
                     f"{_fmt(runs['clip_frac_off'].mean())}"
@@ -286,61 +244,65 @@ def render(table: pd.DataFrame, effects: pd.DataFrame, targets: dict[str, float]
             weights = (f"{_fmt(runs['log_weight_std'].mean())} / {_fmt(runs['weight_ess'].mean())}"
                        if "log_weight_std" in runs and runs["log_weight_std"].notna().any() else "-")
             unstable = int(((~runs["finished"].astype(bool)) | runs["collapsed"].astype(bool)).sum())
+            n = len(runs)
             lines.append(
-                f"| {algorithm} | {len(runs)} | {runs['final_reward'].mean():.4f} +- {runs['final_reward'].std():.4f} "
-                f"| {runs['auc'].mean():.4f} | {runs['steps_to_target'].mean():.1f} ({int(runs['reached'].sum())}/"
-                f"{len(runs)}) | {runs['steps_to_final'].mean():.1f} ({int(runs['reached_final'].sum())}/{len(runs)}) "
-                f"| {zero} | {off} | {clip} | {weights} | {unstable}/{len(runs)} |")
+                f"| {algorithm} | {n} | {runs['base'].mean():.4f} | {runs['final_reward'].mean():.4f} +- "
+                f"{runs['final_reward'].std():.4f} | {runs['auc'].mean():.4f} | {runs['steps_to_50'].mean():.1f} "
+                f"({int(runs['reached_steps_to_50'].sum())}/{n}) | {runs['steps_to_80'].mean():.1f} "
+                f"({int(runs['reached_steps_to_80'].sum())}/{n}) | {zero} | {off} | {clip} | {weights} "
+                f"| {unstable}/{n} |")
         if curves is not None and task in curves.index.get_level_values(0):
             steps = [int(step) for step in curves.columns]
-            lines += ["", "Mean eval reward over seeds by step:", "",
+            lines += ["", "Mean eval reward over all seeds by step:", "",
                       "| cell | " + " | ".join(str(step) for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
             for cell, values in curves.loc[task].iterrows():
                 lines.append(f"| {cell} | " + " | ".join(_fmt(float(v)) for v in values) + " |")
-        for reference, cell_effects in effects[effects["task"] == task].groupby("reference", sort=False):
-            lines += ["", f"Paired differences vs {reference}:", ""] + _effect_rows(cell_effects)
+        task_effects = effect_rows[effect_rows["task"] == task]
+        for (reference, set_name), cell_effects in task_effects.groupby(["reference", "seed_set"], sort=False):
+            lines += ["", f"Paired differences vs {reference}, seeds `{set_name}`:", ""] + _effect_rows(cell_effects)
         unfinished = rows[~rows["finished"].astype(bool)]
         if len(unfinished):
-            lines.append(f"Unfinished runs (counted at their last evaluation): {', '.join(unfinished['run'])}")
+            lines.append(f"Unfinished runs (censored at their last step): {', '.join(unfinished['run'])}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _effect_rows(effects: pd.DataFrame) -> list[str]:
-    lines = ["| algorithm | metric | n | reference | algorithm | diff | 95% CI | sd of diff | MDE (80%) | t-test p "
-             "| verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, e in effects.iterrows():
-        censor = (f" ({int(e['censored_alg'])}/{int(e['censored_base'])} censored)"
-                  if is_cost(e["metric"]) and (e["censored_alg"] or e["censored_base"]) else "")
-        ratio = (f"; ratio {e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]"
-                 if is_cost(e["metric"]) else "")
+def _effect_rows(rows: pd.DataFrame) -> list[str]:
+    lines = ["| cell | metric | n | reference | cell | diff | 95% CI | ratio [95% CI] | reached (cell / ref) "
+             "| MDE (80%) | t-test p | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, e in rows.iterrows():
+        cost = str(e["metric"]).split("_")[0] in ("steps", "nfe")
+        ratio = f"{e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]" if cost else "-"
+        reached = f"{int(e['reached'])}/{int(e['n'])} / {int(e['reference_reached'])}/{int(e['n'])}" if cost else "-"
         lines.append(
-            f"| {e['algorithm']} | {e['metric']}{censor}{ratio} | {e['n']} | {_fmt(e['baseline_mean'], 4)} "
+            f"| {e['algorithm']} | {e['metric']} | {int(e['n'])} | {_fmt(e['reference_mean'], 4)} "
             f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
-            f"| {_fmt(e['sd_diff'])} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} "
-            f"| {verdict(e, not is_cost(e['metric']))} |")
+            f"| {ratio} | {reached} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} | {verdict(e)} |")
     return lines
 
 
-def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", fraction: float = DEFAULT_FRACTION,
-                  smooth: int = DEFAULT_SMOOTH, also_vs: tuple[str, ...] = ()
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
-    """(run table, paired effects vs ``baseline`` then vs each cell of ``also_vs``, target of each task)."""
-    if not 0 < fraction <= 1:
-        raise ConfigError(f"--fraction must be in (0, 1], got {fraction}")
-    runs = load_runs(runs_dir)
+def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
+                  suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
+    """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs)."""
+    runs = split_variants(load_runs(runs_dir))
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
-    table = run_table(runs, smooth)
-    unknown = [cell for cell in also_vs if cell not in set(table["algorithm"])]
+    unknown = [cell for cell in also_vs if cell not in set(runs["algorithm"])]
     if unknown:
-        cells = ", ".join(sorted(set(table["algorithm"])))
+        cells = ", ".join(sorted(set(runs["algorithm"])))
         raise ConfigError(f"--also-vs {','.join(unknown)}: no such cell; cells: {cells}")
-    targets = add_steps_to_target(table, runs, baseline, fraction, smooth)
-    add_steps_to_target(table, runs, baseline, 1.0, smooth, name="final")
-    effects = pd.concat([paired_effects(table, reference) for reference in (baseline, *also_vs)], ignore_index=True)
-    return table, effects, targets
+    curves = eval_curves(runs, smooth)
+    last_rows = runs.sort_values(["run", "step"], kind="stable").groupby("run").tail(1).set_index("run")
+    try:
+        data = effects.task_runs(curves, last_rows)
+    except ValueError as error:
+        raise ConfigError(f"{runs_dir}: {error}; a study counts each run once") from None
+    seed_sets = seed_sets_of(suite, runs["seed"])
+    table = run_table(runs, data, baseline, smooth)
+    effect_rows = study_effects(data, baseline, also_vs, seed_sets, resamples)
+    return table, effect_rows, seed_sets, runs
 
 
 #: metrics.csv columns a trimmed copy keeps (``--save-metrics``): what the study reads
@@ -366,14 +328,26 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
     return count
 
 
+def read_timing(path: str) -> pd.DataFrame:
+    try:
+        timing = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--timing {path}: cannot read it ({error})") from None
+    missing = {"repeat", "cell", "task", "algorithm", "s_per_step"} - set(timing.columns)
+    if missing:
+        raise ConfigError(f"--timing {path}: missing columns {sorted(missing)}")
+    return timing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark.study", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir")
     parser.add_argument("--out", required=True, help="report directory (README.md, runs.csv, effects.csv)")
     parser.add_argument("--baseline", default="flow_grpo")
-    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION, help="target = this share of the "
-                        "baseline's gain over the step-0 reward")
+    parser.add_argument("--suite", default=None, help="suite name or YAML whose seed_sets (e.g. exploration, "
+                        "replication) are analysed apart")
     parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH)
+    parser.add_argument("--resamples", type=int, default=effects.DEFAULT_RESAMPLES)
     parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.study_timing (CSV) for "
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
     parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table (needs "
@@ -385,31 +359,26 @@ def main(argv: list[str] | None = None) -> int:
                         "pair the other cells with as well, e.g. op_grpo")
     args = parser.parse_args(argv)
     try:
+        if args.resamples < 100:
+            raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
         also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
-        table, effects, targets = analyze_study(args.runs_dir, args.baseline, args.fraction, args.smooth, also_vs)
-        timing = None
-        if args.timing:
-            try:
-                timing = pd.read_csv(args.timing)
-            except (OSError, ValueError) as error:
-                raise ConfigError(f"--timing {args.timing}: cannot read it ({error})") from None
-            missing = {"repeat", "cell", "task", "algorithm", "s_per_step"} - set(timing.columns)
-            if missing:
-                raise ConfigError(f"--timing {args.timing}: missing columns {sorted(missing)}")
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
+        timing = read_timing(args.timing) if args.timing else None
+        table, effect_rows, seed_sets, runs = analyze_study(args.runs_dir, args.baseline, also_vs, args.suite,
+                                                            args.smooth, args.resamples)
     except FlowZooError as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
-    claims = claims_table(table, effects) if args.claims else None
-    wall = wall_clock_ratios(table, timing, args.baseline) if timing is not None else None
+    claims = claims_table(table, effect_rows, seed_sets) if args.claims else None
+    wall = wall_clock_ratios(effect_rows, timing, args.baseline) if timing is not None else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.save_metrics:
         print(f"saved {save_trimmed_metrics(args.runs_dir, args.save_metrics)} runs' metrics to {args.save_metrics}")
     table.to_csv(out / "runs.csv", index=False)
-    effects.to_csv(out / "effects.csv", index=False)
-    curves = mean_curves(args.runs_dir)
+    effect_rows.to_csv(out / "effects.csv", index=False)
+    curves = mean_curves(runs)
     curves.to_csv(out / "curves.csv")
     if claims is not None:
         claims.to_csv(out / "claims.csv", index=False)
@@ -417,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.timing).resolve() != (out / "timing.csv").resolve():
             timing.to_csv(out / "timing.csv", index=False)
         wall.to_csv(out / "wall_clock.csv", index=False)
-    (out / "README.md").write_text(render(table, effects, targets, args.baseline, args.fraction, args.smooth, curves,
-                                          claims, wall))
+    (out / "README.md").write_text(render(table, effect_rows, seed_sets, args.baseline, args.smooth, curves, claims,
+                                          wall))
     print(f"wrote {out / 'README.md'}")
     return 0
 

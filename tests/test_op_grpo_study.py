@@ -13,7 +13,8 @@ import yaml
 from scipy import stats as sps
 
 from benchmark.prompts import PromptSection, load_prompts
-from benchmark.study import analyze_study, mean_curves, minimum_detectable_effect, steps_to_target
+from benchmark.effects import minimum_detectable_effect
+from benchmark.study import analyze_study, mean_curves
 from flowzoo.errors import ConfigError
 from models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
@@ -97,11 +98,6 @@ def test_minimum_detectable_effect_has_80_percent_power(n):
     assert math.isnan(minimum_detectable_effect(sd, 1))
 
 
-def test_steps_to_target_first_hit_or_censored():
-    assert steps_to_target([0, 10, 20, 30], [0.0, 0.2, 0.5, 0.4], 0.45, 30) == (20.0, True)
-    assert steps_to_target([0, 10, 20], [0.0, 0.2, 0.3], 0.45, 25) == (25.0, False)
-
-
 def _write_run(root, algorithm, seed, steps, rewards, extra=None, task="t"):
     run = root / task / algorithm / f"s{seed}"
     run.mkdir(parents=True)
@@ -114,7 +110,8 @@ def _write_run(root, algorithm, seed, steps, rewards, extra=None, task="t"):
 
 def test_paired_effects_on_synthetic_runs(tmp_path):
     steps = [0, 10, 20, 30, 40]
-    # baseline: linear to 0.4 on every seed; the algorithm gets there one eval earlier and ends 0.1 + 0.01 s higher
+    # baseline: linear to 0.4 on every seed (targets: 50% of its gain 0.2, 80% 0.32); the algorithm gets there one
+    # eval earlier and ends 0.1 + 0.01 s higher
     for seed in range(4):
         _write_run(tmp_path, "flow_grpo", seed, steps, [0.0, 0.1, 0.2, 0.3, 0.4])
         _write_run(tmp_path, "op_grpo", seed, steps, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed],
@@ -122,16 +119,18 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     _write_run(tmp_path, "op_grpo_no_correction", 0, steps, [0.0, 0.0, 0.0, 0.0, 0.0])
     # a control task "t@ctl" is the cell op_grpo@ctl of task t, paired with t's baseline
     _write_run(tmp_path, "op_grpo", 1, steps, [0.0, 0.1, 0.2, 0.3, 0.6], task="t@ctl")
-    table, effects, targets = analyze_study(tmp_path, fraction=1.0, smooth=1, also_vs=("op_grpo",))
+    table, effects, seed_sets, runs = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=1000)
+    assert seed_sets == {"all": [0, 1, 2, 3]}
     vs_op = effects[effects["reference"] == "op_grpo"].set_index(["algorithm", "metric"])
     assert vs_op.loc[("flow_grpo", "final_reward"), "diff"] == pytest.approx(-(0.1 + 0.01 * 1.5))
     effects = effects[effects["reference"] == "flow_grpo"]
-    assert targets == {"t": pytest.approx(0.4)}
     op = effects[effects["algorithm"] == "op_grpo"].set_index("metric")
-    assert op.loc["steps_to_target", "diff"] == pytest.approx(-10.0)  # 30 vs 40 on every seed
-    assert op.loc["steps_to_target", "censored_alg"] == 0
-    assert op.loc["steps_to_target", "ratio"] == pytest.approx(30 / 40)  # the papers' "share of the steps" form
-    assert op.loc["nfe_to_target", "diff"] == pytest.approx(-100.0)  # nfe = 10 x step in the synthetic logs
+    assert op.loc["steps_to_80", "target"] == pytest.approx(0.32) and op.loc["steps_to_50", "target"] == 0.2
+    assert op.loc["steps_to_80", "diff"] == pytest.approx(-10.0)  # 30 vs 40 on every seed
+    assert op.loc["steps_to_50", "diff"] == pytest.approx(-10.0)  # 10 vs 20
+    assert op.loc["steps_to_80", "reached"] == 4
+    assert op.loc["steps_to_80", "ratio"] == pytest.approx(30 / 40)  # the papers' "share of the steps" form
+    assert op.loc["nfe_to_80", "diff"] == pytest.approx(-100.0)  # nfe = 10 x step in the synthetic logs
     assert op.loc["final_reward", "diff"] == pytest.approx(0.1 + 0.01 * 1.5)
     low, high = op.loc["final_reward", ["ci_low", "ci_high"]]
     assert 0.1 <= low <= op.loc["final_reward", "diff"] <= high <= 0.13
@@ -139,16 +138,25 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
     assert op.loc["final_reward", "mde"] == pytest.approx(minimum_detectable_effect(sd, 4))
     # AUC: mean over the 5 evals of per-eval differences 0, .1, .1, .1, .1 + .01 seed, averaged over seeds 0..3
     assert op.loc["auc", "diff"] == pytest.approx((0.4 + 0.01 * 1.5) / 5)
-    # a never-reaching run is censored at its last step, paired on the one seed it ran
+    # a never-reaching run is censored at its last step (not reached), paired on the one seed it ran
     nc = effects[effects["algorithm"] == "op_grpo_no_correction"].set_index("metric")
-    assert nc.loc["steps_to_target", ["n", "diff", "censored_alg"]].tolist() == [1, 0.0, 1]
+    assert nc.loc["steps_to_80", ["n", "diff", "reached"]].tolist() == [1, 0.0, 0]
     ctl = effects[effects["algorithm"] == "op_grpo@ctl"].set_index("metric")
     assert set(effects["task"]) == {"t"} and ctl.loc["final_reward", ["n", "diff"]].tolist() == [1, pytest.approx(0.2)]
-    curves = mean_curves(tmp_path, every=20)
+    curves = mean_curves(runs, every=20)
     assert curves.loc[("t", "op_grpo"), 40] == pytest.approx(0.5 + 0.01 * 1.5)  # mean over seeds 0..3
     assert curves.loc[("t", "op_grpo@ctl"), 20] == pytest.approx(0.2)
-    early = table.set_index(["algorithm", "seed"]).loc[("op_grpo", 0), "zero_std_frac_early"]
-    assert early == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)  # training steps only (step 0 has no rollout)
+    rows = table.set_index(["algorithm", "seed"])
+    assert rows.loc[("op_grpo", 0), "zero_std_frac_early"] == pytest.approx((0.9 + 0.5 + 0.4 + 0.3) / 4)
+    assert rows.loc[("op_grpo", 0), "steps_to_80"] == 30 and rows.loc[("op_grpo_no_correction", 0),
+                                                                       "reached_steps_to_80"] == False  # noqa: E712
+
+
+def test_a_run_counted_twice_is_refused(tmp_path):
+    _write_run(tmp_path, "flow_grpo", 0, [0, 10], [0.0, 0.1])
+    _write_run(tmp_path / "copy", "flow_grpo", 0, [0, 10], [0.0, 0.1])
+    with pytest.raises(ConfigError, match="cell and seed .*'flow_grpo', 0.* more than one run"):
+        analyze_study(tmp_path)
 
 
 def test_missing_baseline_or_reference_is_one_line(tmp_path):
@@ -164,3 +172,78 @@ def test_seed_list_compresses_consecutive_seeds():
     from benchmark.study import _seed_list
 
     assert _seed_list([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
+
+
+def test_separable_layout_modes_are_apart_and_targets_scale_with_the_mode_std():
+    from models.toy2d import LAYOUTS, many_center
+
+    layout = LAYOUTS["separable"]
+    centres = torch.tensor([many_center(c, 64, "separable") for c in range(64)])
+    gaps = torch.cdist(centres, centres) + torch.eye(64) * 1e9
+    assert gaps.min() / layout.mode_std > 5  # 0.39 apart, 5.2 stds
+    for c in (0, 17, 63):
+        meta = class_metadata(c, 64, "separable")
+        assert meta["layout"] == "separable" and meta["hard_radius"] == pytest.approx(1.5 * 0.075)
+        offset = torch.tensor(meta["hard_target"]) - centres[c]
+        assert offset.norm().item() == pytest.approx(3.2 * 0.075, rel=1e-6)
+    # the default layout's metadata has no layout key: the first study's prompts are unchanged
+    assert "layout" not in class_metadata(3, 64)
+
+
+def test_separable_base_success_matches_the_gaussian_disc_probability():
+    """Data of the separable layout hit their class's disc with the noncentral chi-square probability (~2.7%)."""
+    n = 200_000
+    x, classes = sample_data(n, torch.Generator().manual_seed(0), 64, "separable")
+    per_class = [class_metadata(c, 64, "separable") for c in range(64)]
+    meta = [per_class[c] for c in classes.tolist()]
+    hit = ToyTargetReward()(x, [""] * n, meta).score.mean().item()
+    expected = sps.ncx2.cdf(1.5 ** 2, 2, 3.2 ** 2)
+    assert hit == pytest.approx(expected, abs=0.002) and 0.02 < expected < 0.035
+
+
+def test_layout_is_checked_against_the_model_and_the_prompt_source():
+    with pytest.raises(ConfigError, match=r"layout must be one of \['overlapping', 'separable'\], got 'tight'"):
+        load_prompts(PromptSection(source="toy2d", classes=64, layout="tight"))
+    with pytest.raises(ConfigError, match="layout 'separable' needs the many-condition variant"):
+        load_prompts(PromptSection(source="toy2d", layout="separable"))
+    with pytest.raises(ConfigError, match="prompts.layout is only used by the 'toy2d' source"):
+        load_prompts(PromptSection(source="tiny_shapes", layout="separable"))
+    model = Toy2DModel(classes=64, layout="separable", pretrain_steps=0)
+    train, _ = load_prompts(PromptSection(source="toy2d", classes=64, layout="separable"))
+    model.encode([train[0][0]], [train[0][1]])
+    with pytest.raises(ConfigError, match="prompt metadata for layout 'overlapping', but the model has layout "
+                                          "'separable'; set prompts.layout to model.args.layout"):
+        model.encode(["class 0"], [class_metadata(0, 64)])
+
+
+def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
+    from benchmark.suite import expand, load_suite, select
+
+    suite = load_suite("op-grpo-study")
+    assert set(suite.seed_sets) == {"exploration", "replication"} and len(suite.seed_sets["replication"]) >= 10
+    assert not set(suite.seed_sets["exploration"]) & set(suite.seed_sets["replication"])
+    assert suite.seeds == suite.seed_sets["exploration"] + suite.seed_sets["replication"]
+    cut = select(suite, tasks_csv="toy2d_sep64_sparse@no_reuse", seed_set="replication")
+    configs = expand(cut, tmp_path)
+    assert [(c.task, c.algorithm_name, c.seed) for c in configs][:2] == [
+        ("toy2d_sep64_sparse@no_reuse", "op_grpo", 100), ("toy2d_sep64_sparse@no_reuse", "op_grpo", 101)]
+    assert len(configs) == 10 and configs[0].algorithm["t_off"] == 0
+    with pytest.raises(ConfigError, match="--tasks: suite op-grpo-study has no task nope; tasks: toy2d_sep64_sparse"):
+        select(suite, tasks_csv="nope")
+    with pytest.raises(ConfigError, match="--seed-set: suite op-grpo-study has no seed set 'x'; sets: exploration, "
+                                          "replication"):
+        select(suite, seed_set="x")
+    with pytest.raises(ConfigError, match=r"--seeds: repeated \[1\]"):
+        select(suite, seeds_csv="1,2,1")
+
+
+def test_seed_sets_must_be_disjoint(tmp_path):
+    from benchmark.suite import load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seed_sets": {"a": [0, 1], "b": [1, 2]}}))
+    with pytest.raises(ConfigError, match=r"seed_sets.b shares seeds \[1\] with another set"):
+        load_suite(str(path))
+    path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seeds": [0, 0]}))
+    with pytest.raises(ConfigError, match=r"seeds: repeated \[0\]"):
+        load_suite(str(path))

@@ -206,8 +206,7 @@ def test_efficiency_table_identical_algorithm_has_ratio_one():
     seeds = [[0.0, 0.2, 0.5, 0.9, 1.0], [0.0, 0.4, 0.8, 1.0, 1.0], [0.0, 0.1, 0.3, 0.6, 1.0]]
     runs = _grid({"base": seeds, "twin": seeds})
     curves = stats.eval_curves(runs, smooth=1)
-    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base", FINAL))
-    table = stats.efficiency_table(costs, "base")
+    table = stats.efficiency_table(stats.task_data(runs, curves), "base", FINAL)
     assert table["algorithm"].tolist() == ["twin"]
     for cost in stats.COSTS:
         assert table[f"{cost}_ratio"].iloc[0] == 1.0
@@ -220,8 +219,7 @@ def test_efficiency_table_faster_and_censored_algorithms():
     never = [[0.0, 0.1, 0.1, 0.1, 0.1]] * 2                     # censored at step 4: ratio 1, lower bound
     runs = _grid({"base": base, "fast": fast, "never": never})
     curves = stats.eval_curves(runs, smooth=1)
-    costs = stats.costs_to_target(runs, curves, stats.task_targets(stats.final_rewards(curves), "base", FINAL))
-    table = stats.efficiency_table(costs, "base").set_index("algorithm")
+    table = stats.efficiency_table(stats.task_data(runs, curves), "base", FINAL).set_index("algorithm")
     assert table.loc["fast", "step_ratio"] == pytest.approx(1.5 / 4)
     assert table.loc["fast", "bound"] == "exact"
     assert table.loc["never", "step_ratio"] == pytest.approx(1.0)

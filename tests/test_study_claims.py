@@ -27,7 +27,7 @@ def _write(root, task, algorithm, seed, rewards, extra=None):
 
 def _study(tmp_path, op_rewards, no_reuse_rewards, naive_clip, late_ratio):
     """flow_grpo reaches 0.5 at step 50; op_grpo / controls as given; 6 seeds with a small seed-dependent wobble."""
-    sparse, dense = "toy2d_sparse64", "toy2d_dense64"
+    sparse, dense = "toy2d_sep64_sparse", "toy2d_sep64_dense"
     for seed in range(6):
         wobble = 0.001 * seed
         _write(tmp_path, sparse, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
@@ -41,8 +41,8 @@ def _study(tmp_path, op_rewards, no_reuse_rewards, naive_clip, late_ratio):
         _write(tmp_path, sparse, "op_grpo_no_truncation", seed, [r + wobble for r in op_rewards], per_step)
         _write(tmp_path, dense, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
         _write(tmp_path, dense, "op_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
-    table, effects, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",))
-    return table, effects, claims_table(table, effects).set_index("claim")["verdict"]
+    table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=500)
+    return table, effects, claims_table(table, effects, seed_sets).set_index("claim")["verdict all"]
 
 
 def _verdict(verdicts, start):
@@ -50,7 +50,8 @@ def _verdict(verdicts, start):
 
 
 def test_verdicts_follow_their_rules(tmp_path):
-    # op_grpo reaches flow_grpo's final (0.5) at step 20 = 40% of 50 steps: the CI (all seeds equal) is ~[0.4, 0.4]
+    # target: 80% of flow_grpo's gain, 0.8 x 0.5025 = 0.402, which flow_grpo reaches at step 50 and op_grpo at step 20:
+    # 40% of the steps, and the CI (all seeds equal) is ~[0.4, 0.4]
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     table, effects, verdicts = _study(tmp_path, fast, no_reuse_rewards=[0.0, 0.1, 0.2, 0.3, 0.4, 0.51],
                                       naive_clip=0.4, late_ratio=10)
@@ -75,41 +76,76 @@ def test_verdicts_flip_with_the_data(tmp_path):
 
 
 def test_steps_claim_reproduced_when_the_ratio_ci_holds_0342(tmp_path):
-    # op_grpo reaches 0.5 at step 10 on half the seeds and step 20 on the others: ratio 0.3 with a CI around it
+    # flow_grpo reaches 80% of its gain (0.4) at step 40; op_grpo reaches it at step 10 on half the seeds and step 20
+    # on the others: ratio 15 / 40 with a CI around it
     for seed in range(8):
-        _write(tmp_path, "toy2d_sparse64", "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+        _write(tmp_path, "toy2d_sep64_sparse", "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
         hit = 1 if seed % 2 else 2
         rewards = [0.0] + [0.6 if i >= hit else 0.1 for i in range(1, 6)]
-        _write(tmp_path, "toy2d_sparse64", "op_grpo", seed, rewards)
-    table, effects, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",))
-    row = effects[(effects["algorithm"] == "op_grpo") & (effects["metric"] == "steps_to_final")].iloc[0]
-    assert row["ratio"] == pytest.approx(15 / 50) and row["ratio_low"] <= 0.342 <= row["ratio_high"]
-    verdicts = claims_table(table, effects).set_index("claim")["verdict"]
+        _write(tmp_path, "toy2d_sep64_sparse", "op_grpo", seed, rewards)
+    table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=2000)
+    row = effects[(effects["algorithm"] == "op_grpo") & (effects["metric"] == "steps_to_80")].iloc[0]
+    assert row["ratio"] == pytest.approx(15 / 40) and row["ratio_low"] <= 0.342 <= row["ratio_high"]
+    verdicts = claims_table(table, effects, seed_sets).set_index("claim")["verdict all"]
     assert _verdict(verdicts, "(sparse binary reward") == "reproduced"
     assert _verdict(verdicts, "removing the sequence correction") == "not tested"
 
 
-def test_wall_clock_is_steps_ratio_times_the_median_cost_ratio(tmp_path):
-    table = pd.DataFrame({"task": ["t"] * 8, "algorithm": ["flow_grpo"] * 4 + ["op_grpo"] * 4,
-                          "seed": list(range(4)) * 2, "steps_to_target": [40.0] * 4 + [20.0] * 4,
-                          "steps_to_final": [50.0] * 4 + [40.0] * 4})
+def test_wall_clock_is_steps_ratio_times_the_median_cost_ratio():
+    effect_rows = pd.DataFrame({
+        "seed_set": "all", "task": "t", "reference": ["flow_grpo", "flow_grpo", "op_grpo"],
+        "algorithm": ["op_grpo", "op_grpo", "flow_grpo"], "metric": ["steps_to_50", "steps_to_80", "steps_to_50"],
+        "ratio": [0.5, 0.8, 2.0], "ratio_low": [0.5, 0.7, 1.5], "ratio_high": [0.5, 0.9, 2.5]})
     timing = pd.DataFrame({"repeat": [0, 0, 1, 1, 2, 2], "cell": ["t/flow_grpo", "t/op_grpo"] * 3,
                            "task": "t", "algorithm": ["flow_grpo", "op_grpo"] * 3,
                            "s_per_step": [0.1, 0.12, 0.2, 0.26, 0.1, 0.125]})
-    wall = wall_clock_ratios(table, timing, "flow_grpo").set_index("metric")
-    assert list(wall["algorithm"]) == ["op_grpo", "op_grpo"]  # the baseline gets no row of its own
-    assert wall.loc["wall_to_target", "cost_ratio"] == pytest.approx(1.25)  # median of 1.2, 1.3, 1.25
-    assert wall.loc["wall_to_target", "ratio"] == pytest.approx(0.5 * 1.25)
-    assert wall.loc["wall_to_final", "ratio"] == pytest.approx(0.8 * 1.25)
-    assert wall.loc["wall_to_target", "ratio_low"] <= 0.625 <= wall.loc["wall_to_target", "ratio_high"]
-    assert 1.2 * 0.5 <= wall.loc["wall_to_target", "ratio_low"]  # zero spread over seeds: only the repeats vary
+    wall = wall_clock_ratios(effect_rows, timing, "flow_grpo").set_index("metric")
+    assert list(wall["algorithm"]) == ["op_grpo", "op_grpo"]  # only effects vs the baseline
+    assert wall.loc["wall_to_50", "cost_ratio"] == pytest.approx(1.25)  # median of 1.2, 1.3, 1.25
+    assert wall.loc["wall_to_50", "ratio"] == pytest.approx(0.5 * 1.25)
+    assert wall.loc["wall_to_80", "ratio"] == pytest.approx(0.8 * 1.25)
+    # zero spread of the steps ratio: only the repeats' spread of the cost ratio (1.2 .. 1.3) widens the interval
+    assert 0.5 * 1.2 <= wall.loc["wall_to_50", "ratio_low"] <= 0.625 <= wall.loc["wall_to_50", "ratio_high"] <= 0.65
+    assert wall.loc["wall_to_80", "ratio_low"] == pytest.approx(0.7 * 1.2) or wall.loc["wall_to_80", "ratio_low"] < 0.8
+
+
+def test_claims_replicate_only_when_both_seed_sets_agree(tmp_path):
+    """Exploration seeds 0-3 where OP-GRPO saves steps, replication seeds 10-13 where it saves none: the steps claim
+    is contradicted on both (different sides), the reuse claim reproduced on one set only: not replicated."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"name": "s", "tasks": {"toy2d_sep64_sparse": {}},
+                                     "seed_sets": {"exploration": [0, 1, 2, 3], "replication": [10, 11, 12, 13]}}))
+    for seed in (0, 1, 2, 3, 10, 11, 12, 13):
+        wobble = 0.001 * (seed % 10)
+        _write(tmp_path / "runs", "toy2d_sep64_sparse", "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
+        op = ([r + wobble for r in [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]] if seed < 10
+              else [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])  # replication: the same curve as flow_grpo
+        _write(tmp_path / "runs", "toy2d_sep64_sparse", "op_grpo", seed, op)
+        _write(tmp_path / "runs", "toy2d_sep64_sparse@no_reuse", "op_grpo", seed,
+               [0.0, 0.1, 0.2, 0.3, 0.4, 0.51 + wobble])
+    table, effects, seed_sets, _ = analyze_study(tmp_path / "runs", smooth=1, also_vs=("op_grpo",), suite=str(suite),
+                                                 resamples=500)
+    assert seed_sets == {"exploration": [0, 1, 2, 3], "replication": [10, 11, 12, 13],
+                         "all": [0, 1, 2, 3, 10, 11, 12, 13]}
+    # each set's target comes from its own baseline runs
+    targets = effects[effects["metric"] == "steps_to_80"].groupby("seed_set")["target"].first()
+    assert targets["exploration"] == pytest.approx(0.8 * 0.5015) and targets["replication"] == pytest.approx(0.8 * 0.5015)
+    claims = claims_table(table, effects, seed_sets).set_index("claim")
+    steps = claims.loc[claims.index.str.contains("sparse binary")].iloc[0]
+    assert steps["verdict exploration"].startswith("contradicted (saves steps")
+    assert steps["verdict replication"].startswith("contradicted (no saving)")
+    assert steps["replication"] == "replicated: contradicted"
+    reuse = claims.loc[claims.index.str.startswith("the saving comes from reusing")].iloc[0]
+    assert reuse["verdict exploration"] == "reproduced"
+    assert reuse["verdict replication"].startswith("contradicted")
+    assert reuse["replication"] == "not replicated"
 
 
 def test_study_cli_writes_claims_and_wall_clock(tmp_path, capsys):
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     _study(tmp_path / "runs", fast, fast, 0.14, 1)
-    timing = pd.DataFrame({"repeat": [0, 0], "cell": ["toy2d_sparse64/flow_grpo", "toy2d_sparse64/op_grpo"],
-                           "task": "toy2d_sparse64", "algorithm": ["flow_grpo", "op_grpo"], "s_per_step": [0.1, 0.2]})
+    timing = pd.DataFrame({"repeat": [0, 0], "cell": ["toy2d_sep64_sparse/flow_grpo", "toy2d_sep64_sparse/op_grpo"],
+                           "task": "toy2d_sep64_sparse", "algorithm": ["flow_grpo", "op_grpo"], "s_per_step": [0.1, 0.2]})
     timing.to_csv(tmp_path / "timing.csv", index=False)
     out = tmp_path / "report"
     assert study_main([str(tmp_path / "runs"), "--out", str(out), "--also-vs", "op_grpo", "--claims",
@@ -125,19 +161,19 @@ def test_study_cli_writes_claims_and_wall_clock(tmp_path, capsys):
 
 
 def test_timing_rejects_unknown_cells_in_one_line(tmp_path, capsys):
-    with pytest.raises(ConfigError, match=r"--cells toy2d_sparse64/nope: not in suite op-grpo-study; cells: "):
-        cell_configs("op-grpo-study", ["toy2d_sparse64/nope"], 2, tmp_path)
+    with pytest.raises(ConfigError, match=r"--cells toy2d_sep64_sparse/nope: not in suite op-grpo-study; cells: "):
+        cell_configs("op-grpo-study", ["toy2d_sep64_sparse/nope"], 2, tmp_path)
     assert timing_main(["op-grpo-study", "--cells", "flow_grpo", "--out", str(tmp_path / "x.csv")]) == 2
     assert "TASK/ALGORITHM" in capsys.readouterr().err
 
 
 def test_timing_measures_every_cell_in_every_repeat():
-    table = measure("op-grpo-study", ["toy2d_sparse64/flow_grpo", "toy2d_sparse64/op_grpo"], steps=2, repeats=2)
+    table = measure("op-grpo-study", ["toy2d_sep64_sparse/flow_grpo", "toy2d_sep64_sparse/op_grpo"], steps=2, repeats=2)
     assert len(table) == 4 and set(table["repeat"]) == {0, 1}
     assert (table["s_per_step"] > 0).all() and (table["steps"] == 2).all()
-    reference = table[table["cell"] == "toy2d_sparse64/flow_grpo"]
+    reference = table[table["cell"] == "toy2d_sep64_sparse/flow_grpo"]
     assert (reference["ratio"] == 1.0).all()
-    op = table[table["cell"] == "toy2d_sparse64/op_grpo"].set_index("repeat")
+    op = table[table["cell"] == "toy2d_sep64_sparse/op_grpo"].set_index("repeat")
     ref = reference.set_index("repeat")
     assert np.allclose(op["ratio"], op["s_per_step"] / ref["s_per_step"])
 
@@ -152,6 +188,6 @@ def test_trimmed_metrics_give_the_same_study(tmp_path):
     assert save_trimmed_metrics(tmp_path / "runs", tmp_path / "kept") == 42
     kept = next((tmp_path / "kept").rglob("op_grpo_no_truncation/s0/metrics.csv"))
     assert "unread" not in pd.read_csv(kept).columns and "abs_log_ratio_t9" in pd.read_csv(kept).columns
-    full = analyze_study(tmp_path / "runs", also_vs=("op_grpo",))[1]
-    trimmed = analyze_study(tmp_path / "kept", also_vs=("op_grpo",))[1]
+    full = analyze_study(tmp_path / "runs", also_vs=("op_grpo",), resamples=300)[1]
+    trimmed = analyze_study(tmp_path / "kept", also_vs=("op_grpo",), resamples=300)[1]
     pd.testing.assert_frame_equal(full, trimmed, rtol=1e-5)
