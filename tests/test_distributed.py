@@ -30,6 +30,8 @@ ALGORITHMS = {
     "flow_grpo": ["algorithm.name=flow_grpo", "algorithm.minibatches=2"],
     # one optimizer step: the default recompute-free update (each process back-propagates its kept rollout graphs)
     "flow_grpo_lean": ["algorithm.name=flow_grpo"],
+    # the weight EMA: every rank keeps the same average and evaluates its shard of the evaluation with it
+    "flow_grpo_ema": ["algorithm.name=flow_grpo", "algorithm.ema=true", "algorithm.ema_every=1"],
     # replay from step 2 on (every prompt repeats), truncated at t_off, self-normalised weights
     "op_grpo": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.weight_self_normalize=true",
                 "algorithm.off_policy_groups=1.0"],
