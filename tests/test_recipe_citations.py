@@ -1,6 +1,7 @@
 """Every citation of released code in the recipe files names a file, a commit and lines that exist.
 
-A citation is a `file.py` or `file.sh` token in a comment of ``benchmark/hyperparams/*.yaml``, optionally with lines
+A citation is a `file.py` or `file.sh` token in a comment of ``benchmark/hyperparams/*.yaml`` (and of the paper
+suites, ``benchmark/suites/paper-*.yaml``), optionally with lines
 (`:12`, `:12-20,31`) and a commit (`at abc1234`). It must resolve, through the file's short names or its full path, to
 an entry of ``benchmark/released_files.yaml`` (the index of the released files read: repository, path, commit, line
 count), and every cited line must lie within that file. The index is typed from the released code; this test cannot
@@ -74,10 +75,10 @@ def resolve(token: str, commit: str | None, names: dict[str, dict], files: list[
     return next(iter(found.values())) if len(found) == 1 else None
 
 
-def check_citations(recipe_dir: Path, index: Path = INDEX) -> list[str]:
+def check_citations(recipe_dir: Path, index: Path = INDEX, pattern: str = "*.yaml") -> list[str]:
     files, names = load_index(index)
     problems = []
-    for path in sorted(recipe_dir.glob("*.yaml")):
+    for path in sorted(recipe_dir.glob(pattern)):
         table = names.get(path.name, {})
         for number, token, lines, commit in citations(path):
             where = f"{path.name}:{number}: {token}{':' + lines if lines else ''}{' at ' + commit if commit else ''}"
@@ -101,6 +102,12 @@ def check_citations(recipe_dir: Path, index: Path = INDEX) -> list[str]:
 
 def test_every_citation_names_an_indexed_file_and_existing_lines():
     problems = check_citations(recipes.RECIPES_DIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_paper_suites_cite_existing_lines():
+    # their comments state each release's batch with its source
+    problems = check_citations(ROOT / "benchmark" / "suites", pattern="paper-*.yaml")
     assert not problems, "\n".join(problems)
 
 
