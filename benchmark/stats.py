@@ -106,6 +106,7 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     train_steps = _config_int(config, "train.steps", config_path)
     seed = _config_int(config, "seed", config_path)
 
+    identity = cell_identity(config)
     metrics = read_metrics(run_dir / "metrics.csv")
     # a resumed run may log a step twice: the later row is the one that continued
     metrics = metrics.drop_duplicates("step", keep="last").sort_values("step", kind="stable").reset_index(drop=True)
@@ -121,7 +122,29 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     }
     for position, (key, value) in enumerate(keys.items()):
         metrics.insert(position, key, [value] * len(metrics))
+    metrics.attrs["identity"] = identity
     return metrics
+
+
+def cell_identity(config: Mapping) -> dict:
+    """What a run computes apart from its seed (:func:`benchmark.checkpoints.run_identity` without ``seed``): runs
+    of one (task, algorithm) cell must agree on it to be pooled as seeds of one experiment. ``train.steps`` is left
+    to :func:`check_budgets`."""
+    from benchmark.checkpoints import run_identity
+
+    identity = run_identity(dict(config), set())
+    identity.pop("seed", None)
+    if isinstance(identity.get("train"), dict):  # budgets: check_budgets names them run by run
+        identity["train"] = {k: v for k, v in identity["train"].items() if k != "steps"}
+    return identity
+
+
+def _differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys where two nested mappings differ."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return [d for key in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def _first_line(error: BaseException) -> str:
@@ -190,8 +213,36 @@ def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> 
     if not frames:
         raise ConfigError(f"no readable runs in {str(runs_dir)!r}: all {len(left_out)} were skipped "
                           f"(first: {left_out[0].cause})")
+    check_one_experiment_per_cell(frames)
     frames = [f for f in frames if len(f)] or frames[:1]
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def check_one_experiment_per_cell(frames: list[pd.DataFrame]) -> None:
+    """Refuse to pool runs that are not seeds of one experiment: two runs of one (task, algorithm, seed) (a copied run
+    directory would count one seed twice), or runs of one (task, algorithm) whose configs differ in anything but the
+    seed. ``ConfigError`` naming the runs and, for differing configs, the keys."""
+    by_seed: dict[tuple, str] = {}
+    by_cell: dict[tuple, tuple[str, dict]] = {}
+    for frame in frames:
+        if not len(frame):
+            continue
+        first = frame.iloc[0]
+        run, cell = str(first["run"]), (str(first["task"]), str(first["algorithm"]))
+        seed_key = (*cell, int(first["seed"]))
+        if seed_key in by_seed:
+            raise ConfigError(f"runs {by_seed[seed_key]} and {run} are both task {cell[0]!r}, algorithm {cell[1]!r}, "
+                              f"seed {seed_key[2]}: a report counts each run once; move one out of the runs directory")
+        by_seed[seed_key] = run
+        identity = frame.attrs.get("identity")
+        if identity is None:
+            continue
+        if cell in by_cell and by_cell[cell][1] != identity:
+            other, keys = by_cell[cell][0], _differences(by_cell[cell][1], identity)
+            raise ConfigError(f"runs {other} and {run} of task {cell[0]!r}, algorithm {cell[1]!r} differ in "
+                              f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}: a report pools only seeds of "
+                              "one config; move the others out of the runs directory")
+        by_cell.setdefault(cell, (run, identity))
 
 
 def check_budgets(runs: pd.DataFrame) -> None:

@@ -9,6 +9,10 @@ A run's algorithm keys, lowest precedence first: the class defaults (with its pr
 ``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style, see :mod:`benchmark.recipes`); the suite's
 per-algorithm block (``defaults.per_algorithm.<algorithm>``, then ``tasks.<task>.per_algorithm.<algorithm>``);
 ``key=value`` overrides from the command line.
+
+A run's ``train`` keys: the suite's ``train`` block (defaults, then the task's), then the algorithm's entry of
+``per_algorithm_train: {<algorithm>: {...}}`` (defaults, then the task's), e.g. each algorithm's released prompts per
+step in the paper suites; then the command line.
 """
 
 from __future__ import annotations
@@ -139,7 +143,18 @@ def algorithm_keys(suite_name: str, task: str, alg: str, model: str, data: dict)
     for name in per_algorithm:
         algorithms.get(name)  # a misspelt name fails with the list of known ones
     own = _mapping(per_algorithm.get(alg), f"{where}: `per_algorithm.{alg}`")
-    return {**shared, **recipe(alg, task, model), **own, "name": alg}
+    # a control or variant task ``task@variant`` takes the recipe of ``task``
+    return {**shared, **recipe(alg, task.partition("@")[0], model), **own, "name": alg}
+
+
+def train_keys(suite_name: str, task: str, alg: str, data: dict) -> dict:
+    """The run's train keys: the merged ``train`` block, then ``per_algorithm_train.<alg>`` (consumed from ``data``)."""
+    where = f"suite {suite_name}, task {task}"
+    per_algorithm = _mapping(data.pop("per_algorithm_train", None), f"{where}: `per_algorithm_train`")
+    for name in per_algorithm:
+        algorithms.get(name)  # a misspelt name fails with the list of known ones
+    own = _mapping(per_algorithm.get(alg), f"{where}: `per_algorithm_train.{alg}`")
+    return {**_mapping(data.get("train"), f"{where}: `train`"), **own}
 
 
 def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
@@ -161,6 +176,7 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
                 data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
                 model = (data.get("model") or {}).get("name", "toy2d")
                 data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
+                data["train"] = train_keys(suite.name, task, alg, data)
                 data.update(task=task, seed=seed, run_dir=str(runs_dir / suite.name / task / alg / f"s{seed}"))
                 configs.append(build_config(apply_overrides(data, list(overrides))))
     return configs

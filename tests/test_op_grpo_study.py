@@ -155,7 +155,8 @@ def test_paired_effects_on_synthetic_runs(tmp_path):
 def test_a_run_counted_twice_is_refused(tmp_path):
     _write_run(tmp_path, "flow_grpo", 0, [0, 10], [0.0, 0.1])
     _write_run(tmp_path / "copy", "flow_grpo", 0, [0, 10], [0.0, 0.1])
-    with pytest.raises(ConfigError, match="cell and seed .*'flow_grpo', 0.* more than one run"):
+    with pytest.raises(ConfigError, match="runs copy/t/flow_grpo/s0 and t/flow_grpo/s0 are both task 't', algorithm "
+                                          "'flow_grpo', seed 0: a report counts each run once"):
         analyze_study(tmp_path)
 
 

@@ -131,12 +131,31 @@ def test_paper_suite_resolves_to_the_released_recipes(suite_name, prompt_dir, tm
     wrong = []
     for c in configs:
         family = c.model.name
-        expected = {**EXPECTED[(family, c.algorithm_name)], **PER_TASK.get((c.task, c.algorithm_name), {})}
+        base_task = c.task.partition("@")[0]  # the equal-batch variant task keeps its task's recipe
+        expected = {**EXPECTED[(family, c.algorithm_name)], **PER_TASK.get((base_task, c.algorithm_name), {})}
         resolved = {k: c.algorithm[k] for k in expected}
         print(f"{suite_name} {c.task} {c.algorithm_name}: {resolved}")
         wrong += [f"{c.task}/{c.algorithm_name}.{k}: resolved {resolved[k]!r}, released {v!r}"
                   for k, v in expected.items() if resolved[k] != v]
     assert not wrong, "\n".join(wrong)
+
+
+#: each release's prompts per step (the paper suites' `per_algorithm_train`; sources in the suite files)
+RELEASED_PROMPTS = {"flow_grpo": 48, "op_grpo": 48, "flow_grpo_fast": 48, "dance_grpo": 16, "mix_grpo": 32,
+                    "mix_grpo_flash": 32}
+
+
+@pytest.mark.parametrize("suite_name", PAPER_SUITES[:3])
+def test_paper_suites_run_each_released_batch_and_an_equal_batch_variant(suite_name, prompt_dir, tmp_path):
+    configs = expand(load_suite(suite_name), tmp_path / "runs", prompt_dir)
+    task = suite_name.replace("paper-", "").replace("-", "_")
+    fast = 64 if task == "sd3_pickscore" else 48  # FG grpo.py:339 (pickscore_sd3_fast_nocfg)
+    resolved = {(c.task, c.algorithm_name): c.train.prompts_per_step for c in configs}
+    for alg, prompts in RELEASED_PROMPTS.items():
+        assert resolved[(task, alg)] == (fast if alg == "flow_grpo_fast" else prompts)
+        assert resolved[(f"{task}@equal_batch", alg)] == 48
+    # the rest of the train block is shared
+    assert len({(c.train.steps, c.train.eval_every) for c in configs}) == 1
 
 
 def test_docs_recipes_md_is_current():

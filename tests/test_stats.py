@@ -375,3 +375,23 @@ def test_mixed_budgets_and_bad_metrics(tmp_path):
     runs = stats.load_runs(tmp_path, skipped)
     stats.check_budgets(runs)  # one budget left
     assert [s.run for s in skipped] == ["b"] and str(tmp_path / "b" / "metrics.csv") in skipped[0].cause
+
+
+def test_report_refuses_copies_and_differing_configs(tmp_path):
+    """Three copies of one seed's run are one seed, not three; runs of one cell whose configs differ in anything but
+    the seed are not pooled (each named, with the differing keys)."""
+    import shutil
+
+    write_run(tmp_path / "a", seed=0)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy_of_a")
+    with pytest.raises(ConfigError, match="runs a and copy_of_a are both task 't', algorithm 'a', seed 0: a report "
+                                          "counts each run once"):
+        stats.load_runs(tmp_path)
+    shutil.rmtree(tmp_path / "copy_of_a")
+    write_run(tmp_path / "b", seed=1)
+    config = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
+    config["algorithm"]["lr"] = 0.5
+    (tmp_path / "b" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="runs a and b of task 't', algorithm 'a' differ in algorithm.lr: a report "
+                                          "pools only seeds of one config"):
+        stats.load_runs(tmp_path)
