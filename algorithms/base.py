@@ -210,6 +210,10 @@ class Algorithm:
     preset: ClassVar[dict[str, Any]] = {}
     #: whether ``reuse_rollout_graph: auto`` may turn the recompute-free update on for this algorithm
     rollout_graph_auto: ClassVar[bool] = True
+    #: whether the algorithm trains without the sampler's log-probabilities, on the forward (noising) process of its
+    #: clean samples (the decoupled methods, DiffusionNFT): its trajectories record no transitions to train, so the
+    #: PPO ratio checks do not apply to it
+    likelihood_free: ClassVar[bool] = False
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
 

@@ -68,3 +68,53 @@ def gaussian_mean_kl(
 def sequence_log_weight(log_p_old: torch.Tensor, log_p_off: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
     """log w = sum over reused steps of (log p_old - log p_off), per sample [B] (OP-GRPO, arXiv 2604.04142)."""
     return ((log_p_old - log_p_off) * reused.to(log_p_old.dtype)).sum(dim=1)
+
+
+class NFTTerms(NamedTuple):
+    loss: torch.Tensor  # [B] adv_clip_max * policy + kl_beta * kl, the per-sample loss (to minimise; float64)
+    policy: torch.Tensor  # [B] r L+ / beta + (1 - r) L- / beta (the release's ``ori_policy_loss``)
+    kl: torch.Tensor  # [B] mean over latent dims of (v_theta - v_ref)^2
+    r: torch.Tensor  # [B] the optimality weight
+
+
+def nft_optimality(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
+    """DiffusionNFT's r = clamp(clamp(A, -m, m) / m / 2 + 1/2, 0, 1) with m = ``adv_clip_max``: 1 for the best samples,
+    0 for the worst, 1/2 for an advantage of 0 (NVlabs/DiffusionNFT scripts/train_nft_sd3.py:910-929)."""
+    clipped = torch.clamp(advantages, -adv_clip_max, adv_clip_max)
+    return torch.clamp(clipped / adv_clip_max / 2.0 + 0.5, 0, 1)
+
+
+def _adaptive_x0_loss(x0_prediction: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """mean((x0_hat - x0)^2) / sg(mean|x0_hat - x0|) per sample (the weight in float64, floored at 1e-5)."""
+    dims = tuple(range(1, x0.dim()))
+    with torch.no_grad():
+        weight = (x0_prediction.double() - x0.double()).abs().mean(dim=dims, keepdim=True).clip(min=0.00001)
+    return ((x0_prediction - x0) ** 2 / weight).mean(dim=dims)
+
+
+def nft_loss(
+    v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, x_t: torch.Tensor, x0: torch.Tensor,
+    sigma: torch.Tensor, advantages: torch.Tensor, beta: float, adv_clip_max: float, kl_beta: float,
+) -> NFTTerms:
+    """DiffusionNFT's per-sample loss on the forward-noised ``x_t = (1 - sigma) x0 + sigma eps`` (Zheng et al.,
+    arXiv 2509.16117; NVlabs/DiffusionNFT scripts/train_nft_sd3.py:927-970 at 24af555).
+
+    The implicit positive policy ``v+ = beta v + (1 - beta) v_old`` and negative ``v- = (1 + beta) v_old - beta v``
+    (``v_old`` the old policy's velocity, no gradient) give data predictions ``x_t - sigma v+-``; each is scored by
+    its squared error to x0 divided by the (gradient-free) mean absolute error, the adaptive weighting. With
+    ``r = nft_optimality(A)``: policy = r L+ / beta + (1 - r) L- / beta; loss = adv_clip_max policy + kl_beta KL,
+    KL = mean (v - v_ref)^2 (``v_ref`` the frozen reference; None with ``kl_beta`` 0, KL reported as 0)."""
+    dims = tuple(range(1, x0.dim()))
+    sigma = sigma.reshape(-1, *([1] * (x0.dim() - 1))).to(x_t.dtype)
+    v_old = v_old.detach()
+    positive = beta * v + (1 - beta) * v_old
+    negative = (1.0 + beta) * v_old - beta * v
+    positive_loss = _adaptive_x0_loss(x_t - sigma * positive, x0)
+    negative_loss = _adaptive_x0_loss(x_t - sigma * negative, x0)
+    r = nft_optimality(advantages, adv_clip_max).to(positive_loss.dtype)
+    policy = r * positive_loss / beta + (1.0 - r) * negative_loss / beta
+    if v_ref is None:
+        kl = torch.zeros(len(v), dtype=torch.float32, device=v.device)
+    else:
+        kl = ((v - v_ref.detach()) ** 2).mean(dim=dims)
+    return NFTTerms(policy * adv_clip_max + kl_beta * kl, policy, kl, r)
