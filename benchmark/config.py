@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
-
 import algorithms
 import models
 import rewards
 from algorithms.base import AlgorithmConfig
 from benchmark.prompts import PromptSection, check_source
+from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
+from flowzoo.labels import check_label, check_path_text, reject_nul
 from flowzoo.schema import from_mapping, to_mapping
 from flowzoo.secrets import redact, warn_literal_secrets
+from models.shipped import refuse_shipped
 
 
 @dataclass
@@ -74,6 +75,9 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**63:  # the seed goes into torch.manual_seed and numpy's SeedSequence
             raise ConfigError(f"seed must be an integer in [0, 2**63), got {self.seed}")
+        check_label(self.task, "task")  # a directory name: runs/<task>/<algorithm>/s<seed>
+        if self.run_dir is not None:
+            check_path_text(self.run_dir, "run_dir")
 
     @property
     def algorithm_name(self) -> str:
@@ -115,10 +119,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key:
         raise ConfigError(f"bad override {text!r}; expected key=value, e.g. train.steps=10")
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
+        value = strict_yaml.load(raw, f"override {key}") if raw else ""
+    except strict_yaml.NotYAML:
+        value = raw  # not YAML: the text as it is (a duplicate key or a 5000-level nesting is refused)
+    path = key.split(".")
+    if len(path) > strict_yaml.MAX_DEPTH:
+        raise ConfigError(f"bad override {text[:60]!r}...: its key is nested deeper than {strict_yaml.MAX_DEPTH} levels")
+    return path, value
 
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
@@ -137,15 +144,25 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
 
 
 def read_yaml(path: str | Path) -> dict:
+    """A config (or suite, or recipe) file's top-level mapping; a missing, empty, ambiguous (a key given twice) or
+    malformed file is one line naming it (``flowzoo/strict_yaml.py``)."""
     path = Path(path)
-    if not path.is_file():
+    if "\x00" in str(path):
+        raise ConfigError(f"config file {str(path)!r}: a path cannot hold a NUL byte")
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; give a YAML config file")
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file (a device, pipe or socket); give a YAML config file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = strict_yaml.load(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty (no config keys); an empty config would train every default, "
+                          f"so give at least the keys you mean (see benchmark/configs/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config keys")
     return data
@@ -158,6 +175,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     from benchmark.experiment import check
     from benchmark.tracking import check_trackers
 
+    reject_nul(data)  # before any value reaches the file system (a NUL there is a ValueError, not an OSError)
     data = dict(data)
     algo = data.get("algorithm", {"name": "flow_grpo"})
     if isinstance(algo, str):
@@ -167,6 +185,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     data["algorithm"] = dict(algo)
     config = from_mapping(ExperimentConfig, data)
     config.algorithm_config()  # resolves the name and every hyper-parameter, once
+    refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there
     models.get(config.model.name)
     reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
     for name in reward_names:
