@@ -26,6 +26,7 @@ import rewards
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.sde import sigma_schedule
+from benchmark.argument_ranges import check_ranges
 from benchmark.config import ExperimentConfig
 from benchmark.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
@@ -47,6 +48,7 @@ def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mappi
             if key not in valid:
                 raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
     check_arguments(where, target, kwargs)
+    check_ranges(kind, name, target, kwargs, where)
 
 
 def reward_names(config: ExperimentConfig) -> list[str]:
@@ -70,6 +72,51 @@ def check_world_size(config: ExperimentConfig, algorithm_config: AlgorithmConfig
             f"the global batch of train.prompts_per_step x algorithm.group_size = {prompts} x {g} = {prompts * g} "
             f"samples does not split evenly over {world_size} processes; make it a multiple of {world_size}"
         )
+
+
+def chunk_count(samples: int, k: int) -> int:
+    """How many minibatches ``torch.chunk`` makes of ``samples`` rows asked for ``k``: ceil(samples / k) rows a chunk,
+    so ceil(samples / ceil(samples / k)) chunks, which can be fewer than k (32 rows in 12: 11 chunks of 3)."""
+    return -(-samples // -(-samples // k))
+
+
+def minibatch_counts(samples: int) -> list[int]:
+    """The ``algorithm.minibatches`` values that split ``samples`` into exactly that many minibatches."""
+    return [k for k in range(1, samples + 1) if chunk_count(samples, k) == k]
+
+
+def _spans(values: list[int]) -> str:
+    spans, start = [], values[0]
+    for previous, value in zip(values, [*values[1:], None]):
+        if value != previous + 1:
+            spans.append(str(start) if start == previous else f"{start}..{previous}")
+            start = value
+    return ", ".join(spans)
+
+
+def check_update(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> None:
+    """Update knobs that would train nothing, or other than config.yaml records: clip values must be > 0
+    (``adv_clip: 0`` zeroes every advantage) and ``minibatches`` must split the batch into exactly that many."""
+    for name in ("adv_clip", "clip_range"):
+        value = getattr(algorithm_config, name)
+        if not value > 0:
+            what = "every advantage would be 0 and nothing trains" if name == "adv_clip" else \
+                "the PPO ratio would be clipped to exactly 1"
+            raise ConfigError(f"algorithm.{name} must be > 0, got {value} ({what})")
+    samples = config.train.prompts_per_step * algorithm_config.group_size
+    k = algorithm_config.minibatches
+    if k <= samples and chunk_count(samples, k) == k:
+        return
+    product = f"train.prompts_per_step x algorithm.group_size = {config.train.prompts_per_step} x " \
+              f"{algorithm_config.group_size}"
+    if k > samples:
+        problem = f"exceeds the {samples} samples of a training batch ({product})"
+    else:
+        problem = (f"would split the {samples} samples of a training batch ({product}) into "
+                   f"{chunk_count(samples, k)} minibatches of up to {-(-samples // k)}")
+    valid = _spans(minibatch_counts(samples)) if samples <= 4096 else \
+        f"the k <= {samples} with ceil({samples} / ceil({samples} / k)) = k, e.g. any divisor of {samples}"
+    raise ConfigError(f"algorithm.minibatches {k} {problem}; valid: {valid}")
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -132,6 +179,7 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     alg_config = config.algorithm_config()
     alg_config.check_num_steps(alg_config.num_steps or model_cls.default_num_steps)
     check_world_size(config, alg_config, world_size)
+    check_update(config, alg_config)
     try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
         stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)
         stand_in.make_plan(1)

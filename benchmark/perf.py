@@ -240,14 +240,21 @@ def format_result(result: dict, device: str) -> str:
 
 
 def parse_overrides(items) -> dict:
-    import yaml
+    """``key=value`` algorithm overrides (``algorithm.`` optional), values read as a config's overrides are, and
+    checked against Flow-GRPO's config before any model is built."""
+    import algorithms
+    from benchmark.config import parse_override
+    from flowzoo.schema import from_mapping
 
     overrides = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
             raise ConfigError(f"perf: override {item!r} is not key=value (e.g. reuse_rollout_graph=false)")
-        overrides[key.removeprefix("algorithm.")] = yaml.safe_load(value)
+        path, value = parse_override(item)
+        overrides[".".join(path).removeprefix("algorithm.")] = value
+    from_mapping(algorithms.get("flow_grpo").Config, {"group_size": 8, "num_steps": 10, "guidance": GUIDANCE,
+                                                      **overrides}, where="algorithm")
     return overrides
 
 
@@ -255,8 +262,12 @@ def command(args) -> int:
     """``flowzoo perf``: exit 1 when the gradients differ by more than 1e-5 (relative)."""
     import sys
 
-    if args.repeats < 1:
-        raise ConfigError(f"perf: --repeats {args.repeats} must be >= 1")
+    from benchmark.argument_ranges import check_device
+
+    for option, value in (("--repeats", args.repeats), ("--prompts", args.prompts), ("--lora-rank", args.lora_rank)):
+        if value < 1:
+            raise ConfigError(f"perf: {option} {value} must be >= 1")
+    check_device(args.device, "perf: --device")
     overrides = parse_overrides(args.overrides)
     if args.gpu_check:
         from benchmark import perf_gpu

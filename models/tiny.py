@@ -57,6 +57,10 @@ class TinyArch:
     def __post_init__(self) -> None:
         if self.data not in DATASETS:
             raise ConfigError(f"tiny: unknown data {self.data!r}; known: {', '.join(DATASETS)}")
+        for f in fields(self):  # every other field is a size: a torch error (or an empty network) otherwise
+            value = getattr(self, f.name)
+            if f.name != "data" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"tiny: arch.{f.name} must be an integer >= 1, got {value!r}")
         _, height, width = image_shape(self.data)
         if height % self.patch_size or width % self.patch_size:
             raise ConfigError(f"tiny: patch_size {self.patch_size} does not divide the {height}x{width} images")

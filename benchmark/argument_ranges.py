@@ -1,0 +1,128 @@
+"""Range checks of the model and reward arguments a config passes through ``model.args`` and ``reward_args``.
+
+``benchmark.experiment.check`` (the dry run of every loaded config) checks each argument's type against its
+constructor's annotation; this module adds the value ranges (sizes >= 1, probabilities and fractions in their
+intervals, scales > 0) and the devices, so that a bad value is one line naming ``model.args.<name>`` before any
+model is built, never a torch error from inside the network (``hidden: -5``, ``layers: 0``) or a network of width 0
+that trains without complaint.
+
+The ranges of the registered models and rewards are in :data:`RANGES`; a model or reward class may declare its own
+as ``argument_ranges = {"name": Range(...)}`` (they take precedence), so adding one stays one file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from flowzoo.errors import ConfigError
+from flowzoo.labels import check_path_text
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of numbers: ``low``/``high`` (None: unbounded), each end closed unless ``*_open``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+AT_LEAST_1 = Range(1)  # sizes and counts
+NON_NEGATIVE = Range(0)  # step counts, seeds, retries, waits, paddings
+POSITIVE = Range(0, low_open=True)  # scales, alphas, timeouts
+FRACTION = Range(0, 1)
+
+
+
+def _toy2d_classes(value: Any, where: str) -> None:
+    from models.toy2d import check_classes
+
+    try:
+        check_classes(value)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {str(error).removeprefix('toy2d: ')}") from None
+
+
+#: (kind, registered name) -> {argument: a range, or a function(value, where) raising ConfigError}; kind is "model"
+#: or "reward"
+RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
+    ("model", "toy2d"): {"hidden": AT_LEAST_1, "layers": AT_LEAST_1, "pretrain_steps": NON_NEGATIVE,
+                         "pretrain_seed": NON_NEGATIVE, "classes": _toy2d_classes},
+    ("model", "tiny"): {"lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE, "seed": NON_NEGATIVE,
+                        "cache_size": NON_NEGATIVE},
+    ("model", "sd3"): {"resolution": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
+                       "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
+    ("model", "wan"): {"frames": AT_LEAST_1, "height": AT_LEAST_1, "width": AT_LEAST_1, "lora_rank": AT_LEAST_1,
+                       "lora_alpha": POSITIVE, "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
+    ("reward", "ocr"): {"upscale": AT_LEAST_1, "pad": NON_NEGATIVE},
+    ("reward", "video_ocr"): {"frame_stride": AT_LEAST_1},
+    ("reward", "shapes_geneval"): {"color_tolerance": POSITIVE, "min_area": FRACTION,
+                                   "max_extent": Range(0, 1, low_open=True), "max_aspect": Range(1)},
+    ("reward", "imagereward"): {"max_length": AT_LEAST_1},
+    ("reward", "unifiedreward"): {"timeout": POSITIVE, "retries": NON_NEGATIVE, "retry_wait_s": NON_NEGATIVE,
+                                  "max_score": POSITIVE, "max_concurrency": AT_LEAST_1, "max_tokens": AT_LEAST_1,
+                                  "max_response_bytes": AT_LEAST_1},
+}
+
+#: arguments that name a file or directory: plain path text (no control characters)
+PATH_ARGUMENTS = ("path", "head_path", "weights")
+
+
+def check_device(value: Any, where: str) -> None:
+    """``value`` names a torch device this build and machine have (None: the adapter's automatic choice)."""
+    import torch
+
+    if value is None:
+        return
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{where}: {value!r} is not a torch device; valid: cpu, cuda, cuda:N, mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(f"{where}: {value!r} asks for CUDA, which torch {torch.__version__} ({build}) cannot "
+                              f"use here; valid: cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"{where}: {value!r}, but this machine has {count} CUDA device(s); valid: cuda:0 .. "
+                              f"cuda:{count - 1}, cpu")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{where}: {value!r}, but MPS is not available here; valid: cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{where}: device type {device.type!r} is not supported; valid: cpu, cuda, cuda:N, mps")
+
+
+def check_ranges(kind: str, name: str, cls: type, kwargs: Mapping[str, Any], where: str) -> None:
+    """The ranges of ``kwargs`` (module docstring) for the ``kind`` ("model"/"reward") registered as ``name``."""
+    ranges = {**RANGES.get((kind, name), {}), **getattr(cls, "argument_ranges", {})}
+    for key, value in kwargs.items():
+        if key == "device":
+            check_device(value, f"{where}.device")
+        elif key in PATH_ARGUMENTS and isinstance(value, str) and value not in ("", "auto"):
+            check_path_text(value, f"{where}.{key}")
+        bound = ranges.get(key)
+        if callable(bound):
+            bound(value, f"{where}.{key}")
+            continue
+        if bound is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # types are checked against the annotations (flowzoo.schema.check_arguments)
+        if not (math.isfinite(value) and value in bound):
+            raise ConfigError(f"{where}.{key} must be {bound}, got {value!r}")
