@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,6 +57,20 @@ class _TagRecorder:
         return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
 
 
+def check_out_file(out: Path) -> Path:
+    """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an existing,
+    writable directory, outside the shipped weights."""
+    from models.shipped import refuse_shipped
+
+    refuse_shipped(out, "--out")
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {str(out)!r}: need a file path in an existing directory")
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"--out {str(out)!r}: {'the file' if out.exists() else 'its directory'} is not writable "
+                          f"(permissions or a read-only file system)")
+    return out
+
+
 def _target(path: Path, overrides: Sequence[str]):
     """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
     from benchmark.config import load_config
@@ -76,15 +91,13 @@ def evaluate(
     overrides: Sequence[str] = (),
 ) -> dict:
     """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
-    from benchmark.runner import Runner
+    from benchmark.runner import Runner, finished_summary
 
     for flag, value in (("--steps", steps), ("--samples", samples)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     if out is not None:
-        out = Path(out)
-        if out.is_dir() or not out.parent.is_dir():
-            raise ConfigError(f"--out {str(out)!r}: need a file path in an existing directory")
+        out = check_out_file(Path(out))
     path = Path(target)
     config, state, checkpoint = _target(path, overrides)
     train = dataclasses.replace(
@@ -107,7 +120,7 @@ def evaluate(
         "source": str(path),
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "step": step,
-        "finished": (path / "done.json").is_file() if checkpoint is not None else None,
+        "finished": finished_summary(path, config) is not None if checkpoint is not None else None,
         "model": config.model.name,
         "algorithm": config.algorithm_name,
         "reward": config.reward,

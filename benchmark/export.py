@@ -48,10 +48,12 @@ def _load_run(run_dir: Path):
 def _model_card(run_dir: Path, config, state: dict) -> str:
     from benchmark.config import resolved_dict
 
-    done = run_dir / "done.json"
-    status = "finished run" if done.is_file() else "last checkpoint of an unfinished run"
-    if done.is_file():
-        metrics = json.loads(done.read_text())
+    from benchmark.runner import finished_summary
+
+    summary = finished_summary(run_dir, config)  # done.json of this config's run (not of an edited config.yaml's)
+    status = "finished run" if summary is not None else "last checkpoint of an unfinished run"
+    if summary is not None:
+        metrics = {k: v for k, v in summary.items() if k != "config_digest"}
     else:
         row = state["rows"][-1] if state["rows"] else {}
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
@@ -77,7 +79,10 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
 
     from algorithms.ema import load_average
 
+    from models.shipped import refuse_shipped
+
     run_dir, out = Path(run_dir), Path(out)
+    refuse_shipped(out, "--out")
     config, state = _load_run(run_dir)
     if out.exists() and not out.is_dir():
         raise RunError(f"--out {str(out)!r} is a file, not a directory")

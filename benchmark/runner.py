@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from benchmark import experiment
-from benchmark.checkpoints import check_seal, run_identity, seal
+from benchmark.checkpoints import check_seal, config_digest, run_identity, seal
 from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
 from benchmark.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.prompts import Prompts
@@ -68,13 +68,50 @@ def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def is_finished(run_dir: Path, config: ExperimentConfig) -> bool:
-    """A run is finished when ``done.json`` exists and its config is the one asked for."""
-    return (run_dir / "done.json").is_file() and _same_config(run_dir, config)
+    """A run is finished when ``done.json`` exists, its config is the one asked for, and ``done.json`` was written by
+    a run of that config (its ``config_digest``, the checkpoint seal's: an edited config.yaml does not turn another
+    config's finished run into this one's). A run that is not finished by this test resumes from its checkpoint,
+    whose seal refuses one of another config, or re-writes done.json if its last step is done."""
+    return _same_config(run_dir, config) and finished_summary(run_dir, config) is not None
+
+
+def finished_summary(run_dir: Path, config: ExperimentConfig) -> dict | None:
+    """``done.json`` of the run of ``config`` in ``run_dir``, or None: no done.json, an unreadable one, or one written
+    by a run of another config. A done.json without a digest (written before digests) is taken as it is."""
+    try:
+        summary = json.loads((run_dir / "done.json").read_text())
+    except (OSError, ValueError):  # missing, unreadable, not JSON (a ValueError)
+        return None
+    if not isinstance(summary, dict):
+        return None
+    digest = summary.get("config_digest")
+    return summary if digest is None or digest == config_digest(config) else None
 
 
 def holds_other_config(run_dir: Path, config: ExperimentConfig) -> bool:
-    """``run_dir`` holds a run (its config.yaml) of another config than ``config``."""
-    return (run_dir / "config.yaml").is_file() and not _same_config(run_dir, config)
+    """``run_dir`` holds a run (its config.yaml) of another config than ``config``; the leftovers of a fresh run
+    killed before its first checkpoint hold nothing to keep (:func:`killed_before_checkpoint`) and are no run."""
+    return ((run_dir / "config.yaml").is_file() and not _same_config(run_dir, config)
+            and not killed_before_checkpoint(run_dir))
+
+
+#: what a fresh run writes before its first checkpoint (besides its .lock): removed when the run directory is reused
+FRESH_RUN_FILES = ("config.yaml", "metrics.csv", "samples")
+
+
+def killed_before_checkpoint(run_dir: Path) -> bool:
+    """``run_dir`` holds only what a fresh run writes before its first checkpoint, left by a kill (SIGKILL, a power
+    cut) that gave it no chance to remove it: the runner's ``.lock``, a ``config.yaml`` that is a resolved config
+    (every top-level key of one, as only the runner writes it), and no ``checkpoint.pt`` or ``done.json``."""
+    from dataclasses import fields
+
+    if not (run_dir / ".lock").is_file() or (run_dir / "checkpoint.pt").exists() or (run_dir / "done.json").exists():
+        return False
+    try:
+        stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return False
+    return isinstance(stored, dict) and set(stored) == {f.name for f in fields(ExperimentConfig)}
 
 
 def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
@@ -217,6 +254,8 @@ class Runner:
         checkpoint = run_dir / "checkpoint.pt"
         state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None  # refused before config.yaml
         self._resumable = state is not None
+        if self.dist.is_main and killed_before_checkpoint(run_dir):  # we hold the lock: nobody else writes here
+            _remove_fresh_run_files(run_dir)
         if self.dist.is_main:
             atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
 
@@ -283,11 +322,23 @@ class Runner:
             "eval_reward_final": rows[-1].get("eval_reward"),
             "nfe": nfe,
             "wall_s": wall_s,
+            "config_digest": config_digest(cfg),  # binds done.json to the config (is_finished)
         }
         if self.dist.is_main:
             atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
         self.dist.barrier()  # the run is finished for every process once done.json exists
         return run_dir
+
+
+def _remove_fresh_run_files(run_dir: Path) -> None:
+    """The files of a fresh run killed before its first checkpoint (:data:`FRESH_RUN_FILES`), so that a new run in
+    the directory starts clean (no sample grid or metrics row of the killed config survives)."""
+    for name in FRESH_RUN_FILES:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class _Created:

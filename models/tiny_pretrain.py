@@ -33,6 +33,7 @@ import torch
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save, atomic_write_text
 from flowzoo.streams import TINY_PRETRAIN_BATCH
+from models.shipped import refuse_shipped
 from models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
 from models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
 
@@ -62,6 +63,71 @@ def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
         e.lerp_(p, 1 - decay)
 
 
+#: the settings ``flowzoo pretrain`` takes as options (an error names them as the user spelled them)
+CLI_OPTIONS = ("steps", "minutes", "batch", "lr", "ema", "seed", "threads")
+
+
+def check_settings(**values) -> None:
+    """Every pretrain option in its range, before anything is built or written (one line naming the option)."""
+    rules = {  # option -> (accepts the value, the valid range in words)
+        "steps": (lambda v: v >= 1, "an integer >= 1"), "batch": (lambda v: v >= 1, "an integer >= 1"),
+        "warmup": (lambda v: v >= 0, "an integer >= 0"), "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
+        "threads": (lambda v: v >= 1, "an integer >= 1"),
+        "minutes": (lambda v: v >= 0, "a finite number >= 0"),
+        "checkpoint_minutes": (lambda v: v >= 0, "a finite number >= 0"),
+        "lr": (lambda v: v > 0, "a finite number > 0"),
+        "ema": (lambda v: 0 <= v < 1, "a decay in [0, 1)"),  # 1 never moves the average off the random init
+        "cond_dropout": (lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+    }
+    for name, value in values.items():
+        if value is None and name in ("minutes", "threads"):
+            continue  # no time limit / torch's default threads
+        accepts, valid = rules[name]
+        integer = valid.startswith("an integer")
+        typed = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not typed or not math.isfinite(value) or not accepts(value):
+            option = f"--{name}" if name in CLI_OPTIONS else name
+            raise ConfigError(f"pretrain: {option} must be {valid}, got {value!r}")
+
+
+def check_outputs(run_dir: Path, out: Path) -> bool:
+    """Refuse outputs that would land in the shipped weights directory (only ``out`` naming a shipped weights file
+    exactly may replace it) or in a directory that holds something else than a pretrain run (a training run's);
+    returns whether ``out`` is a shipped weights file."""
+    for path, option in ((run_dir, "--run-dir"), (out, "--out")):
+        if "\x00" in str(path):
+            raise ConfigError(f"pretrain: {option} {str(path)!r}: a path cannot hold a NUL byte")
+    shipped_files = {shipped_weights(name).resolve() for name in DATASETS}
+    shipped = out.resolve() in shipped_files
+    refuse_shipped(run_dir, "pretrain: --run-dir")
+    if not shipped:
+        refuse_shipped(out, "pretrain: --out", "choose another path (a shipped weights file is replaced only when "
+                                               "--out names it exactly: tiny_shapes/tiny_glyphs.safetensors)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"pretrain: --run-dir {str(run_dir)!r} is a file, not a directory")
+    if (run_dir / "config.yaml").is_file() or (run_dir / "done.json").is_file():
+        raise ConfigError(f"pretrain: --run-dir {str(run_dir)!r} holds a training run (config.yaml); choose another "
+                          f"directory for the pretrain checkpoint")
+    if out.is_dir():
+        raise ConfigError(f"pretrain: --out {str(out)!r} is a directory; give a .safetensors file path")
+    return shipped
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A pretrain checkpoint, or a one-line error: a corrupt file, or one that is not a pretrain checkpoint (a
+    training run's ``checkpoint.pt``)."""
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:  # a truncated zip, pickle garbage, ...
+        raise ConfigError(f"pretrain: checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to "
+                          f"restart the pretraining from step 0") from None
+    keys = {"settings", "nets", "ema", "optimizer", "schedule", "step", "wall_s", "losses"}
+    if not isinstance(state, dict) or not keys <= set(state):
+        raise ConfigError(f"pretrain: {path} is not a pretrain checkpoint (a training run's?); choose another "
+                          f"--run-dir")
+    return state
+
+
 def pretrain(
     data: str = "shapes",
     *,
@@ -84,21 +150,17 @@ def pretrain(
     """Train (or resume) until ``steps`` optimizer steps or ``minutes`` of training wall time; returns ``out``."""
     from tqdm.auto import tqdm
 
-    if threads:
-        torch.set_num_threads(int(threads))
+    check_settings(steps=steps, minutes=minutes, batch=batch, lr=lr, warmup=warmup, ema=ema,
+                   cond_dropout=cond_dropout, seed=seed, threads=threads, checkpoint_minutes=checkpoint_minutes)
     arch_cfg = TinyArch.from_dict({**(arch or {}), "data": data})
     run_dir = Path(run_dir) if run_dir else Path("runs") / f"pretrain_tiny_{data}"
     out = Path(out) if out else run_dir / f"tiny_{data}.safetensors"
-    shipped = out.resolve() in {shipped_weights(name).resolve() for name in DATASETS}
-    if batch < 1 or steps < 1:
-        raise ConfigError("pretrain: batch and steps must be positive")
-    for name, value in {"minutes": minutes, "lr": lr, "ema": ema, "cond_dropout": cond_dropout,
-                        "checkpoint_minutes": checkpoint_minutes}.items():
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"pretrain: {name} must be a finite number >= 0, got {value}")
+    shipped = check_outputs(run_dir, out)
     if shipped and minutes == 0:
         raise ConfigError(f"pretrain: --minutes 0 trains nothing; it would replace the shipped weights {out} with "
                           f"untrained ones")
+    if threads:
+        torch.set_num_threads(int(threads))
     tokenizer, text_encoder, transformer = build_networks(arch_cfg, seed)
     nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
     ema_nets = copy.deepcopy(nets).eval().requires_grad_(False)
@@ -110,7 +172,7 @@ def pretrain(
     start, wall_s, losses = 0, 0.0, []
     checkpoint = run_dir / "checkpoint.pt"
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = read_checkpoint(checkpoint)
         if state["settings"] != settings:
             raise ConfigError(f"pretrain: {checkpoint} was written with other settings {state['settings']}")
         nets.load_state_dict(state["nets"])
