@@ -150,3 +150,42 @@ def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_p
         assert len(err.splitlines()) == 1, err
         if "training diverged" not in err:
             assert not run.exists(), err
+
+
+# ---- model.args and reward_args, built for real (issue 33: hidden -5 / layers 0 were torch errors, hidden 0 trained) --
+ARGUMENT_VALUES = st.one_of(  # no huge sizes: a network of 2**31 units is refused only by the allocator
+    st.integers(-3, 40), st.sampled_from([0, -1, 1, 2]), st.floats(allow_nan=True, allow_infinity=True),
+    st.none(), st.booleans(), st.text(max_size=4), st.sampled_from(["cpu", "cuda", "cuda:3", "mps", "bogus", "a\x00b"]),
+    st.lists(st.integers(-1, 3), max_size=2),
+)
+MODEL_ARGS = [("model", "args", key) for key in ("hidden", "layers", "pretrain_steps", "pretrain_seed", "classes",
+                                                 "device", "bogus")]
+REWARD_ARGS = [("reward_args", "toy_mode", key) for key in ("scale", "device")] + [("reward_args", "toy_mode")]
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(MODEL_ARGS + REWARD_ARGS), ARGUMENT_VALUES), min_size=1, max_size=3))
+def test_mutated_model_and_reward_arguments_train_or_fail_with_one_line_before_writing(tmp_path_factory, capsys,
+                                                                                     mutations):
+    import yaml
+
+    data = {**RESOLVED, **SMALL, "algorithm": {**RESOLVED["algorithm"], "group_size": 4}}
+    data["model"] = {"name": "toy2d", "args": {"pretrain_steps": 20, "hidden": 16}}
+    for path, value in mutations:
+        if path[-1] == "pretrain_steps" and isinstance(value, int) and value > 40:
+            value = 40  # keep each example's pretraining short
+        data = _mutate(data, path, value)
+    run = tmp_path_factory.mktemp("fuzz") / "run"
+    data["run_dir"] = str(run)
+    config = run.parent / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    rc = main(["train", str(config), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc in (0, 2), err
+    event("ran one step" if rc == 0 else "refused in one line")
+    if rc == 2:
+        assert len(err.splitlines()) == 1, err
+        if "training diverged" not in err:
+            assert not run.exists(), err
