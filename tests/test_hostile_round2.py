@@ -252,6 +252,7 @@ def test_a_key_given_twice_is_refused_naming_the_file_and_line(tmp_path, capsys)
                                 "2; valid: 1..4, 8"),
     ("algorithm.adv_clip=0", "algorithm.adv_clip must be > 0, got 0.0 (every advantage would be 0"),
     ("algorithm.clip_range=0", "algorithm.clip_range must be > 0, got 0.0"),
+    ("algorithm.lr=0", "algorithm.lr must be > 0, got 0.0 (the policy would never change)"),
 ])
 def test_update_knobs_that_train_nothing_or_other_than_recorded_are_refused(tmp_path, capsys, override, message):
     assert main([*TOY, override, f"run_dir={tmp_path / 'run'}"]) == 2
@@ -346,6 +347,8 @@ def test_a_finished_run_is_bound_to_its_config(tmp_path, capsys):
     assert not is_finished(run, other) and finished_summary(run, other) is None
     capsys.readouterr()
     assert main([*TOY, f"run_dir={run}", "algorithm.lr=0.002"]) == 2  # was skipped as finished
+    assert "was written by a run of another config" in _one_error_line(capsys)
+    assert main(["eval", str(run)]) == 2  # evaluating it under the edited config is refused the same way
     assert "was written by a run of another config" in _one_error_line(capsys)
 
 
