@@ -118,3 +118,53 @@ def nft_loss(
     else:
         kl = ((v - v_ref.detach()) ** 2).mean(dim=dims)
     return NFTTerms(policy * adv_clip_max + kl_beta * kl, policy, kl, r)
+
+
+#: AWM's per-timestep weightings of the flow-matching error (the release's ``train.weighting``)
+AWM_WEIGHTINGS = ("uniform", "t", "t_squared", "huber", "ghuber")
+
+
+def awm_log_prob(
+    v: torch.Tensor, noise: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, weighting: str = "ghuber",
+    ghuber_power: float = 0.25,
+) -> torch.Tensor:
+    """AWM's surrogate log-likelihood of a clean sample at time t (Xue et al., arXiv 2509.25050;
+    scxue/advantage_weighted_matching scripts/train_sd3_awm.py:234-252 at be51372), per sample [B], float64.
+
+    ``e = mean((v - (eps - x0))^2)`` is the flow-matching error of the velocity at x_t = (1 - t) x0 + t eps; the
+    log-prob is ``-e`` (``uniform``), ``-e t``, ``-e t^2``, ``-(sqrt(e + 1e-10) - 1e-5) t`` (``huber``) or
+    ``-((e + 1e-10)^p - (1e-10)^p) t / p`` (``ghuber``, p = ``ghuber_power``)."""
+    if weighting not in AWM_WEIGHTINGS:
+        raise ValueError(f"unknown weighting {weighting!r}; known: {', '.join(AWM_WEIGHTINGS)}")
+    dims = tuple(range(1, v.dim()))
+    log_prob = (-((v.double() - (noise.double() - x0.double())) ** 2)).mean(dim=dims)
+    t = t.reshape(-1)
+    if weighting == "t":
+        return log_prob * t
+    if weighting == "t_squared":
+        return log_prob * t**2
+    if weighting == "huber":
+        return -(torch.sqrt(-log_prob + 1e-10) - 1e-5) * t
+    if weighting == "ghuber":
+        floor = torch.pow(torch.tensor(1e-10, dtype=log_prob.dtype, device=log_prob.device), ghuber_power)
+        return -(torch.pow(-log_prob + 1e-10, ghuber_power) - floor) * t / ghuber_power
+    return log_prob
+
+
+def awm_advantages(advantages: torch.Tensor, adv_clip_max: float, advantage_max: float | None) -> torch.Tensor:
+    """clamp(A, -m, m), rescaled to +-``advantage_max`` when it is set (train_sd3_awm.py:1293-1299)."""
+    clipped = torch.clamp(advantages, -adv_clip_max, adv_clip_max)
+    return clipped if advantage_max is None else clipped / adv_clip_max * advantage_max
+
+
+def awm_velocity_kl(v: torch.Tensor, v_other: torch.Tensor, t: torch.Tensor, form: str = "uniform") -> torch.Tensor:
+    """mean over latent dims of (v - v_other)^2, or divided by 2 std_t^2 with std_t = 0.7 sqrt(t / (1 - min(t, .99)))
+    (``elbo``), per sample [B] (train_sd3_awm.py:236,1334-1348)."""
+    dims = tuple(range(1, v.dim()))
+    kl = ((v.double() - v_other.double()) ** 2).mean(dim=dims)
+    if form == "elbo":
+        std = torch.sqrt(t.reshape(-1) / (1 - torch.clamp(t.reshape(-1), 0, 0.99))) * 0.7
+        return kl / (2 * std**2)
+    if form != "uniform":
+        raise ValueError(f"unknown KL form {form!r}; known: uniform, elbo")
+    return kl

@@ -21,6 +21,8 @@ group offset ``o``                 0 .. < 1e6   ``Algorithm.fresh_rollout`` (bas
                                                                                             steps of buffer samples
 ``DIFFUSION_NFT_FORWARD``          3_000_001    DiffusionNFT ``update`` (spawned per        each sample's trained
                                                 sample)                                     timesteps and forward noise
+``AWM_FORWARD``                    3_000_002    AWM ``update`` (spawned per sample)         each sample's trained
+                                                                                            timesteps and forward noise
 =================================  ===========  ==========================================  ============================
 
 The group offsets are group indices (OP-GRPO's fresh groups start after the hybrid ones), far below the purpose keys
@@ -64,6 +66,7 @@ PURPOSE_WINDOW = 1_000_002
 OP_GRPO_GROUP_CHOICE = 2_000_003
 OP_GRPO_REGENERATION = 2_000_029
 DIFFUSION_NFT_FORWARD = 3_000_001
+AWM_FORWARD = 3_000_002
 
 # ---- other streams -------------------------------------------------------------------------------------------------
 PROMPT_ORDER = 17
@@ -82,6 +85,7 @@ ITERATION_PURPOSES = {
     "OP_GRPO_GROUP_CHOICE": OP_GRPO_GROUP_CHOICE,
     "OP_GRPO_REGENERATION": OP_GRPO_REGENERATION,
     "DIFFUSION_NFT_FORWARD": DIFFUSION_NFT_FORWARD,
+    "AWM_FORWARD": AWM_FORWARD,
 }
 #: the last element of ``SeedSequence([a, b, key])`` streams drawn without spawning (prompt order, tiny data, pretrain)
 SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}

@@ -1,0 +1,292 @@
+"""Advantage Weighted Matching (Xue et al., "Advantage Weighted Matching: Aligning RL with Pretraining in Diffusion
+Models", arXiv 2509.25050). Sources: scxue/advantage_weighted_matching at be51372,
+``advantage_weighted_matching/scripts/train_sd3_awm.py`` (the trainer) and ``config/dgx_awm.py`` (the SD3 recipes,
+over ``config/base_awm.py``); the values are in ``benchmark/hyperparams/awm.yaml``.
+
+A decoupled method: the policy gradient is the flow-matching (pretraining) loss of the policy's own clean samples,
+weighted by their advantages. One iteration:
+
+1. **collect**: G samples per prompt under the trained weights (the release's ``off_policy`` False). The release
+   samples with SA-Solver (``use_sa_solver``, stochastic at tau = ``noise_level`` for 0.3 <= t <= 0.9); the zoo has
+   no SA-Solver, so (ours) ``solver: sde_band`` uses the zoo's Flow-GRPO SDE kernel at ``noise_level`` on the steps
+   whose sigma lies in [0.3, 0.9] and Euler elsewhere, and ``dpm2`` / ``euler`` are deterministic (the release's
+   noise level 0, PickScore). Only the clean samples are used; nothing is recorded for training.
+2. **advantages**: the template's, clipped to +-``adv_clip`` and rescaled to +-``advantage_max`` (:1293-1299).
+3. **update**: per sample, ``train_timesteps`` times drawn as released (``time_type``, :1138-1207), each with fresh
+   noise; at x_t = (1 - t) x0 + t eps the surrogate log-prob ``algorithms.losses.awm_log_prob`` (the weighted
+   flow-matching error, :210-252); the PPO-clip objective on ``ratio = exp(lp - lp_old)`` per (sample, time)
+   (``exp_first``) or on the time-mean log-prob (``sum_first``) (:1301-1329), where lp_old is the same quantity
+   under the weights of the rollout (the first optimizer step uses the detached current value, :1282-1284, ratio 1);
+   plus ``kl_beta`` KL to the reference and ``ema_kl_beta`` KL to a slowly updated copy of the weights, both on the
+   velocity (:1330-1352). One optimizer step averages over its samples and times (``accelerator.accumulate``).
+4. **the copy** for the adaptive KL: the weights at the start (:650-659); after each iteration
+   ``copy <- d copy + (1 - d) theta`` with ``d = min(kl_ema_decay, 0.001 n)`` (``linear``, n = optimizer steps so
+   far) or ``kl_ema_decay`` (``constant``) (:1409-1419). It is in the checkpoint.
+
+NFE per iteration (B samples, T sampling steps, K = ``train_timesteps``, CFG factor c, B1 = samples of the first
+optimizer step): sampling T * B * c; training c * K * (B (1 + [kl_beta > 0] + [ema_kl_beta > 0]) + (B - B1)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from algorithms import register
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.diffusion_nft import OldPolicy
+from algorithms.distributed import GatheredBatch
+from algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from algorithms.rollout import sample_generators
+from algorithms.sde import time_shift
+from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.streams import AWM_FORWARD
+
+TIME_TYPES = ("discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal")
+#: the sigma band where the release's SA-Solver is stochastic (stochasticity_control_function,
+#: flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:296)
+SDE_BAND = (0.3, 0.9)
+
+
+def copy_decay(step: int, decay_type: str, kl_ema_decay: float) -> float:
+    """The weight the KL copy keeps of itself after ``step`` optimizer steps (train_sd3_awm.py:1410-1413)."""
+    if decay_type == "constant":
+        return kl_ema_decay
+    if decay_type == "linear":
+        return min(kl_ema_decay, 0.001 * step)
+    raise ValueError(f"unknown kl_ema_decay_type {decay_type!r}; known: constant, linear")
+
+
+def draw_times(time_type: str, count: int, num_steps: int, timestep_fraction: float, sigmas: torch.Tensor,
+               shift: float, generator: torch.Generator) -> torch.Tensor:
+    """``count`` training times t in (0, 1] of one sample, drawn as the release draws them for a micro-batch
+    (train_sd3_awm.py:1138-1207): stratified indices into the sampling sigmas (``discrete*``), stratified uniform
+    times in [0.2, 1] (``uniform``) or stratified logit-normal ones (``logit_normal``), shifted by ``shift``."""
+    if time_type in ("discrete", "discrete_wo_init", "discrete_with_init"):
+        top = int(num_steps * timestep_fraction)
+        first, strata = (0, count) if time_type == "discrete" else (1, count)
+        init = torch.zeros(0, dtype=torch.long)
+        if time_type == "discrete_with_init":
+            init, strata = torch.zeros(1, dtype=torch.long), count - 1
+        if strata > 0:
+            bounds = torch.linspace(first, top, strata + 1)
+            lower, upper = bounds[:-1].long(), bounds[1:].long()
+            rand = torch.rand(strata, generator=generator)
+            indices = torch.cat([init, lower + (rand * (upper - lower)).long()])
+        else:
+            indices = init
+        return sigmas[indices].float()
+    if time_type == "uniform":
+        rand = torch.rand(count, generator=generator)
+        times = 0.20 + (torch.arange(count) + rand) / count * (1.0 - 0.20)
+        times = times[torch.rand(count, generator=generator).argsort()]
+        return time_shift(times, shift).float()
+    if time_type == "logit_normal":
+        base = (torch.arange(count) + torch.rand(count, generator=generator)) / count
+        u = torch.distributions.Normal(0.0, 1.0).icdf(base)
+        u = u[torch.randperm(count, generator=generator)]
+        return torch.clamp(time_shift(torch.sigmoid(u), shift), min=0.01).float()
+    raise ValueError(f"unknown time_type {time_type!r}; known: {', '.join(TIME_TYPES)}")
+
+
+@dataclass
+class AWMConfig(AlgorithmConfig):
+    # training times per sample and how they are drawn (dgx_awm.py:56,88, time_shift :89)
+    train_timesteps: int = 6
+    time_type: Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"] = \
+        "discrete_wo_init"
+    time_shift: float = 3.0
+    timestep_fraction: float = 0.9
+    # the flow-matching error's weighting (dgx_awm.py:63-64)
+    weighting: Literal["uniform", "t", "t_squared", "huber", "ghuber"] = "ghuber"
+    ghuber_power: float = 0.25
+    # advantages rescaled from +-adv_clip to +-advantage_max (dgx_awm.py:58); null keeps them
+    advantage_max: float | None = 1.0
+    clip_range: float = 1.0  # dgx_awm.py:86
+    loss_type: Literal["exp_first", "sum_first"] = "exp_first"  # dgx_awm.py:61
+    kl_beta: float = 1e-3  # dgx_awm.py:55 (train.beta)
+    kl_form: Literal["uniform", "elbo"] = "uniform"  # dgx_awm.py:57 (kl_weight)
+    ema_kl_beta: float = 1.0  # dgx_awm.py:67 (train.ema_beta): the KL to the slowly updated copy
+    ema_kl_form: Literal["uniform", "elbo"] = "uniform"  # dgx_awm.py:65
+    kl_ema_decay: float = 0.3  # dgx_awm.py:66
+    kl_ema_decay_type: Literal["linear", "constant"] = "linear"  # dgx_awm.py:68
+    # the rollout's sampler (ours, see the module): the Flow-GRPO SDE in the sigma band [0.3, 0.9], or an ODE solver
+    solver: Literal["sde_band", "dpm2", "euler"] = "sde_band"
+    noise_level: float = 0.4  # dgx_awm.py:48 (sample.noise_level, the SA-Solver's tau there)
+    adv_std: Literal["group", "batch"] = "batch"  # dgx_awm.py:72 (sample.global_std)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.train_timesteps < 1:
+            raise ConfigError(f"algorithm.train_timesteps must be >= 1, got {self.train_timesteps}")
+        positive = {"ghuber_power": self.ghuber_power, "time_shift": self.time_shift, "adv_clip": self.adv_clip}
+        for name, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"algorithm.{name} must be a finite number > 0, got {value}")
+        if self.advantage_max is not None and not (math.isfinite(self.advantage_max) and self.advantage_max > 0):
+            raise ConfigError(f"algorithm.advantage_max must be a finite number > 0 or null, got {self.advantage_max}")
+        for name in ("ema_kl_beta",):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"algorithm.{name} must be a finite number >= 0, got {value}")
+        if not (math.isfinite(self.kl_ema_decay) and 0 <= self.kl_ema_decay < 1):
+            raise ConfigError(f"algorithm.kl_ema_decay must be in [0, 1), got {self.kl_ema_decay}")
+        if self.inner_epochs != 1:
+            raise ConfigError(f"algorithm.inner_epochs must be 1 for awm (the released trainer makes one pass over "
+                              f"its samples), got {self.inner_epochs}")
+        if self.reuse_rollout_graph is True:
+            raise ConfigError("algorithm.reuse_rollout_graph cannot be true for awm: it trains on the forward "
+                              "process, not on the rollout's graph (use auto or false)")
+
+    def check_num_steps(self, num_steps: int) -> None:
+        super().check_num_steps(num_steps)
+        if self.time_type.startswith("discrete") and int(num_steps * self.timestep_fraction) < 1:
+            raise ConfigError(f"algorithm.timestep_fraction {self.timestep_fraction} leaves no sampling step of "
+                              f"{num_steps} to train at (int(T * fraction) must be >= 1)")
+
+
+@register("awm")
+class AWM(Algorithm):
+    """Advantage Weighted Matching: the advantage-weighted flow-matching loss on the policy's own samples."""
+
+    Config = AWMConfig
+    likelihood_free = True
+    rollout_graph_auto = False
+    diagnostics = {
+        "kl_copy": "mean KL term to the slowly updated copy of the weights (the release's ema_kl_loss)",
+        "copy_decay": "the decay of the copy's update after this iteration",
+    }
+
+    def __init__(self, model, reward, config=None, seed: int = 0, dist=None):
+        super().__init__(model, reward, config, seed, dist=dist)
+        self.config.check_num_steps(self.num_steps)
+        self.kl_copy = OldPolicy(model.trainable_parameters())  # the release's "ema" adapter
+        self.optimizer_steps = 0
+
+    def step_plan(self, batch: int) -> StepPlan:
+        steps, cfg = self.num_steps, self.config
+        sde = torch.zeros(steps, dtype=torch.bool)
+        dpm = None
+        if cfg.solver == "sde_band":
+            sigma = self.sigmas[:-1]
+            sde = (sigma >= SDE_BAND[0]) & (sigma <= SDE_BAND[1])
+        elif cfg.solver == "dpm2":
+            dpm = torch.ones(steps, dtype=torch.bool)
+        return StepPlan(self.sigmas, sde, torch.zeros(batch, steps, dtype=torch.bool), cfg.kernel, cfg.noise_level,
+                        dpm_solver=dpm)
+
+    def _velocity(self, x, t, traj, rows):
+        return self.model.velocity(x, t, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad,
+                                   cfg_batch=self.config.cfg_batch)
+
+    def forward_draws(self, generators: list[torch.Generator], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's K training times [n, K] and noises [n, K, ...] from its own generator."""
+        cfg, k = self.config, self.config.train_timesteps
+        times, noise = [], []
+        for gen in generators:
+            times.append(draw_times(cfg.time_type, k, self.num_steps, cfg.timestep_fraction, self.sigmas,
+                                    cfg.time_shift, gen))
+            noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
+        return torch.stack(times), torch.stack(noise).to(like.device)
+
+    def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
+        cfg = self.config
+        offset, batch = self.dist.local_span(len(traj))
+        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1) if cfg.drop_zero_advantage else None
+        generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
+        x0_all = traj.final.float()
+        k = cfg.train_timesteps
+        scaled = awm_advantages(advantages, cfg.adv_clip, cfg.advantage_max)
+        rollout_weights = OldPolicy(self.model.trainable_parameters()) if cfg.minibatches > 1 else None
+        sums = {"loss": 0.0, "kl": 0.0, "kl_copy": 0.0, "clipped": 0.0, "ratio": 0.0, "approx_kl": 0.0, "pairs": 0}
+        grad_norms = []
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        perm = torch.randperm(batch, generator=self.update_generator) if kept is None else \
+            kept[torch.randperm(len(kept), generator=self.update_generator)]
+        for index, minibatch in enumerate(perm.chunk(cfg.minibatches)):
+            minibatch = minibatch.sort().values
+            minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
+            count = self.dist.sum(len(minibatch))
+            if count == 0:
+                continue
+            times, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            self.optimizer.zero_grad(set_to_none=True)
+            for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
+                rows = minibatch[part]
+                n = len(rows)
+                # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
+                x0 = x0_all[rows].repeat(k, *([1] * (x0_all.dim() - 1)))
+                t = times[part].T.reshape(-1).to(x0.device)
+                eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
+                s = t.reshape(-1, *([1] * (x0.dim() - 1)))
+                x_t = (1 - s) * x0 + s * eps
+                rep = rows.repeat(k)
+                with torch.no_grad():  # the frozen forwards first: swapping weights in must not meet a live graph
+                    v_old = None
+                    if index > 0:
+                        with rollout_weights.swapped_in():
+                            v_old = self._velocity(x_t, t, traj, rep)
+                    v_ref = v_copy = None
+                    if cfg.kl_beta > 0:
+                        with self.model.reference():
+                            v_ref = self._velocity(x_t, t, traj, rep)
+                    if cfg.ema_kl_beta > 0:
+                        with self.kl_copy.swapped_in():
+                            v_copy = self._velocity(x_t, t, traj, rep)
+                v = self._velocity(x_t, t, traj, rep)
+                log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+                if v_old is None:
+                    old = log_prob.detach()
+                else:
+                    old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+                if cfg.loss_type == "exp_first":
+                    terms = ppo_clip_loss(log_prob, old, scaled[rows].double().expand(k, n), cfg.clip_range)
+                    policy = terms.loss.sum()
+                else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
+                    terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), scaled[rows].double(), cfg.clip_range)
+                    policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
+                kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else torch.zeros(k * n)
+                kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else torch.zeros(k * n)
+                total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
+                (total / (count * k)).backward()
+                with torch.no_grad():
+                    sums["loss"] += float(total)
+                    sums["kl"] += float(kl.sum())
+                    sums["kl_copy"] += float(kl_copy.sum())
+                    weight = k if cfg.loss_type == "sum_first" else 1
+                    sums["clipped"] += float(terms.clipped.sum()) * weight
+                    sums["ratio"] += float(terms.ratio.sum()) * weight
+                    sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
+                    sums["pairs"] += k * n
+            self.dist.all_reduce_gradients(params)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            if self.ema is not None:
+                self.ema.update()
+        sums = self.dist.sum(sums)
+        pairs = max(sums["pairs"], 1)
+        self.log("kl_copy", sums["kl_copy"] / pairs)
+        if kept is not None:
+            self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(batch, 1))
+        return {"clip_frac": sums["clipped"] / pairs, "approx_kl": sums["approx_kl"] / pairs, "kl": sums["kl"] / pairs,
+                "ratio_mean": sums["ratio"] / pairs, "loss": sums["loss"] / pairs,
+                "grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}
+
+    def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
+        decay = copy_decay(self.optimizer_steps, self.config.kl_ema_decay_type, self.config.kl_ema_decay)
+        self.kl_copy.blend(decay)
+        self.log("copy_decay", decay)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_copy": self.kl_copy.state_dict(), "optimizer_steps": self.optimizer_steps}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        if "kl_copy" not in state:
+            raise FlowZooError("the checkpoint holds no AWM weight copy (was it written by another algorithm?)")
+        self.kl_copy.load_state_dict(state["kl_copy"])
+        self.optimizer_steps = int(state["optimizer_steps"])
