@@ -204,10 +204,15 @@ class Runner:
         """The saved state, or a RunError that says the file is corrupt and what to do."""
         try:
             state = torch.load(path, weights_only=False)
-            missing = {"step", "algorithm", "rows", "wall_s", "nfe"} - set(state)
         except Exception as e:  # a truncated zip, pickle garbage, ...
             raise RunError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to restart "
                            f"the run from step 0") from None
+        if isinstance(state, dict) and {"settings", "nets", "ema"} <= set(state):  # not ours to delete
+            raise RunError(f"{path} is a `flowzoo pretrain` checkpoint, not a training run's; choose another run_dir")
+        if not isinstance(state, dict):
+            raise RunError(f"checkpoint {path} holds a {type(state).__name__}, not a training run's state; delete it "
+                           f"to restart the run from step 0")
+        missing = {"step", "algorithm", "rows", "wall_s", "nfe"} - set(state)
         if missing:
             raise RunError(f"checkpoint {path} lacks {sorted(missing)}; delete it to restart the run from step 0")
         check_seal(state, self.config, path)

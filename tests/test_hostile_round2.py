@@ -376,3 +376,19 @@ def test_a_config_yaml_the_runner_did_not_write_still_blocks_the_directory(tmp_p
     assert main([*TOY, f"run_dir={run}"]) == 2
     assert "holds a run of a different config" in _one_error_line(capsys)
     assert (run / "config.yaml").read_text() == "task: mine\nseed: 0\nalgorithm: flow_grpo\n"
+
+
+def test_train_into_a_pretrain_directory_is_refused_without_asking_to_delete_its_checkpoint(tmp_path, capsys):
+    import torch
+
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    torch.save({"settings": {}, "nets": {}, "ema": {}, "optimizer": {}, "step": 3}, pre / "checkpoint.pt")
+    before = _tree(pre)
+    assert main([*TOY, f"run_dir={pre}"]) == 2
+    line = _one_error_line(capsys)
+    assert "is a `flowzoo pretrain` checkpoint, not a training run's; choose another run_dir" in line
+    assert "delete" not in line and _tree(pre) == before and {p.name for p in pre.iterdir()} == {"checkpoint.pt"}
+    torch.save([1, 2], pre / "checkpoint.pt")  # not a dict at all
+    assert main([*TOY, f"run_dir={pre}"]) == 2
+    assert "holds a list, not a training run's state" in _one_error_line(capsys)
