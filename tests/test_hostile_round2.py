@@ -244,6 +244,21 @@ def test_a_key_given_twice_is_refused_naming_the_file_and_line(tmp_path, capsys)
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("text, message", [
+    ("seed: 010\n", "'010' (line 2) is 8 in YAML 1.1 but not in YAML 1.2"),  # PyYAML trained seed 8
+    ("train:\n  steps: 1:30\n", "'1:30' (line 3) is 90 in YAML 1.1"),  # base 60
+    ("algorithm: {name: flow_grpo, lr: 1:30.5}\n", "'1:30.5' (line 2) is 90.5 in YAML 1.1 (base 60)"),
+])
+def test_numbers_yaml_versions_read_differently_are_refused(tmp_path, capsys, text, message):
+    config = tmp_path / "ambiguous.yaml"
+    config.write_text("task: t\n" + text)
+    assert main(["train", str(config), f"run_dir={tmp_path / 'run'}"]) == 2
+    assert f"{config}: {message}" in _one_error_line(capsys)
+    assert not (tmp_path / "run").exists()
+    assert main([*TOY, "seed=010", f"run_dir={tmp_path / 'run'}"]) == 2  # the same on the command line
+    assert "override seed: '010' (line 1) is 8 in YAML 1.1" in _one_error_line(capsys)
+
+
 @pytest.mark.parametrize("override, message", [
     ("algorithm.minibatches=100", "algorithm.minibatches 100 exceeds the 8 samples of a training batch "
                                   "(train.prompts_per_step x algorithm.group_size = 2 x 4); valid: 1..4, 8"),
