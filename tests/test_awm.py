@@ -411,3 +411,13 @@ def test_wan_adapter_trains(tmp_path_factory):
     model = WanModel(path=directory, frames=FRAMES, height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQ,
                      lora_rank=4, lora_alpha=8, device="cpu")
     check_training(model, "awm")
+
+
+def test_micro_batches_change_memory_not_the_update(toy_prompts):
+    grads = []
+    for micro in (None, 3):
+        alg = build(models.get("toy2d")(), {"kl_beta": 0.04, "micro_batch": micro, "max_grad_norm": 0.0})
+        params = alg.model.trainable_parameters()
+        alg.optimizer.step = lambda: grads.append(torch.cat([p.grad.flatten() for p in params]))
+        alg.step(*toy_prompts)
+    assert float((grads[0] - grads[1]).norm() / grads[0].norm()) < 1e-5

@@ -398,3 +398,54 @@ def test_wan_adapter_trains(tmp_path_factory):
     model = WanModel(path=directory, frames=FRAMES, height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQ,
                      lora_rank=4, lora_alpha=8, device="cpu")
     check_training(model, "diffusion_nft")
+
+
+def test_micro_batches_change_memory_not_the_update(toy_prompts):
+    """``micro_batch`` splits the forwards; the gradient is the same sum (to float rounding)."""
+    grads = []
+    for micro in (None, 3):
+        alg = build(models.get("toy2d")(), {"kl_beta": 0.04, "micro_batch": micro, "max_grad_norm": 0.0})
+        params = alg.model.trainable_parameters()
+        alg.optimizer.step = lambda: grads.append(torch.cat([p.grad.flatten() for p in params]))
+        alg.step(*toy_prompts)
+    assert float((grads[0] - grads[1]).norm() / grads[0].norm()) < 1e-5
+
+
+@pytest.mark.parametrize("algorithm", ["diffusion_nft", "awm"])
+def test_runner_resume_after_kill_gives_identical_metrics(tmp_path, monkeypatch, algorithm):
+    """The runner's checkpoint carries the decoupled methods' weight copies: a run killed after its step-2 checkpoint
+    and resumed writes the metrics of an uninterrupted one (as tests/test_cli.py checks for Flow-GRPO)."""
+    import pandas as pd
+    import yaml
+
+    from benchmark.checkpoints import seal
+    from benchmark.cli import main
+    from benchmark.config import load_config, resolved_dict
+    from benchmark.runner import TIMING_COLUMNS, Runner
+
+    config = "benchmark/configs/toy_flow_grpo.yaml"
+    fast = ["train.steps=4", "train.prompts_per_step=4", "train.eval_every=2", "train.eval_samples_per_prompt=8",
+            "train.save_samples=false", "algorithm.group_size=4", f"algorithm.name={algorithm}",
+            "algorithm.kl_beta=0.01", "train.checkpoint_every=2"]
+    full = tmp_path / "full"
+    assert main(["train", config, *fast, f"run_dir={full}", "--quiet"]) == 0
+    partial = tmp_path / "partial"
+    cfg = load_config(config, [*fast, f"run_dir={partial}"])
+    cfg.train.steps = 2  # a run killed after its step-2 checkpoint
+    Runner(cfg, progress=False).run()
+    (partial / "done.json").unlink()
+    cfg_full = load_config(config, [*fast, f"run_dir={partial}"])
+    state = torch.load(partial / "checkpoint.pt", weights_only=False)
+    torch.save(seal(state, cfg_full), partial / "checkpoint.pt")
+    (partial / "config.yaml").write_text(yaml.safe_dump(resolved_dict(cfg_full), sort_keys=False))
+    cls, loaded = algorithms.get(algorithm), []
+    plain = cls.load_extra_state
+    monkeypatch.setattr(cls, "load_extra_state", lambda self, extra: loaded.append(extra) or plain(self, extra))
+    assert main(["train", config, *fast, f"run_dir={partial}", "--quiet"]) == 0
+    assert len(loaded) == 1 and loaded[0]["optimizer_steps"] == 2  # resumed from step 2, its copy restored
+
+    def deterministic(path):
+        frame = pd.read_csv(path / "metrics.csv")
+        return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
+
+    pd.testing.assert_frame_equal(deterministic(full), deterministic(partial))
