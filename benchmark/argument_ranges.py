@@ -60,6 +60,13 @@ def _toy2d_classes(value: Any, where: str) -> None:
         raise ConfigError(f"{where}: {str(error).removeprefix('toy2d: ')}") from None
 
 
+def _dtype(value: Any, where: str) -> None:
+    from models.diffusers_common import DTYPES
+
+    if value not in DTYPES:
+        raise ConfigError(f"{where}: unknown dtype {value!r}; valid: {', '.join(DTYPES)}")
+
+
 #: (kind, registered name) -> {argument: a range, or a function(value, where) raising ConfigError}; kind is "model"
 #: or "reward"
 RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
@@ -67,9 +74,9 @@ RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
                          "pretrain_seed": NON_NEGATIVE, "classes": _toy2d_classes},
     ("model", "tiny"): {"lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE, "seed": NON_NEGATIVE,
                         "cache_size": NON_NEGATIVE},
-    ("model", "sd3"): {"resolution": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
+    ("model", "sd3"): {"dtype": _dtype, "resolution": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
                        "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
-    ("model", "wan"): {"frames": AT_LEAST_1, "height": AT_LEAST_1, "width": AT_LEAST_1, "lora_rank": AT_LEAST_1,
+    ("model", "wan"): {"dtype": _dtype, "vae_dtype": _dtype, "frames": AT_LEAST_1, "height": AT_LEAST_1, "width": AT_LEAST_1, "lora_rank": AT_LEAST_1,
                        "lora_alpha": POSITIVE, "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
     ("reward", "ocr"): {"upscale": AT_LEAST_1, "pad": NON_NEGATIVE},
     ("reward", "video_ocr"): {"frame_stride": AT_LEAST_1},

@@ -155,6 +155,9 @@ def test_model_args_out_of_range_fail_at_load(tmp_path, capsys, override, messag
       "reward_args={shapes_geneval: {min_area: 2}}"], "reward_args.shapes_geneval.min_area must be in [0, 1], got 2"),
     (["model.name=tiny", "model.args.lora_rank=0"], "model.args.lora_rank must be >= 1, got 0"),
     (["model.name=tiny", "model.args.lora_alpha=0"], "model.args.lora_alpha must be > 0, got 0"),
+    (["model.name=sd3", "reward=jpeg_compressibility", "model.args.dtype=float99"],
+     "model.args.dtype: unknown dtype 'float99'; valid: float32, float16, bfloat16"),
+    (["model.name=wan", "reward=video_ocr", "model.args.height=0"], "model.args.height must be >= 1, got 0"),
 ])
 def test_model_and_reward_arguments_are_range_checked_at_load(args, message):
     from benchmark.config import load_config
