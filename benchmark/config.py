@@ -124,7 +124,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = raw  # not YAML: the text as it is (a duplicate key or a 5000-level nesting is refused)
     path = key.split(".")
     if len(path) > strict_yaml.MAX_DEPTH:
-        raise ConfigError(f"bad override {text[:60]!r}...: its key is nested deeper than {strict_yaml.MAX_DEPTH} levels")
+        raise ConfigError(f"bad override {text[:60]!r}...: its key is nested deeper than {strict_yaml.MAX_DEPTH} "
+                          f"levels")
     return path, value
 
 

@@ -58,8 +58,8 @@ class _TagRecorder:
 
 
 def check_out_file(out: Path) -> Path:
-    """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an existing,
-    writable directory, outside the shipped weights."""
+    """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an
+    existing, writable directory, outside the shipped weights."""
     from models.shipped import refuse_shipped
 
     refuse_shipped(out, "--out")

@@ -96,7 +96,8 @@ def _spans(values: list[int]) -> str:
 
 def check_update(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> None:
     """Update knobs that would train nothing, or other than config.yaml records: clip values and the learning rate
-    must be > 0 (``adv_clip: 0`` zeroes every advantage; the run "finished" with loss 0 at every step) and ``minibatches`` must split the batch into exactly that many."""
+    must be > 0 (``adv_clip: 0`` zeroes every advantage; the run "finished" with loss 0 at every step) and
+    ``minibatches`` must split the batch into exactly that many."""
     zero = {"adv_clip": "every advantage would be 0 and nothing trains", "lr": "the policy would never change",
             "clip_range": "the PPO ratio would be clipped to exactly 1"}
     for name, what in zero.items():

@@ -60,7 +60,8 @@ def guarded(sandbox, monkeypatch):
 PATHS = st.sampled_from(["{root}/new", "{root}/file.txt", "{root}/dir", "{root}/weights", "{root}/weights/x",
                          "{root}/weights/tiny_glyphs.safetensors", "{root}/../{root}/dir/sub", "{root}/a\x00b",
                          "/dev/null", "", "{root}/missing/deeper/x"])
-NUMBERS = st.sampled_from(["0", "-1", "1", "2", "1.5", "nan", "inf", "-inf", "1e308", "abc", "", "99999999999999999999"])
+NUMBERS = st.sampled_from(["0", "-1", "1", "2", "1.5", "nan", "inf", "-inf", "1e308", "abc", "",
+                           "99999999999999999999"])
 
 
 def _options(draw, names: list[str], values) -> list[str]:

@@ -152,7 +152,7 @@ def test_mutated_configs_run_one_step_or_fail_with_one_line_before_writing(tmp_p
             assert not run.exists(), err
 
 
-# ---- model.args and reward_args, built for real (issue 33: hidden -5 / layers 0 were torch errors, hidden 0 trained) --
+# ---- model.args and reward_args, built for real (issue 33: hidden -5, layers 0 were torch errors; hidden 0 trained) -
 ARGUMENT_VALUES = st.one_of(  # no huge sizes: a network of 2**31 units is refused only by the allocator
     st.integers(-3, 40), st.sampled_from([0, -1, 1, 2]), st.floats(allow_nan=True, allow_infinity=True),
     st.none(), st.booleans(), st.text(max_size=4), st.sampled_from(["cpu", "cuda", "cuda:3", "mps", "bogus", "a\x00b"]),
