@@ -34,6 +34,7 @@ from benchmark.config import ExperimentConfig, apply_overrides, build_config, re
 from benchmark.recipes import recipe
 from benchmark.runner import holds_other_config, is_finished, train
 from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.labels import check_label
 from flowzoo.schema import from_mapping
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -67,6 +68,7 @@ def load_suite(name_or_path: str) -> Suite:
         raise ConfigError(f"unknown suite {name_or_path!r}; known: {', '.join(suite_names())} (or a path to a YAML file)")
     data = read_yaml(path)
     suite = from_mapping(Suite, data, where=f"suite {path.name}")
+    check_label(suite.name, "suite name")  # it names the runs' directory under --runs
     if suite.seed_sets:
         union = check_seed_sets(suite.seed_sets, f"suite {path.name}")
         if "seeds" in data and sorted(suite.seeds) != sorted(union):
@@ -199,10 +201,10 @@ def _cells(suite: Suite) -> list[tuple[str, str]]:
             if task in suite.only_tasks.get(alg, [task])]
 
 
-def _names(csv: str, option: str, valid) -> list[str]:
+def _names(csv: str, option: str, valid, what: str) -> list[str]:
     wanted = [a.strip() for a in csv.split(",") if a.strip()]
     if not wanted:
-        raise ConfigError(f"{option}: nothing named in {csv!r}; valid: {', '.join(valid)}")
+        raise ConfigError(f"{option}: no {what} named in {csv!r}; valid: {', '.join(valid)}")
     check_unique(wanted, option)
     return wanted
 
@@ -218,7 +220,7 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
     seeds and every task's own."""
     suite, original = copy.deepcopy(suite), suite
     if tasks_csv is not None:
-        wanted = _names(tasks_csv, "--tasks", suite.tasks)
+        wanted = _names(tasks_csv, "--tasks", suite.tasks, "task")
         unknown = [t for t in wanted if t not in suite.tasks]
         if unknown:
             raise ConfigError(f"--tasks: suite {suite.name} has no task {', '.join(unknown)}; tasks: "
@@ -232,7 +234,7 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
             raise ConfigError(f"--seed-set: suite {suite.name} has no seed set {seed_set!r}; sets: {known}")
         seeds_csv = ",".join(str(s) for s in suite.seed_sets[seed_set])
     if algorithms_csv:
-        wanted = _names(algorithms_csv, "--algorithms", suite.algorithms)
+        wanted = _names(algorithms_csv, "--algorithms", suite.algorithms, "algorithm")
         for name in wanted:
             algorithms.get(name)
         suite.algorithms = wanted

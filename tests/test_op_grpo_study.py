@@ -248,3 +248,12 @@ def test_seed_sets_must_be_disjoint(tmp_path):
     path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seeds": [0, 0]}))
     with pytest.raises(ConfigError, match=r"seeds: repeated \[0\]"):
         load_suite(str(path))
+
+
+def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
+    from benchmark.suite import load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "../elsewhere", "tasks": {"t": {}}}))
+    with pytest.raises(ConfigError, match="suite name: '../elsewhere' would leave its directory"):
+        load_suite(str(path))
