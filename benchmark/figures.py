@@ -4,7 +4,8 @@ What an algorithm is comes from its class's declarations (``algorithms/base.py``
 ``family``, ``ablation_of`` and ``diagnostics`` (:func:`family`, :func:`ablation_of`, :func:`diagnostics`; a name
 that is not registered is a method of no known family and declares nothing).
 
-* **Families** have one colour map each (Flow-GRPO blues, DanceGRPO greens, MixGRPO oranges, OP-GRPO purples, any
+* **Families** have one colour map each (Flow-GRPO blues, DanceGRPO greens, MixGRPO oranges, OP-GRPO purples,
+  DiffusionNFT reds, AWM yellow-browns, any
   other algorithm greys); the family's own method is its darkest shade and a solid line, its variants lighter shades
   with dashed, dotted, ... lines. An algorithm keeps its colour and line style in every figure of a report.
 * **Panels**: "methods" (each family's own method and any unknown algorithm), "variants" (Flow-GRPO-Fast,
@@ -36,7 +37,8 @@ from benchmark import stats
 from flowzoo.io import atomic_write
 
 FAMILIES = (("flow_grpo", "Flow-GRPO", "Blues"), ("dance_grpo", "DanceGRPO", "Greens"),
-            ("mix_grpo", "MixGRPO", "Oranges"), ("op_grpo", "OP-GRPO", "Purples"))
+            ("mix_grpo", "MixGRPO", "Oranges"), ("op_grpo", "OP-GRPO", "Purples"),
+            ("diffusion_nft", "DiffusionNFT", "Reds"), ("awm", "AWM", "YlOrBr"))
 OTHER_COLORMAP = "Greys"
 LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 MAX_LINES = 6
