@@ -67,6 +67,26 @@ def _end_failed_rank(rank: str, error: BaseException) -> None:
     os._exit(code)
 
 
+#: upper bounds of the command lines' counts: a value past them would not fit in memory or time on any machine this
+#: project targets (a sample count of 10^20 was killed by the kernel, not refused), so argparse refuses it with the usage
+MAX_BATCH = 65_536  # samples, images or prompts in one go
+MAX_SAMPLING_STEPS = 10_000
+MAX_REPEATS = 10_000
+MAX_LORA_RANK = 4_096
+MAX_THREADS = 1_024
+
+
+def at_most(high: int):
+    """An argparse type: an integer <= ``high`` (lower bounds are checked by each command with its own message)."""
+    def parse(text: str) -> int:
+        value = int(text)  # ValueError: argparse's "invalid parse value" line
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above the maximum {high}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from benchmark.suite import load_suite, run_suite, select
 
@@ -280,11 +300,11 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("--steps", type=int, default=100_000, help="stop after this many optimizer steps")
     pt.add_argument("--minutes", type=float, default=None, help="stop after this much training wall time "
                                                                  "(default: no limit)")
-    pt.add_argument("--batch", type=int, default=32, help="images per optimizer step")
+    pt.add_argument("--batch", type=at_most(MAX_BATCH), default=32, help="images per optimizer step")
     pt.add_argument("--lr", type=float, default=5e-4, help="learning rate")
     pt.add_argument("--ema", type=float, default=0.998, help="decay of the parameter average that is shipped")
     pt.add_argument("--seed", type=int, default=0, help="random seed")
-    pt.add_argument("--threads", type=int, default=2, help="torch threads")
+    pt.add_argument("--threads", type=at_most(MAX_THREADS), default=2, help="torch threads")
     pt.add_argument("--out", default=None,
                     help="weights file (default: <run-dir>/tiny_<data>.safetensors; the shipped "
                          "models/weights/tiny_<data>.safetensors is replaced only when named here)")
@@ -298,7 +318,7 @@ def parser() -> argparse.ArgumentParser:
                  "per batch.")
     g.add_argument("config", help="YAML config (see benchmark/configs/)")
     g.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.prompts_per_step=16")
-    g.add_argument("--batches", type=int, default=16, help="independent batches to compare")
+    g.add_argument("--batches", type=at_most(MAX_REPEATS), default=16, help="independent batches to compare")
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -308,9 +328,10 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("overrides", nargs="*", default=[], help="algorithm key=value overrides, e.g. reuse_rollout_graph=true")
     pf.add_argument("--model-path", default=None, help="SD3 diffusers directory (default: a tiny random pipeline)")
     pf.add_argument("--device", default="cpu", help="torch device")
-    pf.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (32 is the released recipe)")
-    pf.add_argument("--repeats", type=int, default=5, help="interleaved repetitions per variant")
-    pf.add_argument("--prompts", type=int, default=1, help="prompts per iteration, group_size samples each")
+    pf.add_argument("--lora-rank", type=at_most(MAX_LORA_RANK), default=32, help="LoRA rank (32 is the released recipe)")
+    pf.add_argument("--repeats", type=at_most(MAX_REPEATS), default=5, help="interleaved repetitions per variant")
+    pf.add_argument("--prompts", type=at_most(MAX_BATCH), default=1,
+                    help="prompts per iteration, group_size samples each")
     pf.add_argument("--gpu-check", action="store_true", help="one Flow-GRPO and one OP-GRPO iteration of a random "
                     "SD3.5-Medium-sized transformer at 512 px, bf16, LoRA r32 (docs/perf.md); needs --device cuda")
 
@@ -332,9 +353,9 @@ def parser() -> argparse.ArgumentParser:
                   "writes\nnothing into the run.")
     ev.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory or a YAML config")
     ev.add_argument("overrides", nargs="*", default=[], help="key=value overrides of a config, e.g. algorithm.guidance=3")
-    ev.add_argument("--steps", type=int, default=None, metavar="N",
+    ev.add_argument("--steps", type=at_most(MAX_SAMPLING_STEPS), default=None, metavar="N",
                     help="ODE steps (default: the config's train.eval_num_steps)")
-    ev.add_argument("--samples", type=int, default=None, metavar="K",
+    ev.add_argument("--samples", type=at_most(MAX_BATCH), default=None, metavar="K",
                     help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
     ev.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
 

@@ -410,3 +410,23 @@ def test_train_into_a_pretrain_directory_is_refused_without_asking_to_delete_its
     torch.save([1, 2], pre / "checkpoint.pt")  # not a dict at all
     assert main([*TOY, f"run_dir={pre}"]) == 2
     assert "holds a list, not a training run's state" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("argv", [
+    ["pretrain", "tiny", "--batch", "99999999999999999999"],
+    ["eval", "benchmark/configs/toy_flow_grpo.yaml", "--samples", "99999999999999999999"],
+    ["eval", "benchmark/configs/toy_flow_grpo.yaml", "--steps", "99999999999999999999"],
+    ["perf", "--prompts", "99999999999999999999"],
+    ["perf", "--repeats", "99999999999999999999"],
+    ["perf", "--lora-rank", "99999999999999999999"],
+    ["grad-snr", "benchmark/configs/toy_flow_grpo.yaml", "--batches", "99999999999999999999"],
+])
+def test_counts_past_any_machine_are_refused_with_the_usage(argv, capsys):
+    """A sample count of 10^20 used to be accepted by eval and allocated until the kernel killed the process (the
+    command-line fuzz drew it once in CI-like runs); every count option has an upper bound that argparse enforces."""
+    from benchmark.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "is above the maximum" in capsys.readouterr().err
