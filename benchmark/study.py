@@ -173,7 +173,9 @@ def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline:
                      "cost_ratio": median, "cost_ratio_min": float(cost_ratios.min()),
                      "cost_ratio_max": float(cost_ratios.max()), "repeats": len(repeats),
                      "ratio": e["ratio"] * median, "ratio_low": e["ratio_low"] * low_cost,
-                     "ratio_high": e["ratio_high"] * high_cost})
+                     "ratio_high": e["ratio_high"] * high_cost,
+                     "censored": int(e["n"] - e["reached"]) if "reached" in e else 0,
+                     "n": int(e["n"]) if "n" in e else 0})
     return pd.DataFrame(rows)
 
 
@@ -217,14 +219,17 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
                   "(`python -m benchmark.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
-                  "own wall-clock is not used: it carries the load of the shared machine.", "",
+                  "own wall-clock is not used: it carries the load of the shared machine. A cell whose runs did not "
+                  "all reach the target is marked *lower bound* (its censored runs count at the budget).", "",
                   "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
                   "| wall-clock ratio (95% CI) |", "|---|---|---|---|---|---|---|---|"]
         for _, w in wall.iterrows():
             lines.append(f"| {w['seed_set']} | {w['task']} | {w['algorithm']} | {w['metric']} | "
                          f"{w['steps_ratio']:.2f} | {w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-"
                          f"{w['cost_ratio_max']:.2f}) | {int(w['repeats'])} | {w['ratio']:.2f} "
-                         f"[{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}] |")
+                         f"[{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}]"
+                         + (f" *lower bound* ({int(w['censored'])}/{int(w['n'])} censored)"
+                            if w.get("censored", 0) else "") + " |")
         lines.append("")
     for task, rows in table.groupby("task"):
         seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
