@@ -102,9 +102,14 @@ MIX_WAN = dict(MIX_SD3, num_steps=20, shift=None, lr=1e-4)  # the Wan task's sam
 FLASH = dict(window_tau=20, compress_ratio=0.4,  # MG ..._MixGRPO_Flash.sh:57,77
              compress_count="released")  # MG sampling_utils.py:44 int((T - last) * ratio)
 
+NFT_SD3 = dict(group_size=24, num_steps=10, guidance=1.0, solver="dpm2", nft_beta=1.0, decay_type=1, kl_beta=1e-4,
+               lr=3e-4, minibatches=1)  # DN config/nft.py:20-105, config/base.py:66
+AWM_SD3 = dict(group_size=24, num_steps=14, guidance=1.0, train_timesteps=6, kl_beta=1e-3, lr=3e-4,
+               weighting="ghuber")  # AWM config/dgx_awm.py:37-64
 EXPECTED = {
     ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): FLOW_SD3, ("sd3", "flow_grpo_fast"): FAST_SD3,
     ("sd3", "dance_grpo"): DANCE_SD3, ("sd3", "mix_grpo"): MIX_SD3, ("sd3", "mix_grpo_flash"): dict(MIX_SD3, **FLASH),
+    ("sd3", "diffusion_nft"): NFT_SD3, ("sd3", "awm"): AWM_SD3,
     ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): FLOW_WAN, ("wan", "flow_grpo_fast"): FAST_WAN,
     ("wan", "dance_grpo"): DANCE_WAN, ("wan", "mix_grpo"): MIX_WAN, ("wan", "mix_grpo_flash"): dict(MIX_WAN, **FLASH),
 }
@@ -112,6 +117,9 @@ PER_TASK = {
     ("sd3_pickscore", "flow_grpo"): {"kl_beta": 0.01},  # FG grpo.py:227
     ("sd3_pickscore", "op_grpo"): {"kl_beta": 0.01},
     ("sd3_pickscore", "flow_grpo_fast"): {"group_size": 18},  # FG grpo.py:338 (pickscore_sd3_fast_nocfg)
+    ("sd3_ocr", "diffusion_nft"): {"nft_beta": 0.1, "decay_type": 2, "minibatches": 2},  # DN nft.py:75-78
+    ("sd3_ocr", "awm"): {"kl_beta": 3e-3},  # AWM dgx_awm.py:194
+    ("sd3_pickscore", "awm"): {"kl_beta": 1e-4, "time_type": "discrete", "solver": "dpm2"},  # AWM dgx_awm.py:326-367
 }
 PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video"]
 
@@ -142,7 +150,7 @@ def test_paper_suite_resolves_to_the_released_recipes(suite_name, prompt_dir, tm
 
 #: each release's prompts per step (the paper suites' `per_algorithm_train`; sources in the suite files)
 RELEASED_PROMPTS = {"flow_grpo": 48, "op_grpo": 48, "flow_grpo_fast": 48, "dance_grpo": 16, "mix_grpo": 32,
-                    "mix_grpo_flash": 32}
+                    "mix_grpo_flash": 32, "diffusion_nft": 48, "awm": 48}  # the last two: ours (48), see the suites
 
 
 @pytest.mark.parametrize("suite_name", PAPER_SUITES[:3])
