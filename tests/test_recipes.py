@@ -110,6 +110,9 @@ EXPECTED = {
     ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): FLOW_SD3, ("sd3", "flow_grpo_fast"): FAST_SD3,
     ("sd3", "dance_grpo"): DANCE_SD3, ("sd3", "mix_grpo"): MIX_SD3, ("sd3", "mix_grpo_flash"): dict(MIX_SD3, **FLASH),
     ("sd3", "diffusion_nft"): NFT_SD3, ("sd3", "awm"): AWM_SD3,
+    ("wan", "diffusion_nft"): dict(group_size=24, guidance=1.0, solver="dpm2", nft_beta=1.0, decay_type=1,
+                                   kl_beta=1e-4),  # ours: the SD3 recipe's values (no released Wan trainer)
+    ("wan", "awm"): dict(group_size=24, guidance=1.0),  # ours: the SD3 recipe's values
     ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): FLOW_WAN, ("wan", "flow_grpo_fast"): FAST_WAN,
     ("wan", "dance_grpo"): DANCE_WAN, ("wan", "mix_grpo"): MIX_WAN, ("wan", "mix_grpo_flash"): dict(MIX_WAN, **FLASH),
 }
