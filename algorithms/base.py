@@ -86,7 +86,7 @@ class AlgorithmConfig:
     lr: float = 3e-4
     weight_decay: float = 1e-4
     adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0 = no gradient clipping (the norm is still logged)
     inner_epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # optimizer steps per pass
     micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once

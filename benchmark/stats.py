@@ -37,6 +37,7 @@ an error. The definitions, in one place:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     seed = _config_int(config, "seed", config_path)
 
     identity = cell_identity(config)
+    check_done_matches_config(run_dir)
     metrics = read_metrics(run_dir / "metrics.csv")
     # a resumed run may log a step twice: the later row is the one that continued
     metrics = metrics.drop_duplicates("step", keep="last").sort_values("step", kind="stable").reset_index(drop=True)
@@ -124,6 +126,32 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
         metrics.insert(position, key, [value] * len(metrics))
     metrics.attrs["identity"] = identity
     return metrics
+
+
+def check_done_matches_config(run_dir: Path) -> None:
+    """A finished run is bound to its config as train's skip, eval and export bind it: when ``done.json`` carries the
+    digest of the config that wrote it and the run's ``config.yaml`` loads here, the two must agree, else
+    ``ConfigError`` (the run is skipped with that cause: its metrics belong to another config). A done.json without
+    a digest (written before digests), or a config that does not load on this machine (e.g. prompt files elsewhere),
+    is not checked."""
+    try:
+        summary = json.loads((run_dir / "done.json").read_text())
+    except (OSError, ValueError):
+        return
+    digest = summary.get("config_digest") if isinstance(summary, dict) else None
+    if not isinstance(digest, str):
+        return
+    from benchmark.checkpoints import config_digest
+    from benchmark.config import load_config
+    from flowzoo.errors import FlowZooError
+
+    try:
+        config = load_config(run_dir / "config.yaml")
+    except FlowZooError:
+        return
+    if config_digest(config) != digest:
+        raise ConfigError(f"{run_dir / 'done.json'}: written by a run of another config than its config.yaml (edited "
+                          "after the run?); its metrics are not this config's")
 
 
 def cell_identity(config: Mapping) -> dict:

@@ -395,3 +395,21 @@ def test_report_refuses_copies_and_differing_configs(tmp_path):
     with pytest.raises(ConfigError, match="runs a and b of task 't', algorithm 'a' differ in algorithm.lr: a report "
                                           "pools only seeds of one config"):
         stats.load_runs(tmp_path)
+
+
+def test_a_finished_run_whose_config_was_edited_is_skipped(tmp_path):
+    """done.json carries the digest of the config that wrote it: a report skips a run whose config.yaml was edited
+    afterwards (as train's skip, eval and export refuse it), naming the cause."""
+    from benchmark.cli import main
+
+    run = tmp_path / "runs" / "r"
+    assert main(["train", "benchmark/configs/toy_flow_grpo.yaml", f"run_dir={run}", "train.steps=2",
+                 "train.eval_every=2", "--quiet"]) == 0
+    assert len(stats.load_runs(tmp_path / "runs")) > 0
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["algorithm"]["lr"] = 0.5
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    skipped = []
+    with pytest.raises(ConfigError, match="no readable runs"):
+        stats.load_runs(tmp_path / "runs", skipped)
+    assert "written by a run of another config than its config.yaml" in skipped[0].cause
