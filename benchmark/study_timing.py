@@ -11,7 +11,7 @@ repeat, and records the run's logged training wall time (``wall_s``, which exclu
 Cells of one repeat share the machine's load of that moment, so the per-repeat **ratio** of a cell's cost to the
 reference cell's (the first of ``--cells``) is the figure to use; :mod:`benchmark.study` combines it with the
 steps-to-target ratio. Cell names are ``TASK/ALGORITHM`` as in the suite's run directories (a control cell is
-``toy2d_sparse64@no_reuse/op_grpo``).
+``toy2d_sep64_sparse@no_reuse/op_grpo``).
 
 Output: one row per (repeat, cell): ``repeat, cell, task, algorithm, steps, wall_s, s_per_step, ratio`` (``ratio``:
 this cell's ``s_per_step`` / the reference's in the same repeat).
