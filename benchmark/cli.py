@@ -188,18 +188,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    import algorithms
-    import models
-    import rewards
-    from benchmark.suite import suite_names
+    from benchmark import catalog
 
-    for title, names in (
-        ("algorithms", algorithms.names()),
-        ("models", models.names()),
-        ("rewards", rewards.names()),
-        ("suites", suite_names()),
-    ):
-        print(f"{title}: {', '.join(names)}")
+    if args.name and "=" in args.name:  # list takes no key=value overrides
+        args.command_parser.error(f"unrecognized arguments: {args.name}")
+    print(catalog.detail(args.name) if args.name else catalog.overview())
     return 0
 
 
@@ -359,7 +352,9 @@ def parser() -> argparse.ArgumentParser:
                     help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
     ev.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
 
-    _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites", "")
+    ls = _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites",
+                  "Each with a one-line description; `flowzoo list NAME` shows one entry's parameters and defaults.")
+    ls.add_argument("name", nargs="?", default=None, help="an algorithm, model, reward or suite to show in full")
     return p
 
 

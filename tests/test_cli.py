@@ -123,7 +123,28 @@ def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
 def test_list_prints_registries(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "algorithms: " in out and "flow_grpo" in out and "toy2d" in out and "toy_mode" in out
+    assert "algorithms:" in out and "flow_grpo" in out and "toy2d" in out and "toy_mode" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    # each entry with its one-line description (the class's own docstring) and, for algorithms, its family
+    assert "OP-GRPO ablation: no truncation" in lines["op_grpo_no_truncation"]
+    assert "family op_grpo; ablation of op_grpo" in lines["op_grpo_no_truncation"]
+    assert "(family diffusion_nft)" in lines["diffusion_nft"]
+    assert "class-conditioned flow on R^2" in lines["toy2d"] and "Sparse: 1 inside" in lines["toy_target"]
+    assert all(len(line) < 200 for line in lines.values())
+
+
+def test_list_one_entry_shows_its_parameters_with_defaults(capsys):
+    assert main(["list", "op_grpo_no_truncation"]) == 0
+    out = capsys.readouterr().out
+    assert "preset {'t_off': None}" in out and "  t_off = None" in out and "  group_size = 8" in out
+    assert main(["list", "toy2d"]) == 0
+    assert "  layout = 'overlapping'" in capsys.readouterr().out
+    assert main(["list", "toy_mode"]) == 0
+    assert "reward_args.toy_mode" in (out := capsys.readouterr().out) and "  scale = 0.5" in out
+    assert main(["list", "op-grpo-study"]) == 0
+    assert "replication: [100," in capsys.readouterr().out
+    assert main(["list", "nope"]) == 2
+    assert "nothing registered as 'nope'; known: awm, " in capsys.readouterr().err
 
 
 def test_prompt_batch_is_seeded_and_balanced():
