@@ -23,6 +23,20 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def register_class(self, name: str) -> Callable[[T], T]:
+        """Class decorator: register the class as ``name`` and set its ``name`` attribute, the one place a registered
+        class's name is written; a class that declares its own, different ``name`` is refused."""
+        def decorator(cls: T) -> T:
+            own = vars(cls).get("name")
+            if own is not None and own != name:
+                raise ValueError(f"{self.kind} class {cls.__qualname__} is registered as {name!r} but declares name "
+                                 f"{own!r}; drop its `name` attribute: @register sets it")
+            cls.name = name
+            self.add(name, cls)
+            return cls
+
+        return decorator
+
     def add(self, name: str, obj: T) -> None:
         if name in self._entries and self._entries[name] is not obj:
             raise ValueError(f"{self.kind} {name!r} is registered twice")

@@ -10,7 +10,7 @@ from flowzoo.registry import Registry
 from models.base import Condition, FlowModel
 
 REGISTRY: Registry[type[FlowModel]] = Registry("model")
-register = REGISTRY.register
+register = REGISTRY.register_class  # sets the class's `name`
 get = REGISTRY.get
 names = REGISTRY.names
 

@@ -23,7 +23,6 @@ from flowzoo.errors import ConfigError
 
 @register("sd3")
 class SD3Model(DiffusersFlowModel):
-    name = "sd3"
     sample_kind = "image"
     default_guidance = 4.5
     default_shift = 3.0

@@ -161,7 +161,6 @@ class TinyModel(DiffusersFlowModel):
     """The tiny tier (module docstring). ``weights``: "auto" = the shipped file of ``data``, a path, or None for a
     random model of ``arch`` (a dict of :class:`TinyArch` fields)."""
 
-    name = "tiny"
     sample_kind = "image"
     default_guidance = 4.5  # base-model sweep on the 256 eval prompts: 3.0 -> 0.341, 4.5 -> 0.370, 6.0 -> 0.396
     default_shift = 1.0

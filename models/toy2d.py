@@ -213,7 +213,6 @@ def pretrain(
 
 @register("toy2d")
 class Toy2DModel(FlowModel):
-    name = "toy2d"
     sample_kind = "points"
     default_guidance = 1.0
     default_shift = 1.0

@@ -24,7 +24,6 @@ from models.diffusers_common import DiffusersFlowModel
 
 @register("wan")
 class WanModel(DiffusersFlowModel):
-    name = "wan"
     sample_kind = "video"
     default_guidance = 4.5
     default_shift = 3.0

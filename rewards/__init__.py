@@ -15,7 +15,7 @@ from rewards.base import Reward, RewardOutput
 from rewards.multi import MultiReward
 
 REGISTRY: Registry[type[Reward]] = Registry("reward")
-register = REGISTRY.register
+register = REGISTRY.register_class  # sets the class's `name`
 get = REGISTRY.get
 names = REGISTRY.names
 

@@ -84,7 +84,6 @@ class ClipReward(Reward):
 class ClipScore(ClipReward):
     """``scale * cos(CLIP image embedding, CLIP text embedding)``; scale 1 by default (see module docstring)."""
 
-    name = "clipscore"
     env_var = "FLOWZOO_CLIPSCORE_PATH"
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
@@ -95,7 +94,6 @@ class ClipScore(ClipReward):
 class PickScore(ClipReward):
     """PickScore (Kirstain et al. 2023): ``logit_scale.exp() * cos``, times ``scale`` (1 by default)."""
 
-    name = "pickscore"
     env_var = "FLOWZOO_PICKSCORE_PATH"
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
@@ -107,7 +105,6 @@ class PickScore(ClipReward):
 class HpsV2(ClipReward):
     """HPS v2 / v2.1 (Wu et al. 2023): raw cosine of a converted HPS CLIPModel (see module docstring)."""
 
-    name = "hpsv2"
     env_var = "FLOWZOO_HPSV2_PATH"
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
@@ -118,7 +115,6 @@ class HpsV2(ClipReward):
 class Aesthetic(ClipReward):
     """LAION aesthetic predictor v2: MLP head on the normalised CLIP image embedding (roughly a 1-10 rating)."""
 
-    name = "aesthetic"
     accepts = ("image",)
     env_var = "FLOWZOO_AESTHETIC_PATH"
     head_env_var: ClassVar[str] = "FLOWZOO_AESTHETIC_HEAD_PATH"

@@ -213,7 +213,6 @@ class TransformersDetector:
 
 @register("geneval")
 class GenEval(Reward):
-    name = "geneval"
     accepts = ("image",)
     #: an image without any detection scores 0 partial credit (else an empty canvas earns the exclude checks' credit)
     empty_image_scores_zero: ClassVar[bool] = False

@@ -35,7 +35,6 @@ IMAGEREWARD_STD = 1.0333394966054072
 
 @register("imagereward")
 class ImageReward(Reward):
-    name = "imagereward"
     accepts = ("image",)
 
     def __init__(

@@ -38,7 +38,6 @@ def jpeg_size_kb(images: torch.Tensor, quality: int = JPEG_QUALITY) -> torch.Ten
 class JpegIncompressibility(Reward):
     """+ JPEG size in kB at quality 95: rewards detail."""
 
-    name = "jpeg_incompressibility"
     accepts = ("image",)
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
@@ -49,7 +48,6 @@ class JpegIncompressibility(Reward):
 class JpegCompressibility(Reward):
     """- JPEG size in kB at quality 95: rewards simple, compressible images."""
 
-    name = "jpeg_compressibility"
     accepts = ("image",)
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:

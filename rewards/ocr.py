@@ -107,7 +107,6 @@ def recognise(image: torch.Tensor, upscale: int = 1, pad: int = 0) -> str:
 class OcrReward(Reward):
     """Flow-GRPO's OCR reward on images [B, 3, H, W] in [0, 1]; see the module docstring for the exact rule."""
 
-    name = "ocr"
     accepts = ("image",)
 
     def __init__(self, upscale: int = 1, pad: int = 0):
@@ -128,7 +127,6 @@ class OcrReward(Reward):
 class VideoOcrReward(Reward):
     """The OCR reward on videos [B, F, 3, H, W]: frames 0, k, 2k, ... are scored and averaged (k = ``frame_stride``)."""
 
-    name = "video_ocr"
     accepts = ("video",)
 
     def __init__(self, frame_stride: int = 4):

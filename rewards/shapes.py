@@ -117,7 +117,6 @@ class ShapesGenEval(GenEval):
     """GenEval partial credit (score) and strict accuracy (component) on shape scenes, with the deterministic
     colour-segmentation detector instead of a neural one; see the module docstring."""
 
-    name = "shapes_geneval"
     empty_image_scores_zero = True
     metadata_hint = "use the tiny_shapes prompt source"
 

@@ -23,7 +23,6 @@ def _targets(metadata: Sequence[dict], key: str, reward: str) -> torch.Tensor:
 class ToyModeReward(Reward):
     """Dense: exp(-d^2 / (2 scale^2)) with d the distance to the class's minority mode."""
 
-    name = "toy_mode"
     accepts = ("points",)
 
     def __init__(self, scale: float = 0.5):
@@ -41,7 +40,6 @@ class ToyModeReward(Reward):
 class ToyTargetReward(Reward):
     """Sparse: 1 inside a small disc just outside the minority mode, else 0 (the base model rarely succeeds)."""
 
-    name = "toy_target"
     accepts = ("points",)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:

@@ -122,7 +122,6 @@ def reply_text(body: bytes) -> str:
 
 @register("unifiedreward")
 class UnifiedReward(Reward):
-    name = "unifiedreward"
     accepts = ("image",)
 
     secret_args = ("api_key",)  # never written out (flowzoo/secrets.py), whatever its name
