@@ -84,6 +84,8 @@ class FlowGRPOFastConfig(AlgorithmConfig):
 class FlowGRPOFast(Algorithm):
     Config = FlowGRPOFastConfig
     family = "flow_grpo"
+    # the report groups a column's algorithms under one description: Fast draws the start, MixGRPO slides it
+    diagnostics = {"window_start": "first denoising step of this iteration's SDE window"}
 
     @property
     def window_range(self) -> int:

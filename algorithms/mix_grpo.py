@@ -92,6 +92,8 @@ class MixGRPOConfig(AlgorithmConfig):
 @register("mix_grpo")
 class MixGRPO(Algorithm):
     Config = MixGRPOConfig
+    # the report groups a column's algorithms under one description: Fast draws the start, MixGRPO slides it
+    diagnostics = {"window_start": "first denoising step of this iteration's SDE window"}
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -168,6 +170,7 @@ class MixGRPOFlashConfig(MixGRPOConfig):
 class MixGRPOFlash(MixGRPO):
     Config = MixGRPOFlashConfig
     diagnostics = {
+        **MixGRPO.diagnostics,
         "tail_steps": "solver steps of the compressed ODE tail after the SDE window (released count int((T - last) r)); "
                       "at 1 the rewarded sample is the one-step prediction x - sigma v",
         "tail_sigma": "sigma at which the compressed tail starts",
