@@ -216,9 +216,6 @@ class DiffusersFlowModel(FlowModel):
     def null_condition(self, n: int) -> Condition:
         return self.encode([self.negative_prompt]).repeat_interleave(n)
 
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
     # ---- network evaluation -------------------------------------------------------------------------------
     #: ``cfg_batch: auto`` splits the detached unconditional CFG branch into its own no_grad call from this many
     #: transformer parameters on: there the backward of B rows it saves outweighs one call's overhead. Measured on
