@@ -194,9 +194,9 @@ def runs_section(analysis: stats.Analysis) -> list[str]:
     return lines + [""]
 
 
-def target_phrase(analysis: stats.Analysis, task: str, target) -> str:
+def target_phrase(analysis: stats.Analysis, task: str) -> str:
     """How a headline sentence names the target: "`flow_grpo`'s final reward", "90% of ...", "the reward 0.8"."""
-    target = stats.as_target(target)
+    target = analysis.target
     if isinstance(target, stats.Target) and target.kind == "relative":
         share = "" if target.value == 1.0 else f"{100 * target.value:g}% of "
         return f"{share}`{analysis.baseline}`'s final reward"
@@ -205,7 +205,7 @@ def target_phrase(analysis: stats.Analysis, task: str, target) -> str:
     return f"the target reward {analysis.targets[task]:g}"
 
 
-def target_line(analysis: stats.Analysis, task: str, target) -> str:
+def target_line(analysis: stats.Analysis, task: str) -> str:
     """The task's target value and where it comes from; for an undefined target, why."""
     base, top, value = analysis.bases.get(task, math.nan), analysis.baseline_finals.get(task, math.nan), \
         analysis.targets[task]
@@ -213,7 +213,7 @@ def target_line(analysis: stats.Analysis, task: str, target) -> str:
               f"reward {fmt_number(top)}")
     if not math.isnan(value):
         return f"Target: eval reward >= {fmt_number(value)} ({origin})."
-    target = stats.as_target(target)
+    target = analysis.target
     if isinstance(target, stats.Target) and target.kind == "gain" and not math.isnan(top):
         return (f"No target on this task: {origin}; `{analysis.baseline}` did not improve on the base model, so a "
                 "share of its gain is undefined (pass an absolute `--target` to compare costs here).")
@@ -285,18 +285,18 @@ def headline_sentence(row: pd.Series, baseline: str, phrase: str) -> str:
     return sentence
 
 
-def headline_section(analysis: stats.Analysis, target) -> list[str]:
+def headline_section(analysis: stats.Analysis) -> list[str]:
     lines = ["## Headline: cost to reach the target, relative to the baseline", "", CENSORING_NOTE, WALL_CLOCK_NOTE,
              ""]
     for task in sorted(analysis.targets):
-        lines += [f"### `{task}`", "", target_line(analysis, task, target), ""]
+        lines += [f"### `{task}`", "", target_line(analysis, task), ""]
         if math.isnan(analysis.targets[task]):
             continue
         table = analysis.efficiency[analysis.efficiency["task"] == task] if len(analysis.efficiency) else []
         if len(table) == 0:
             lines += [f"No algorithm other than `{analysis.baseline}` on this task.", ""]
             continue
-        phrase = target_phrase(analysis, task, target)
+        phrase = target_phrase(analysis, task)
         if int(table.iloc[0]["baseline_n"]):
             lines += [f"**{task_verdict(table, analysis.baseline)}**", ""]
         lines += [f"- {headline_sentence(row, analysis.baseline, phrase)}" for _, row in table.iterrows()] + [""]
@@ -549,7 +549,7 @@ def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     analysis = stats.analyze(runs_dir, baseline=baseline, target=target, smooth=smooth)
-    lines = (header_section(analysis) + runs_section(analysis) + headline_section(analysis, target)
+    lines = (header_section(analysis) + runs_section(analysis) + headline_section(analysis)
              + aggregate_section(analysis, out_dir) + final_section(analysis, out_dir)
              + ablation_section(analysis, out_dir)
              + curves_section(analysis, out_dir) + diagnostics_section(analysis, out_dir)

@@ -723,6 +723,7 @@ class Analysis:
     final_table: pd.DataFrame
     efficiency: pd.DataFrame
     baseline: str
+    target: "Target | dict[str, float]"  # as given, normalised once (:func:`as_target`)
     target_description: str
     smooth: int
     bases: dict[str, float]
@@ -759,6 +760,7 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
         final_table=final_reward_table(finals),
         efficiency=efficiency_table(task_data(runs, curves), baseline, target),
         baseline=baseline,
+        target=target,
         target_description=describe_target(baseline, target),
         smooth=smooth,
         bases=bases,

@@ -130,7 +130,7 @@ def test_headline_exact_numbers_for_faster_algorithm(written):
 
 def _headline(runs, target=None) -> str:
     """The headline section alone (no figures: fast)."""
-    return "\n".join(report.headline_section(stats.analyze(runs, target=target), target))
+    return "\n".join(report.headline_section(stats.analyze(runs, target=target)))
 
 
 def test_relative_target_keeps_the_final_reward_phrase(runs_dir):
@@ -362,7 +362,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
         write_run(runs / f"o{seed}", task="flat", algorithm="op_grpo", seed=seed, curve=fast_curve,
                   nfe_per_step=10, wall_per_step=1.0)
     analysis = stats.analyze(runs)
-    headline = "\n".join(report.headline_section(analysis, None))
+    headline = "\n".join(report.headline_section(analysis))
     assert "No target on this task" in headline and "did not improve on the base model" in headline
     aggregate = "\n".join(report.aggregate_section(analysis, tmp_path / "out"))
     assert "Left out (the baseline does not improve on the base model there" in aggregate
