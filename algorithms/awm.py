@@ -204,12 +204,8 @@ class AWM(Algorithm):
         rollout_weights = OldPolicy(self.model.trainable_parameters()) if cfg.minibatches > 1 else None
         sums = {"loss": 0.0, "kl": 0.0, "kl_copy": 0.0, "clipped": 0.0, "ratio": 0.0, "approx_kl": 0.0, "pairs": 0}
         grad_norms = []
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        perm = torch.randperm(batch, generator=self.update_generator) if kept is None else \
-            kept[torch.randperm(len(kept), generator=self.update_generator)]
-        for index, minibatch in enumerate(perm.chunk(cfg.minibatches)):
-            minibatch = minibatch.sort().values
-            minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
+        # one pass (inner_epochs is 1 for AWM): minibatch ``index`` > 0 compares against the rollout's weights
+        for index, minibatch in enumerate(self.minibatch_rows(batch, kept, offset, len(traj))):
             count = self.dist.sum(len(minibatch))
             if count == 0:
                 continue
@@ -262,12 +258,8 @@ class AWM(Algorithm):
                     sums["ratio"] += float(terms.ratio.sum()) * weight
                     sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
                     sums["pairs"] += k * n
-            self.dist.all_reduce_gradients(params)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
-            self.optimizer.step()
+            grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
-            if self.ema is not None:
-                self.ema.update()
         sums = self.dist.sum(sums)
         pairs = max(sums["pairs"], 1)
         self.log("kl_copy", sums["kl_copy"] / pairs)

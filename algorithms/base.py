@@ -25,7 +25,7 @@ import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Iterator, Literal, Sequence
 
 import torch
 
@@ -438,6 +438,31 @@ class Algorithm:
             kl = gaussian_mean_kl(out.mean, ref.mean, std, traj.reduction)
         return out, kl
 
+    def minibatch_rows(self, batch: int, kept: torch.Tensor | None, offset: int, local: int) -> Iterator[torch.Tensor]:
+        """This rank's rows of each minibatch of an update, epoch after epoch: every inner epoch draws a fresh
+        permutation of the global batch (or of the ``kept`` rows) from the update generator and splits it into
+        ``minibatches`` parts; each part is sorted and cut to the rows ``[offset, offset + local)`` this rank holds,
+        returned as local indices (possibly none: the caller skips a minibatch that is empty on every rank)."""
+        for _ in range(self.config.inner_epochs):
+            if kept is None:
+                perm = torch.randperm(batch, generator=self.update_generator)
+            else:
+                perm = kept[torch.randperm(len(kept), generator=self.update_generator)]
+            for minibatch in perm.chunk(self.config.minibatches):
+                minibatch = minibatch.sort().values
+                yield minibatch[(minibatch >= offset) & (minibatch < offset + local)] - offset
+
+    def optimizer_step(self) -> float:
+        """One optimizer step on the accumulated gradients: summed over ranks, clipped to ``max_grad_norm`` (0: no
+        clipping), applied, then the weight EMA updated; returns the gradient norm before clipping."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.dist.all_reduce_gradients(params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm or math.inf))
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update()
+        return grad_norm
+
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         """PPO-clip epochs over the rollout batch; each sample's loss is scaled by exp(traj.log_weight)."""
         cfg = self.config
@@ -450,45 +475,33 @@ class Algorithm:
         sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
         off_pairs = torch.zeros(2)  # [clipped, total] over off-policy samples
         grad_norms = []
-        for _ in range(cfg.inner_epochs):
-            if kept is None:
-                perm = torch.randperm(batch, generator=self.update_generator)
-            else:
-                perm = kept[torch.randperm(len(kept), generator=self.update_generator)]
-            for minibatch in perm.chunk(cfg.minibatches):
-                minibatch = minibatch.sort().values
-                minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
-                pairs = self.dist.sum(int(traj.train[minibatch].sum()))  # the global count normalises the loss
-                if pairs == 0:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                for t in range(traj.num_steps):
-                    rows_t = minibatch[traj.train[minibatch, t]]
-                    # a kept rollout graph is back-propagated once, whole (its forward already ran on the batch)
-                    chunk = len(rows_t) if traj.live and t in traj.live else cfg.micro_batch or len(rows_t)
-                    for rows in rows_t.split(max(chunk, 1)):
-                        if len(rows) == 0:
-                            continue
-                        out, kl = self._step_terms(traj, rows, t, traj.live)
-                        old = traj.log_probs[rows, t]
-                        terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
-                        per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
-                        (per_sample.sum() / pairs).backward()
-                        with torch.no_grad():
-                            sums["clipped"] += float(terms.clipped.sum())
-                            sums["approx_kl"] += float(approx_kl(out.log_prob, old)) * len(rows)
-                            sums["kl"] += float(kl.sum())
-                            sums["ratio"] += float(terms.ratio.sum())
-                            sums["loss"] += float(per_sample.sum())
-                            sums["pairs"] += len(rows)
-                            off = traj.off_policy[rows]
-                            off_pairs += torch.tensor([float(terms.clipped[off].sum()), float(off.sum())])
-                params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                self.dist.all_reduce_gradients(params)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
-                self.optimizer.step()
-                if self.ema is not None:
-                    self.ema.update()
+        for minibatch in self.minibatch_rows(batch, kept, offset, len(traj)):
+            pairs = self.dist.sum(int(traj.train[minibatch].sum()))  # the global count normalises the loss
+            if pairs == 0:
+                continue
+            self.optimizer.zero_grad(set_to_none=True)
+            for t in range(traj.num_steps):
+                rows_t = minibatch[traj.train[minibatch, t]]
+                # a kept rollout graph is back-propagated once, whole (its forward already ran on the batch)
+                chunk = len(rows_t) if traj.live and t in traj.live else cfg.micro_batch or len(rows_t)
+                for rows in rows_t.split(max(chunk, 1)):
+                    if len(rows) == 0:
+                        continue
+                    out, kl = self._step_terms(traj, rows, t, traj.live)
+                    old = traj.log_probs[rows, t]
+                    terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
+                    per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
+                    (per_sample.sum() / pairs).backward()
+                    with torch.no_grad():
+                        sums["clipped"] += float(terms.clipped.sum())
+                        sums["approx_kl"] += float(approx_kl(out.log_prob, old)) * len(rows)
+                        sums["kl"] += float(kl.sum())
+                        sums["ratio"] += float(terms.ratio.sum())
+                        sums["loss"] += float(per_sample.sum())
+                        sums["pairs"] += len(rows)
+                        off = traj.off_policy[rows]
+                        off_pairs += torch.tensor([float(terms.clipped[off].sum()), float(off.sum())])
+            grad_norms.append(self.optimizer_step())
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
         sums, off_pairs = self.dist.sum(sums), self.dist.sum(off_pairs)
         n = max(sums["pairs"], 1)

@@ -34,7 +34,6 @@ sampling T * B * c; training E * k * c * B * K.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal, Sequence
 
@@ -194,54 +193,42 @@ class DiffusionNFT(Algorithm):
         k = self.trained_timesteps
         sums = {"loss": 0.0, "kl": 0.0, "old_deviation": 0.0, "r": 0.0, "pairs": 0}
         grad_norms = []
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        for _ in range(cfg.inner_epochs):
-            if kept is None:
-                perm = torch.randperm(batch, generator=self.update_generator)
-            else:
-                perm = kept[torch.randperm(len(kept), generator=self.update_generator)]
-            for minibatch in perm.chunk(cfg.minibatches):
-                minibatch = minibatch.sort().values
-                minibatch = minibatch[(minibatch >= offset) & (minibatch < offset + len(traj))] - offset
-                pairs = self.dist.sum(len(minibatch)) * k  # the global count normalises the loss
-                if pairs == 0:
-                    continue
-                steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
-                self.optimizer.zero_grad(set_to_none=True)
-                for j in range(k):
-                    for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
-                        rows = minibatch[part]
-                        x0 = x0_all[rows]
-                        sigma = traj.sigmas[steps[part, j]].to(x0.device)
-                        s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
-                        x_t = (1 - s) * x0 + s * noise[part, j]
-                        # the old and reference forwards run before the trained one: swapping the old weights in
-                        # writes the parameters in place, which must not happen under a live graph
-                        with torch.no_grad():
-                            with self.old_policy.swapped_in():
-                                v_old = self._velocity(x_t, sigma, traj, rows)
-                            v_ref = None
-                            if cfg.kl_beta > 0:
-                                with self.model.reference():
-                                    v_ref = self._velocity(x_t, sigma, traj, rows)
-                        v = self._velocity(x_t, sigma, traj, rows)
-                        terms = nft_loss(v.float(), v_old.float(), None if v_ref is None else v_ref.float(), x_t,
-                                         x0, sigma, advantages[rows].to(x0.device), cfg.nft_beta, cfg.adv_clip,
-                                         cfg.kl_beta)
-                        (terms.loss.sum() / pairs).backward()
-                        with torch.no_grad():
-                            sums["loss"] += float(terms.loss.sum())
-                            sums["kl"] += float(terms.kl.sum())
-                            dims = tuple(range(1, x0.dim()))
-                            sums["old_deviation"] += float(((v.float() - v_old.float()) ** 2).mean(dim=dims).sum())
-                            sums["r"] += float(terms.r.sum())
-                            sums["pairs"] += len(rows)
-                self.dist.all_reduce_gradients(params)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)))
-                self.optimizer.step()
-                self.optimizer_steps += 1
-                if self.ema is not None:
-                    self.ema.update()
+        for minibatch in self.minibatch_rows(batch, kept, offset, len(traj)):
+            pairs = self.dist.sum(len(minibatch)) * k  # the global count normalises the loss
+            if pairs == 0:
+                continue
+            steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            self.optimizer.zero_grad(set_to_none=True)
+            for j in range(k):
+                for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
+                    rows = minibatch[part]
+                    x0 = x0_all[rows]
+                    sigma = traj.sigmas[steps[part, j]].to(x0.device)
+                    s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
+                    x_t = (1 - s) * x0 + s * noise[part, j]
+                    # the old and reference forwards run before the trained one: swapping the old weights in
+                    # writes the parameters in place, which must not happen under a live graph
+                    with torch.no_grad():
+                        with self.old_policy.swapped_in():
+                            v_old = self._velocity(x_t, sigma, traj, rows)
+                        v_ref = None
+                        if cfg.kl_beta > 0:
+                            with self.model.reference():
+                                v_ref = self._velocity(x_t, sigma, traj, rows)
+                    v = self._velocity(x_t, sigma, traj, rows)
+                    terms = nft_loss(v.float(), v_old.float(), None if v_ref is None else v_ref.float(), x_t,
+                                     x0, sigma, advantages[rows].to(x0.device), cfg.nft_beta, cfg.adv_clip,
+                                     cfg.kl_beta)
+                    (terms.loss.sum() / pairs).backward()
+                    with torch.no_grad():
+                        sums["loss"] += float(terms.loss.sum())
+                        sums["kl"] += float(terms.kl.sum())
+                        dims = tuple(range(1, x0.dim()))
+                        sums["old_deviation"] += float(((v.float() - v_old.float()) ** 2).mean(dim=dims).sum())
+                        sums["r"] += float(terms.r.sum())
+                        sums["pairs"] += len(rows)
+            grad_norms.append(self.optimizer_step())
+            self.optimizer_steps += 1
         sums = self.dist.sum(sums)
         n = max(sums["pairs"], 1)
         self.log("old_deviation", sums["old_deviation"] / n)
