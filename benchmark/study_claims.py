@@ -62,11 +62,15 @@ def _row(claim: str, rule: str, measured: str, verdict: str) -> dict:
     return {"claim": claim, "rule": rule, "measured": measured, "verdict": verdict}
 
 
-def _steps_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
-    claim = f"OP-GRPO needs 34.2% of Flow-GRPO's steps to reach its final performance ({label})"
-    rule = ("judged on the steps to 80% of Flow-GRPO's gain (restricted means): reproduced if 0.342 lies in the CI of "
-            "the OP-GRPO / Flow-GRPO ratio; contradicted if the CI excludes it")
-    e = _effect(effects, task, "flow_grpo", "op_grpo", STEPS_METRIC)
+def _saving_side(low: float, high: float, saving: str) -> str:
+    """Which way a steps-ratio CI that missed its claim points: ``saving`` (below 1), no saving, or more steps."""
+    return saving if high < 1 else "no saving" if low <= 1 else "needs more steps"
+
+
+def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: str, rule: str, judge) -> dict:
+    """A claim on ``algorithm`` / Flow-GRPO steps to 80% of the gain: ``judge(low, high)`` of the ratio's CI gives
+    the verdict; no runs or no CI are 'not tested' / 'inconclusive (no CI)'."""
+    e = _effect(effects, task, "flow_grpo", algorithm, STEPS_METRIC)
     if e is None:
         return _row(claim, rule, "no runs", "not tested")
     measured = (f"ratio {e['ratio']:.2f} {_ci(e['ratio_low'], e['ratio_high'])} ({e['algorithm_mean']:.0f} vs "
@@ -74,11 +78,19 @@ def _steps_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
                 f"{int(e['reference_reached'])}/{int(e['n'])})")
     if not (math.isfinite(e["ratio_low"]) and math.isfinite(e["ratio_high"])):
         return _row(claim, rule, measured, "inconclusive (no CI)")
-    if e["ratio_low"] <= PAPER_STEPS_RATIO <= e["ratio_high"]:
-        return _row(claim, rule, measured, "reproduced")
-    side = "saves steps, fewer than claimed" if e["ratio_high"] < 1 else \
-        "no saving" if e["ratio_low"] <= 1 else "needs more steps"
-    return _row(claim, rule, measured, f"contradicted ({side})")
+    return _row(claim, rule, measured, judge(float(e["ratio_low"]), float(e["ratio_high"])))
+
+
+def _steps_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
+    claim = f"OP-GRPO needs 34.2% of Flow-GRPO's steps to reach its final performance ({label})"
+    rule = ("judged on the steps to 80% of Flow-GRPO's gain (restricted means): reproduced if 0.342 lies in the CI of "
+            "the OP-GRPO / Flow-GRPO ratio; contradicted if the CI excludes it")
+
+    def judge(low: float, high: float) -> str:
+        if low <= PAPER_STEPS_RATIO <= high:
+            return "reproduced"
+        return f"contradicted ({_saving_side(low, high, 'saves steps, fewer than claimed')})"
+    return _steps_ratio_claim(effects, task, "op_grpo", claim, rule, judge)
 
 
 def _reuse_claim(table: pd.DataFrame, effects: pd.DataFrame) -> dict:
@@ -155,21 +167,14 @@ def _decoupled_claim(effects: pd.DataFrame, algorithm: str, task: str, label: st
     claim = f"{DECOUPLED_CLAIMS[algorithm]} reaches Flow-GRPO's level in several-fold fewer steps ({label})"
     rule = (f"steps to 80% of Flow-GRPO's gain, {algorithm} / Flow-GRPO: reproduced if the ratio's CI lies below 1/3 "
             "(at least 3x fewer steps); contradicted if it lies above 1/3; else inconclusive")
-    e = _effect(effects, task, "flow_grpo", algorithm, STEPS_METRIC)
-    if e is None:
-        return _row(claim, rule, "no runs", "not tested")
-    measured = (f"ratio {e['ratio']:.2f} {_ci(e['ratio_low'], e['ratio_high'])} ({e['algorithm_mean']:.0f} vs "
-                f"{e['reference_mean']:.0f} steps, reached {int(e['reached'])}/{int(e['n'])} vs "
-                f"{int(e['reference_reached'])}/{int(e['n'])})")
-    if not (math.isfinite(e["ratio_low"]) and math.isfinite(e["ratio_high"])):
-        return _row(claim, rule, measured, "inconclusive (no CI)")
-    if e["ratio_high"] < SEVERAL_FOLD:
-        return _row(claim, rule, measured, "reproduced")
-    if e["ratio_low"] > SEVERAL_FOLD:
-        side = "fewer steps, not several-fold" if e["ratio_high"] < 1 else \
-            "no saving" if e["ratio_low"] <= 1 else "needs more steps"
-        return _row(claim, rule, measured, f"contradicted ({side})")
-    return _row(claim, rule, measured, "inconclusive")
+
+    def judge(low: float, high: float) -> str:
+        if high < SEVERAL_FOLD:
+            return "reproduced"
+        if low > SEVERAL_FOLD:
+            return f"contradicted ({_saving_side(low, high, 'fewer steps, not several-fold')})"
+        return "inconclusive"
+    return _steps_ratio_claim(effects, task, algorithm, claim, rule, judge)
 
 
 def _instability(table: pd.DataFrame, algorithm: str) -> tuple[int, int]:

@@ -26,7 +26,7 @@ class NotYAML(ConfigError):
 
 
 class _Ambiguous(yaml.YAMLError):
-    pass
+    """A value YAML 1.1 and 1.2 read differently (raised while loading, turned into a ConfigError naming it)."""
 
 
 class _StrictLoader(yaml.SafeLoader):

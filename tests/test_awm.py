@@ -1,7 +1,8 @@
 """Advantage Weighted Matching against its release (scxue/advantage_weighted_matching at be51372,
 advantage_weighted_matching/scripts/train_sd3_awm.py): the weighted log-probs, the loss and one update's gradient
 against a hand transcription of the released lines, the time draws, the KL copy's schedule, NFE, resume, learning on
-the toy tier, and the sd3 / wan adapters."""
+the toy tier and the sd3 gradient (training on the sd3 / wan adapters: tests/test_models_sd3.py and test_models_wan.py,
+parametrized over algorithms)."""
 
 from __future__ import annotations
 
@@ -387,30 +388,6 @@ def test_sd3_update_gradient_is_the_released_gradient(sd3_model):
     assert float(released.norm()) > 0
     assert float((ours - released).norm() / released.norm()) < 1e-5
     assert stats.nfe_training == 3 * 4 * 3  # current, reference and copy at 3 times, 4 samples
-
-
-@needs_diffusers
-def test_sd3_adapter_trains(sd3_model):
-    from tests.adapter_training import check_training
-
-    state = sd3_model.trainable_state_dict()
-    try:
-        check_training(sd3_model, "awm")
-    finally:
-        sd3_model.load_trainable_state_dict(state)
-
-
-@needs_diffusers
-def test_wan_adapter_trains(tmp_path_factory):
-    from tests.adapter_training import check_training
-    from tests.test_models_wan import FRAMES, HEIGHT, MAX_SEQ, WIDTH, build_tiny_wan
-    from models.wan import WanModel
-
-    directory = tmp_path_factory.mktemp("awm_wan")
-    build_tiny_wan(directory)
-    model = WanModel(path=directory, frames=FRAMES, height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQ,
-                     lora_rank=4, lora_alpha=8, device="cpu")
-    check_training(model, "awm")
 
 
 def test_micro_batches_change_memory_not_the_update(toy_prompts):

@@ -1,6 +1,7 @@
 """DiffusionNFT against its release (NVlabs/DiffusionNFT at 24af555, scripts/train_nft_sd3.py): the loss on fixed
 tensors and one update's gradient against a hand transcription of the released lines, the old policy's decay schedule,
-r's clamp, sampling from the old policy, NFE, resume, learning on the toy tier, and the sd3 / wan adapters."""
+r's clamp, sampling from the old policy, NFE, resume, learning on the toy tier and the sd3 gradient (training on the
+sd3 / wan adapters: tests/test_models_sd3.py and test_models_wan.py, parametrized over algorithms)."""
 
 from __future__ import annotations
 
@@ -374,30 +375,6 @@ def test_sd3_update_gradient_is_the_released_gradient(sd3_model):
     assert float(released.norm()) > 0
     assert float((ours - released).norm() / released.norm()) < 1e-5
     assert stats.nfe_training == 3 * 4 * 3  # current, old and reference at int(4 * .99) = 3 timesteps, 4 samples
-
-
-@needs_diffusers
-def test_sd3_adapter_trains(sd3_model):
-    from tests.adapter_training import check_training
-
-    state = sd3_model.trainable_state_dict()
-    try:
-        check_training(sd3_model, "diffusion_nft")
-    finally:
-        sd3_model.load_trainable_state_dict(state)
-
-
-@needs_diffusers
-def test_wan_adapter_trains(tmp_path_factory):
-    from tests.adapter_training import check_training
-    from tests.test_models_wan import FRAMES, HEIGHT, MAX_SEQ, WIDTH, build_tiny_wan
-    from models.wan import WanModel
-
-    directory = tmp_path_factory.mktemp("nft_wan")
-    build_tiny_wan(directory)
-    model = WanModel(path=directory, frames=FRAMES, height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQ,
-                     lora_rank=4, lora_alpha=8, device="cpu")
-    check_training(model, "diffusion_nft")
 
 
 def test_micro_batches_change_memory_not_the_update(toy_prompts):

@@ -94,8 +94,9 @@ def test_evaluation_weights_swap_in_the_average_and_restore(toy_model, toy_promp
         assert torch.equal(p, value)
     plain = build(toy_model)
     assert plain.ema is None and "ema" not in plain.state_dict()
-    with plain.evaluation_weights():
-        pass
+    before = [p.detach().clone() for p in plain.model.trainable_parameters()]
+    with plain.evaluation_weights():  # without an EMA, evaluation uses the trained weights themselves
+        assert all(torch.equal(p, b) for p, b in zip(plain.model.trainable_parameters(), before))
 
 
 def test_export_loads_the_average(toy_model, toy_prompts):

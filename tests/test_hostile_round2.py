@@ -68,7 +68,7 @@ def test_pretrain_out_naming_a_shipped_file_exactly_is_still_allowed(tmp_path, s
     import models.tiny_pretrain as tiny_pretrain
 
     class Checked(Exception):
-        pass
+        """Raised in place of training: the checks before it passed."""
 
     def stop(*args, **kwargs):
         raise Checked

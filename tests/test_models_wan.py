@@ -169,7 +169,7 @@ def test_bad_video_shape_and_missing_component(wan_dir, tmp_path):
         WanModel(path=tmp_path / "does_not_exist")
 
 
-@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo"])
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo", "diffusion_nft", "awm"])
 def test_training_iterations_run_on_the_adapter(model, restore_lora, algorithm):
     from tests.adapter_training import check_training
 
