@@ -25,18 +25,30 @@ from flowzoo.errors import FlowZooError
 def _cmd_train(args: argparse.Namespace) -> int:
     from algorithms.distributed import process_group
     from benchmark.config import load_config
-    from benchmark.runner import train
+    from benchmark.runner import holds_other_config, is_finished, train
+    from benchmark.suite import describe_differences
+    from flowzoo.errors import ConfigError
 
     config = load_config(args.config, args.overrides)
+    run_dir = config.resolved_run_dir()
     with process_group() as dist:  # under a launcher: joined here, left cleanly (or at once on failure) below
         try:
+            if holds_other_config(run_dir, config):
+                raise ConfigError(f"run directory {run_dir} holds a run of a different config "
+                                  f"({describe_differences(run_dir, config)}); train this config elsewhere with "
+                                  f"run_dir=DIR on the command line, or delete {run_dir} to start over")
+            finished = is_finished(run_dir, config)
             run_dir = train(config, progress=not args.quiet, dist=dist)
         except BaseException as error:
             if dist.world_size > 1:
                 _end_failed_rank(dist.describe(), error)
             raise
     if dist.is_main:  # once under a multi-process launch
-        print(f"run written to {run_dir}")
+        if finished:
+            print(f"run already finished in {run_dir} (its done.json); nothing trained. Give run_dir=DIR to train "
+                  f"it again elsewhere")
+        else:
+            print(f"run written to {run_dir}")
     if dist.world_size > 1:
         # Every rank has passed the final barrier and left the process group, and every file is written (atomic
         # writes, fsynced). Skip the interpreter's and C++ runtime's teardown: even after destroy_process_group a
@@ -88,7 +100,7 @@ def at_most(high: int):
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmark.suite import load_suite, run_suite, select
+    from benchmark.suite import load_suite, run_suite, select, write_suite_report
 
     if args.workers is not None and args.workers < 1:
         raise FlowZooError(f"--workers {args.workers}: give at least 1 (default: the number of CPUs)")
@@ -105,9 +117,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
     if args.out:
-        from benchmark.report import write_report
-
-        out = write_report(Path(args.runs) / suite.name, Path(args.out))
+        out = write_suite_report(suite, Path(args.runs), Path(args.out))
         print(f"report written to {out}")
     return 1 if failures else 0
 
@@ -271,7 +281,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--budget-minutes", type=float, default=None, metavar="M", help="start no run after this many minutes "
                                                                        "(default: no limit)")
     b.add_argument("--out", default=None, metavar="DIR",
-                   help="when done, write the suite's report into DIR (as `flowzoo report RUNS/SUITE --out DIR`)")
+                   help="when done, write the report of this command's runs (the selected tasks, algorithms and "
+                        "seeds; other runs under RUNS/SUITE are left out) into DIR")
     b.add_argument("--report", dest="out", action=_DeprecatedAlias, new="--out", metavar="DIR")
 
     r = _command(sub, "report", _cmd_report, "write tables and figures from a directory of runs",

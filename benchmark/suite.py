@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import tempfile
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -159,14 +160,14 @@ def train_keys(suite_name: str, task: str, alg: str, data: dict) -> dict:
     return {**_mapping(data.get("train"), f"{where}: `train`"), **own}
 
 
-def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
-    """Every run of the suite as a validated config (fails before any work if one is bad)."""
-    configs = []
+def _grid(suite: Suite):
+    """(task, the task's config keys without ``algorithms``/``seeds``/``resources``, algorithm, seed) of every run."""
     for task, task_cfg in suite.tasks.items():
         task_cfg = dict(task_cfg or {})
         # a task may run a subset of the suite's algorithms and its own seeds (e.g. an expensive tier)
         task_algorithms = task_cfg.pop("algorithms", suite.algorithms)
         task_seeds = task_cfg.pop("seeds", suite.seeds)
+        task_cfg.pop("resources", None)  # what a run's job asks a scheduler for (benchmark/executors.py)
         unknown = set(task_algorithms) - set(suite.algorithms)
         if unknown:
             raise ConfigError(f"suite {suite.name}: task {task!r} names algorithms {sorted(unknown)} that the suite "
@@ -175,13 +176,67 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
             if alg in suite.only_tasks and task not in suite.only_tasks[alg]:
                 continue
             for seed in task_seeds:
-                data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
-                model = (data.get("model") or {}).get("name", "toy2d")
-                data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
-                data["train"] = train_keys(suite.name, task, alg, data)
-                data.update(task=task, seed=seed, run_dir=str(runs_dir / suite.name / task / alg / f"s{seed}"))
-                configs.append(build_config(apply_overrides(data, list(overrides))))
+                yield task, task_cfg, alg, seed
+
+
+def run_dir_of(suite: Suite, runs_dir: Path, task: str, alg: str, seed: int) -> Path:
+    """Where bench puts a run: ``RUNS/<suite>/<task>/<algorithm>/s<seed>``."""
+    return Path(runs_dir) / suite.name / task / alg / f"s{seed}"
+
+
+def grid_run_dirs(suite: Suite, runs_dir: Path) -> list[Path]:
+    """The run directories of the suite's grid (as selected), without building the configs."""
+    return [run_dir_of(suite, runs_dir, task, alg, seed) for task, _, alg, seed in _grid(suite)]
+
+
+def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
+    """Every run of the suite as a validated config (fails before any work if one is bad)."""
+    placed = [o for o in overrides if o.partition("=")[0].strip() == "run_dir"]
+    if placed:  # every run of the grid would share that one directory
+        raise ConfigError(f"bench override {placed[0]!r}: bench places each run at RUNS/<suite>/<task>/<algorithm>/"
+                          f"s<seed>; give another --runs directory instead of run_dir")
+    configs = []
+    for task, task_cfg, alg, seed in _grid(suite):
+        data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
+        model = (data.get("model") or {}).get("name", "toy2d")
+        data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
+        data["train"] = train_keys(suite.name, task, alg, data)
+        data.update(task=task, seed=seed, run_dir=str(run_dir_of(suite, runs_dir, task, alg, seed)))
+        configs.append(build_config(apply_overrides(data, list(overrides))))
     return configs
+
+
+def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
+    """Dotted keys in which the run stored in ``run_dir`` (its config.yaml) differs from ``config`` as a run's
+    identity (secrets, ``run_dir`` and the thread count aside); empty when config.yaml is no readable config."""
+    import yaml
+
+    from benchmark.checkpoints import run_identity
+    from benchmark.config import declared_secrets, resolved_dict
+
+    try:
+        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    if not isinstance(stored, dict):
+        return []
+    secrets = declared_secrets(config)
+    return _differences(run_identity(stored, secrets), run_identity(resolved_dict(config), secrets))
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for key in sorted(set(a) | set(b), key=str) for d in _differences(a.get(key), b.get(key),
+                                                                                    f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def describe_differences(run_dir: Path, config: ExperimentConfig) -> str:
+    """``differs in train.steps, seed`` (at most 5 keys), or ``its config.yaml is not a readable config``."""
+    keys = config_differences(run_dir, config)
+    if not keys:
+        return "its config.yaml is not a readable config of this run"
+    return f"differs in {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
 
 
 def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
@@ -274,10 +329,12 @@ def run_suite(
     """
     configs = expand(suite, runs_dir, overrides)
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
-    clashes = [str(c.resolved_run_dir()) for c in todo if holds_other_config(c.resolved_run_dir(), c)]
+    clashes = [c for c in todo if holds_other_config(c.resolved_run_dir(), c)]
     if clashes:  # refused before any run starts
+        first = clashes[0].resolved_run_dir()
         raise ConfigError(f"{len(clashes)} of the suite's run directories hold runs of a different config (first: "
-                          f"{clashes[0]}); choose another --runs directory or delete them")
+                          f"{first}, {describe_differences(first, clashes[0])}); bench places "
+                          f"each run under --runs, so give another --runs DIR, or delete them to start over")
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
     if workers > 1:
         for c in todo:
@@ -316,3 +373,35 @@ def run_suite(
         print(f"time budget of {budget_minutes} min spent: {len(skipped)} run(s) not started; rerun the same "
               f"command to add them:\n  " + "\n  ".join(skipped))
     return failures
+
+
+def write_suite_report(suite: Suite, runs_dir: Path, out: Path) -> Path:
+    """The report of the runs of this (selected) grid, into ``out``; returns its ``index.md``.
+
+    Runs under ``RUNS/<suite>/`` that the grid does not hold (other algorithms, tasks or seeds of an earlier, wider
+    bench) are left out: the report then reads a temporary view of the selected run directories (links to their
+    files, the same relative paths), so its run names and bytes are those of ``flowzoo report`` on exactly those
+    runs. When every run there is selected, the suite's directory is reported as it is."""
+    from benchmark.report import write_report
+    from benchmark.stats import find_run_dirs
+
+    root = Path(runs_dir) / suite.name
+    selected = {d.resolve(): d for d in grid_run_dirs(suite, runs_dir)}
+    on_disk = find_run_dirs(root) if root.is_dir() else []
+    others = [d for d in on_disk if d.resolve() not in selected]
+    if not others:
+        return write_report(root, out)
+    present = [d for d in on_disk if d.resolve() in selected]
+    print(f"report of the {len(present)} selected run(s); {len(others)} other run(s) under {root} left out")
+    with tempfile.TemporaryDirectory(prefix="flowzoo-selected-runs-") as tmp:
+        view = Path(tmp)
+        for run in present:
+            linked = view / run.relative_to(root)
+            linked.mkdir(parents=True)
+            for entry in run.iterdir():
+                if entry.name != ".lock":
+                    (linked / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+        try:
+            return write_report(view, out)
+        except ConfigError as error:  # name the runs as the user knows them, not the temporary view
+            raise ConfigError(str(error).replace(str(view), f"the selected runs of {root}")) from None
