@@ -1,18 +1,47 @@
 """Optional experiment trackers (TensorBoard, Weights & Biases, MLflow, ...) through accelerate's public tracking API:
 ``Accelerator(log_with=...)``, ``init_trackers``, ``log``.
 
-``metrics.csv`` is always written; ``train.trackers: [tensorboard]`` additionally streams every metrics row to the
-named trackers (main process only). A tracker whose package is not installed is refused at config load, before any
-work. Local trackers write under ``<run_dir>/trackers/<task>/<algorithm>/s<seed>``.
+``metrics.csv`` is always written; ``train.trackers: [tensorboard, wandb, mlflow]`` additionally streams the
+resolved config (secrets already ``***``) and every metrics row to the named trackers, from the main process only,
+and at every evaluation the run's sample grid ``samples/step_N.png`` as an image captioned with its prompts
+(``samples/step_N.json``, written beside it by :func:`benchmark.samples.save_samples`). A tracker whose package is
+not installed is refused at config load, before any work (``pip install -e '.[trackers]'`` installs the three).
+
+Where each writes (all under ``<run_dir>/trackers/``, nothing over the network unless asked):
+
+* ``tensorboard``: event files in ``trackers/tensorboard/`` (scalars under their column names, the config as
+  hyper-parameters, the grid as image ``samples`` and its prompts as text ``samples/prompts`` at the same step);
+* ``wandb``: ``trackers/wandb/``; offline unless ``WANDB_MODE`` says otherwise (``wandb sync`` uploads later);
+  project ``WANDB_PROJECT`` or ``flowzoo``, run name ``<task>/<algorithm>/s<seed>``; the grid as ``wandb.Image``
+  with the prompts as its caption. W&B's console capture, code saving, git and system metadata are off, so the
+  command line (which may hold a literal key) is never recorded;
+* ``mlflow``: a local file store ``trackers/mlruns/`` unless ``MLFLOW_TRACKING_URI`` names another (MLflow 3 keeps
+  the file store in maintenance mode: flowzoo sets ``MLFLOW_ALLOW_FILE_STORE=true`` for it; ``MLFLOW_TRACKING_URI=
+  sqlite:///...`` selects MLflow's recommended local database instead); experiment
+  ``<task>``, run ``<task>/<algorithm>/s<seed>``; the config as flattened parameters (``algorithm.lr``), the grid
+  with ``mlflow.log_image(key="samples", step=N)`` and its prompts as the text artifact
+  ``samples/step_N_prompts.txt``.
+
+Any other tracker accelerate knows (and a custom one registered in its ``LOGGER_TYPE_TO_CLASS``) is passed through
+to accelerate as it is: it gets the config and the rows, not the images.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from flowzoo.errors import ConfigError
+
+#: the trackers flowzoo configures itself (directories, offline mode, images); their Python package
+OWN = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: W&B settings that keep the command line, the environment, the code and the console out of the run's files
+WANDB_SETTINGS = {"console": "off", "save_code": False, "disable_code": True, "disable_git": True,
+                  "disable_job_creation": True, "x_disable_meta": True, "x_disable_stats": True, "silent": True}
 
 
 def known_trackers() -> list[str]:
@@ -22,36 +51,188 @@ def known_trackers() -> list[str]:
     return [t.value for t in LoggerType if t.value != "all"]
 
 
+def available_trackers() -> list[str]:
+    """The trackers whose packages are installed (accelerate's test, plus the import of our three)."""
+    from accelerate.tracking import get_available_trackers
+
+    found = [str(t) for t in get_available_trackers()]
+    return [t for t in found if t not in OWN or importlib.util.find_spec(OWN[t]) is not None]
+
+
 def check_trackers(names: Sequence[str]) -> None:
     if not names:
         return
-    from accelerate.tracking import get_available_trackers
-
-    known, available = known_trackers(), [str(t) for t in get_available_trackers()]
+    known, available = known_trackers(), available_trackers()
     for name in names:
         if name not in known:
             raise ConfigError(f"unknown tracker {name!r}; known: {', '.join(sorted(known))}")
         if name not in available:
-            raise ConfigError(f"tracker {name!r} is not installed (pip install {name}); installed trackers: "
+            hint = "pip install -e '.[trackers]'" if name in OWN else f"pip install {name}"
+            raise ConfigError(f"tracker {name!r} is not installed ({hint}); installed trackers: "
                               f"{', '.join(available) or 'none'}")
 
 
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"algorithm": {"lr": 1e-3}}`` -> ``{"algorithm.lr": 1e-3}``; lists and None become their JSON text, so every
+    value is a bool, number or string (what TensorBoard's and MLflow's hyper-parameters take)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+def caption(prompts: Sequence[str]) -> str:
+    """The prompts of a grid in reading order, one line each: ``1: class 0``."""
+    return "\n".join(f"{i + 1}: {p}" for i, p in enumerate(prompts))
+
+
+def _tracker_classes():
+    """Our subclasses of accelerate's three trackers (built lazily: accelerate's module imports nothing heavy, but
+    the subclasses' bodies import their packages only when a run uses them)."""
+    from accelerate.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
+
+    class TensorBoard(TensorBoardTracker):
+        def __init__(self, run_name: str, logging_dir: Path):
+            super().__init__(run_name, logging_dir)
+
+        def start(self):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.logging_dir = str(self.logging_dir_param)
+            self.writer = SummaryWriter(self.logging_dir)
+
+        def store_init_configuration(self, values: dict):
+            self.writer.add_hparams(flatten(values), metric_dict={}, run_name=".")
+            self.writer.flush()
+
+        def log_grid(self, image, prompts: Sequence[str], step: int) -> None:
+            import numpy as np
+
+            self.writer.add_image("samples", np.asarray(image.convert("RGB")), global_step=step, dataformats="HWC")
+            self.writer.add_text("samples/prompts", caption(prompts).replace("\n", "  \n"), global_step=step)
+            self.writer.flush()
+
+    class WandB(WandBTracker):
+        def __init__(self, run_name: str, logging_dir: Path):
+            super().__init__(run_name)
+            self.logging_dir = Path(logging_dir)
+
+        def start(self):
+            import wandb
+
+            self.logging_dir.mkdir(parents=True, exist_ok=True)
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "flowzoo"), name=self.run_name,
+                                  dir=str(self.logging_dir), mode=os.environ.get("WANDB_MODE", "offline"),
+                                  settings=wandb.Settings(**WANDB_SETTINGS))
+
+        def store_init_configuration(self, values: dict):
+            self.run.config.update(values, allow_val_change=True)
+
+        def log(self, values: dict, step: int | None = None, **kwargs):
+            self.run.log(values, step=step, **kwargs)
+
+        def log_grid(self, image, prompts: Sequence[str], step: int) -> None:
+            import wandb
+
+            self.run.log({"samples": wandb.Image(image, caption=caption(prompts))}, step=step)
+
+    class MLflow(MLflowTracker):
+        def __init__(self, run_name: str, logging_dir: Path, experiment: str):
+            super().__init__(experiment_name=experiment, run_name=run_name)
+            self.store = Path(logging_dir)
+
+        def start(self):
+            import mlflow
+
+            # the run's own file store, unless the user points MLflow at a server or another store; MLflow 3 keeps the
+            # file store in maintenance mode and refuses it unless MLFLOW_ALLOW_FILE_STORE is set
+            uri = os.environ.get("MLFLOW_TRACKING_URI")
+            if not uri:
+                uri = self.store.resolve().as_uri()
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri(uri)
+            super().start()
+
+        def store_init_configuration(self, values: dict):
+            import mlflow
+
+            params = [(k, v) for k, v in flatten(values).items()
+                      if len(str(v)) <= mlflow.utils.validation.MAX_PARAM_VAL_LENGTH]
+            batch = mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
+            for i in range(0, len(params), batch):
+                mlflow.log_params(dict(params[i:i + batch]))
+
+        def log_grid(self, image, prompts: Sequence[str], step: int) -> None:
+            import mlflow
+
+            mlflow.log_image(image, key="samples", step=step)
+            mlflow.log_text(caption(prompts), f"samples/step_{step}_prompts.txt")
+
+        def finish(self):
+            import mlflow
+
+            mlflow.end_run()
+
+    return {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+
+
 class Trackers:
-    """The run's trackers: configuration stored once, then one ``log`` per metrics row. Built on the main process
-    only, after :func:`check_trackers` passed at config load."""
+    """The run's trackers: configuration stored once, then one ``log`` per metrics row (with the sample grid of an
+    evaluation row). Built on the main process only, after :func:`check_trackers` passed at config load."""
 
     def __init__(self, names: Sequence[str], run_name: str, run_dir: Path, config: dict[str, Any]):
         from accelerate import Accelerator
 
-        self.accelerator = Accelerator(log_with=list(names), project_dir=str(run_dir / "trackers"))
+        self.run_dir = Path(run_dir)
+        root = self.run_dir / "trackers"
+        own = _tracker_classes() if any(n in OWN for n in names) else {}
+        folders = {"tensorboard": root / "tensorboard", "wandb": root, "mlflow": root / "mlruns"}
+        log_with = []
+        for name in names:
+            if name == "mlflow":
+                log_with.append(own[name](run_name, folders[name], experiment=str(config.get("task", run_name))))
+            elif name in own:
+                log_with.append(own[name](run_name, folders[name]))
+            else:
+                log_with.append(name)
+        self.accelerator = Accelerator(log_with=log_with, project_dir=str(root))
         self.accelerator.init_trackers(run_name, config=config)
 
     def log(self, row: dict[str, Any], step: int) -> None:
         values = {k: float(v) for k, v in row.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v)) and k != "step"}
         self.accelerator.log(values, step=step)
+        if "eval_reward" in row:  # an evaluation row: its sample grid, when the run saved one
+            grid = self.run_dir / "samples" / f"step_{step}.png"
+            if grid.is_file():
+                self.log_images(grid, _prompts(grid.with_suffix(".json")), step)
+
+    def log_images(self, path: Path, prompts: Sequence[str], step: int) -> None:
+        """Log the image file ``path`` (a sample grid) at ``step`` to every tracker that takes images, with
+        ``prompts`` (the grid's samples' prompts in reading order) as its caption."""
+        from PIL import Image
+
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+        for tracker in self.accelerator.trackers:
+            if hasattr(tracker, "log_grid"):
+                tracker.log_grid(image, list(prompts), step)
 
     def finish(self) -> None:
         # not ``end_training()``: it also destroys the torch.distributed process group, which the runner owns
         for tracker in self.accelerator.trackers:
             tracker.finish()
+
+
+def _prompts(path: Path) -> list[str]:
+    """The prompts a grid's sidecar lists (none for a grid saved without one)."""
+    try:
+        return [str(p) for p in json.loads(path.read_text()).get("prompts") or []]
+    except (OSError, ValueError, AttributeError):
+        return []

@@ -215,6 +215,7 @@ def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkey
     assert received[1][1] is not None and received[2][1] is None  # evaluation rows carry eval_reward
 
     monkeypatch.undo()
+    monkeypatch.setattr(benchmark.tracking, "available_trackers", lambda: [])  # as without the trackers extra
     capsys.readouterr()
     assert main(["train", str(CONFIG), "train.trackers=[tensorboard]", f"run_dir={tmp_path / 'x'}"]) == 2
     assert "tracker 'tensorboard' is not installed" in capsys.readouterr().err
