@@ -8,6 +8,11 @@ returning a :class:`StepStats`. Subclasses override only what differs:
 * ``after_update(traj, batch)``: bookkeeping after the optimizer step (replay buffer insertion, window advance);
 * ``extra_state()`` / ``load_extra_state()``: whatever else a bit-identical resume needs.
 
+Which prompts an iteration trains on is the algorithm's prompt sampler's choice (``algorithms/prompt_samplers``):
+``use_prompts(pool, groups, sampler)`` gives the algorithm its training pool, ``train_step(step)`` draws and trains;
+``step(prompts)`` trains on prompts given directly (tests, tools). ``default_prompt_sampler`` says which sampler a
+config without ``train.prompt_sampler`` gets.
+
 Hooks report per-iteration diagnostics with ``self.log(key, value)`` (Stable-Baselines3's ``logger.record``): the
 values land in ``StepStats.extra`` and the runner writes them as metrics.csv columns. A class declares what the report
 needs to know about it: ``family`` (colours and panels), ``ablation_of`` (the ablation table) and ``diagnostics``
@@ -29,9 +34,11 @@ from typing import Any, ClassVar, Iterator, Literal, Sequence
 
 import torch
 
+from algorithms import prompt_samplers
 from algorithms.advantages import combined_advantages, zero_std_fraction
 from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from algorithms.ema import WeightEMA
+from algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
 from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
 from algorithms.sde import StepOutput, sde_step, sigma_schedule
@@ -216,6 +223,12 @@ class Algorithm:
     likelihood_free: ClassVar[bool] = False
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
+    #: the prompt sampler of ``train_step`` (``use_prompts``); None until a training pool is given
+    prompt_sampler: PromptSampler | None = None
+    #: the draw the current iteration trains on (``train_step``), or None for prompts given to ``step`` directly
+    current_draw: PromptDraw | None = None
+    #: added to the group ids and noise keys of fresh rollouts: 0, or a filtering sampler's extra round's base
+    group_base: int = 0
 
     def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0,
                  dist: SingleProcess | None = None):
@@ -272,6 +285,86 @@ class Algorithm:
     def load_extra_state(self, state: dict[str, Any]) -> None:
         pass
 
+    # ---- prompts --------------------------------------------------------------------------------------------
+    @classmethod
+    def default_prompt_sampler(cls, config: AlgorithmConfig) -> dict[str, Any]:
+        """The sampler a config without ``train.prompt_sampler`` gets: uniform."""
+        return {"name": "uniform"}
+
+    @classmethod
+    def check_prompt_sampler(cls, config: AlgorithmConfig, spec: dict[str, Any]) -> None:
+        """Refuse (one-line ConfigError) a sampler this algorithm cannot train with; every sampler is fine here."""
+
+    def replayable_prompts(self) -> list[tuple[str, dict]] | None:
+        """The (prompt, metadata) pairs the algorithm's replay buffer can replay now, distinct, in buffer order; None
+        for an algorithm without a replay buffer (the ``replay_buffer`` sampler then keeps its own)."""
+        return None
+
+    def use_prompts(self, pool: Sequence[tuple[str, dict]], groups: int,
+                    sampler: str | dict[str, Any] | None = None) -> None:
+        """Train on ``pool`` with ``groups`` prompts per iteration, drawn by ``sampler`` (a name or ``{name: ...,
+        <arguments>}``; None: ``default_prompt_sampler``)."""
+        spec = prompt_samplers.spec_of(sampler) or self.default_prompt_sampler(self.config)
+        self.check_prompt_sampler(self.config, spec)
+        self.prompt_sampler = prompt_samplers.build(spec, pool, groups, self.seed)
+
+    def train_step(self, step: int) -> StepStats:
+        """Training step ``step`` (from 1) on the prompts the sampler draws for it."""
+        if self.prompt_sampler is None:
+            raise RuntimeError("Algorithm.train_step needs a training pool: call use_prompts(pool, groups) first")
+        draw = self.prompt_sampler.draw(step, self.iteration, self)
+        return self.step(draw.prompts, draw.metadata, draw=draw, at_step=step)
+
+    def _filled_batch(self, traj: Trajectory, batch: GatheredBatch, draw: PromptDraw, at_step: int,
+                      outcomes: list[GroupOutcome]) -> tuple[Trajectory, GatheredBatch]:
+        """A filtering sampler's batch: the first rollout's kept groups, then fresh rounds of prompts until
+        ``len(draw)`` groups are kept or the sampler stops; completed with unkept groups in draw order when short.
+        Round r's groups have ids (and noise keys) from ``r * G * B`` on, and sample no replayed trajectories."""
+        sampler, groups = self.prompt_sampler, len(draw)
+        parts, kept, unkept = [traj], [], []
+        for outcome_gid, outcome in outcomes:
+            (kept if sampler.keeps(outcome.rewards) else unkept).append(outcome_gid)
+        rounds = 1
+        while len(kept) < groups:
+            more = sampler.refill(at_step, self.iteration, rounds)
+            if more is None:
+                break
+            self.group_base = rounds * self.config.group_size * groups
+            self.current_draw = more
+            try:
+                part = self.collect(more.prompts, more.metadata)
+            finally:
+                self.group_base, self.current_draw = 0, draw
+            if part.rewards is None:
+                self.score(part)
+            part_batch = self.dist.gather_batch(part)
+            for gid, outcome in self._outcomes(part_batch, more, rounds * self.config.group_size * groups):
+                outcomes.append((gid, outcome))
+                (kept if sampler.keeps(outcome.rewards) else unkept).append(gid)
+            parts.append(part)
+            rounds += 1
+        chosen = (kept + unkept)[:groups]
+        self.log("sampler_rounds", rounds)
+        self.log("sampler_kept_frac", len(kept) / max(len(outcomes), 1))
+        if rounds == 1 and not unkept:
+            return traj, batch
+        whole = Trajectory.cat(parts) if len(parts) > 1 else traj
+        rows = torch.isin(whole.group.cpu(), torch.tensor(chosen)).nonzero().flatten()
+        whole = whole.select(rows)
+        return whole, self.dist.gather_batch(whole)
+
+    @staticmethod
+    def _outcomes(batch: GatheredBatch, draw: PromptDraw | None, base: int = 0) -> list[tuple[int, GroupOutcome]]:
+        """(group id, outcome) of every group of the global ``batch`` whose id ``base + i`` is position i of
+        ``draw`` (prompts given directly have no pool index), in group order."""
+        found = []
+        for gid in batch.group.unique().tolist():
+            rewards = batch.rewards[batch.group == gid].detach().cpu()
+            i = gid - base
+            if draw is not None and 0 <= i < len(draw):
+                found.append((gid, GroupOutcome(draw.indices[i], draw.prompts[i], rewards)))
+        return found
+
     # ---- diagnostics ----------------------------------------------------------------------------------------
     def log(self, key: str, value: float) -> None:
         """Record a scalar of the current iteration (Stable-Baselines3's ``logger.record``): ``step`` returns it in
@@ -288,18 +381,27 @@ class Algorithm:
         return self.__dict__.setdefault("_logged", {})
 
     # ---- the template ---------------------------------------------------------------------------------------
-    def step(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> StepStats:
-        """One training iteration on ``prompts`` (one group of G samples per prompt)."""
+    def step(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None, *, draw: PromptDraw | None = None,
+             at_step: int | None = None) -> StepStats:
+        """One training iteration on ``prompts`` (one group of G samples per prompt). ``draw``/``at_step``: the
+        sampler's draw these prompts are and the training step it was drawn for (``train_step``); the sampler then
+        sees every group's outcome, and a filtering sampler may roll out more prompts."""
         metadata = list(metadata) if metadata is not None else [{} for _ in prompts]
         self._logged: dict[str, float] = {}
+        self.current_draw = draw
         self.model.nfe = 0
         t0 = time.perf_counter()
         traj = self.collect(list(prompts), metadata)
-        nfe_sampling = self.model.nfe
         t1 = time.perf_counter()
         if traj.rewards is None:
             self.score(traj)
         batch = self.dist.gather_batch(traj)  # the global batch's rewards and groups (traj itself in one process)
+        outcomes = self._outcomes(batch, draw)
+        if draw is not None and self.prompt_sampler is not None and self.prompt_sampler.filters:
+            t_fill = time.perf_counter()
+            traj, batch = self._filled_batch(traj, batch, draw, at_step if at_step is not None else 0, outcomes)
+            t1 += time.perf_counter() - t_fill  # the extra rounds are sampling time (their scoring included)
+        nfe_sampling = self.model.nfe
         advantages = self.advantages(batch)[batch.local]
         t2 = time.perf_counter()
         self.model.nfe = 0
@@ -319,6 +421,9 @@ class Algorithm:
         for name, values in batch.reward_components.items():
             self.log(f"reward/{name}", float(values.mean()))
         self.after_update(traj, batch)
+        if draw is not None and self.prompt_sampler is not None:
+            self.prompt_sampler.observe([outcome for _, outcome in outcomes])
+        self.current_draw = None
         stats.extra = self.logged
         self.iteration += 1
         return stats
@@ -355,6 +460,7 @@ class Algorithm:
         local = slice(rows.start - first * g, rows.stop - first * g)
         cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
         cond = cond.repeat_interleave(g).index(local)
+        group_offset += self.group_base
         gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
         x1 = initial_noise(self.model, gens[first * g: last * g], g, self.config.shared_noise)[local]
         plan = self.make_plan(batch)
@@ -530,6 +636,9 @@ class Algorithm:
             "update_generator": self.update_generator.get_state(),
             "extra": self.extra_state(),
         }
+        sampler_state = self.prompt_sampler.state_dict() if self.prompt_sampler is not None else {}
+        if sampler_state:  # only then: a run with a stateless sampler keeps the checkpoint it always had
+            state["prompt_sampler"] = sampler_state
         if self.ema is not None:  # only then: a checkpoint without EMA is the one it always was
             state["ema"] = self.ema.state_dict()
         return state
@@ -540,6 +649,8 @@ class Algorithm:
         self.optimizer.load_state_dict(state["optimizer"])
         self.update_generator.set_state(state["update_generator"])
         self.load_extra_state(state["extra"])
+        if self.prompt_sampler is not None and "prompt_sampler" in state:
+            self.prompt_sampler.load_state_dict(state["prompt_sampler"])
         if self.ema is not None:
             if "ema" not in state:
                 raise FlowZooError("the checkpoint holds no EMA weights, but algorithm.ema is on")

@@ -118,11 +118,11 @@ class FlowGRPOFast(Algorithm):
         local = slice(rows.start - first * g, rows.stop - first * g)
         cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
         cond = cond.repeat_interleave(g).index(local)
-        gens = sample_generators(self.seed, self.iteration, 0, count=batch)
+        gens = sample_generators(self.seed, self.iteration, self.group_base, count=batch)
         x1 = initial_noise(self.model, gens[first * g: last * g], g, shared=True)[local]
         plan = self.make_plan(batch)
         plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
-        group = torch.arange(len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
+        group = self.group_base + torch.arange(len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
         live = {} if self.keeps_rollout_graph() else None
         latents, log_probs = branched_rollout(
             self.model, cond, plan, x1, gens[rows.start: rows.stop], group, self.window_start(),

@@ -7,7 +7,7 @@ On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks
   samples built from stored trajectories. Which groups (``replay_prompts``): ``batch`` (the papers' wording: prompts
   come from the dataset) -- a fraction ``off_policy_groups`` of the batch's groups whose prompt has buffer entries;
   ``buffer`` -- a share ``off_policy_groups`` of the batch's groups takes its prompt from the buffer's prompts instead
-  of the dataset, so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the
+  of the dataset (the ``replay_buffer`` prompt sampler draws them: ``algorithms/prompt_samplers``), so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the
   prompt list (in ``batch`` mode a group is eligible only if its prompt is both drawn and stored: ~4% of groups on a
   25k-prompt list with 1024 entries).
   A stored trajectory is reused for its first ``t_off`` transitions (its recorded latents 0..t_off are kept
@@ -164,28 +164,50 @@ class OPGRPO(Algorithm):
             entries = [entries[j % len(entries)] for j in range(k)]
         return entries
 
-    def buffer_group_count(self, batch_groups: int) -> int:
-        """``replay_prompts: buffer``: how many of this iteration's ``batch_groups`` groups take a buffer prompt.
-        ``floor(s B (i + 1)) - floor(s B i)`` for share s at iteration i: floor(s B) or ceil(s B), and over any
-        run of iterations the total is within one group of s B per iteration (deterministic, so resume is exact)."""
-        x = self.config.off_policy_groups * batch_groups
-        i = self.iteration
-        return math.floor(x * (i + 1) + 1e-9) - math.floor(x * i + 1e-9)
+    # ---- prompts: buffer mode is the replay_buffer sampler ---------------------------------------------------
+    @classmethod
+    def default_prompt_sampler(cls, config: OPGRPOConfig) -> dict[str, Any]:
+        """``replay_prompts: buffer``: the ``replay_buffer`` sampler (its share: ``off_policy_groups``)."""
+        return {"name": "replay_buffer"} if config.replay_prompts == "buffer" else {"name": "uniform"}
+
+    @classmethod
+    def check_prompt_sampler(cls, config: OPGRPOConfig, spec: dict[str, Any]) -> None:
+        if config.replay_prompts == "buffer" and spec["name"] != "replay_buffer":
+            raise ConfigError(f"algorithm.replay_prompts: buffer takes its buffer groups' prompts from the "
+                              f"replay_buffer prompt sampler, but train.prompt_sampler is {spec['name']!r}; drop "
+                              f"train.prompt_sampler or use replay_prompts: batch")
+
+    def replayable_prompts(self) -> list[tuple[str, dict]]:
+        """The prompts with an entry compatible with the current plan, each once, in buffer order (none when
+        ``replay_k`` or ``off_policy_groups`` is 0: nothing would be replayed)."""
+        if self.config.replay_k == 0 or self.config.off_policy_groups == 0:
+            return []
+        plan = self._cpu_plan()
+        stored: dict[str, ReplayEntry] = {}
+        for e in self.buffer.entries:
+            if e.prompt not in stored and self._compatible(e, plan):
+                stored[e.prompt] = e
+        return [(e.prompt, dict(e.metadata)) for e in stored.values()]
+
+    def _cpu_plan(self) -> StepPlan:
+        plan = self.step_plan(1)
+        return dataclasses.replace(plan, sigmas=plan.sigmas.cpu(), sde=plan.sde.cpu(), train=plan.train.cpu())
 
     def _choose_groups(
         self, prompts: list[str], metadata: list[dict]
     ) -> tuple[list[str], list[dict], dict[int, list[ReplayEntry]]]:
-        """The batch's prompts and metadata (buffer mode replaces the last ones), and which groups get buffer
-        samples with which entries. Every draw comes from a stream of (seed, iteration) and the buffer, which is
-        identical on every process."""
+        """The batch's prompts and metadata, and which groups get buffer samples with which entries: in buffer
+        mode the groups whose prompt the sampler took from the buffer (``current_draw.from_buffer``); in batch mode
+        a share of the groups whose prompt has entries. Every draw comes from a stream of (seed, iteration) and the
+        buffer, which is identical on every process. A filtering sampler's extra rounds replay nothing."""
         cfg = self.config
-        if cfg.replay_k == 0 or cfg.off_policy_groups == 0 or len(self.buffer) == 0:
+        if cfg.replay_k == 0 or cfg.off_policy_groups == 0 or len(self.buffer) == 0 or self.group_base:
             return prompts, metadata, {}
-        plan = self.step_plan(1)
-        plan = dataclasses.replace(plan, sigmas=plan.sigmas.cpu(), sde=plan.sde.cpu(), train=plan.train.cpu())
-        gen = sample_generators(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE, count=1)[0]
+        plan = self._cpu_plan()
         if cfg.replay_prompts == "buffer":
-            return self._buffer_groups(prompts, metadata, plan, gen)
+            chosen = sorted(self.current_draw.from_buffer) if self.current_draw is not None else []
+            return prompts, metadata, {i: self._entries_for(prompts[i], plan) for i in chosen}
+        gen = sample_generators(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE, count=1)[0]
         eligible: dict[int, list[ReplayEntry]] = {}
         for i, p in enumerate(prompts):
             entries = self._entries_for(p, plan)
@@ -198,24 +220,6 @@ class OPGRPO(Algorithm):
         order = torch.randperm(len(eligible), generator=gen)[:count].sort().values.tolist()
         keys = sorted(eligible)
         return prompts, metadata, {keys[j]: eligible[keys[j]] for j in order}
-
-    def _buffer_groups(self, prompts, metadata, plan: StepPlan, gen: torch.Generator):
-        """Buffer mode: the last ``buffer_group_count`` groups take distinct buffer prompts, drawn uniformly (in the
-        buffer's order, then a seeded permutation) among the prompts with a compatible entry; fewer while the
-        buffer holds fewer such prompts (warm-up)."""
-        stored: dict[str, ReplayEntry] = {}  # prompt -> its first compatible entry, in buffer order
-        for e in self.buffer.entries:
-            if e.prompt not in stored and self._compatible(e, plan):
-                stored[e.prompt] = e
-        count = min(self.buffer_group_count(len(prompts)), len(stored))
-        if count == 0:
-            return prompts, metadata, {}
-        candidates = list(stored.values())
-        chosen = [candidates[j] for j in torch.randperm(len(candidates), generator=gen)[:count].tolist()]
-        keep = len(prompts) - count
-        prompts = prompts[:keep] + [e.prompt for e in chosen]
-        metadata = metadata[:keep] + [dict(e.metadata) for e in chosen]
-        return prompts, metadata, {keep + j: self._entries_for(e.prompt, plan) for j, e in enumerate(chosen)}
 
     @torch.no_grad()
     def _recompute_old(self, traj: Trajectory, reused: torch.Tensor, first: int) -> torch.Tensor:

@@ -36,8 +36,9 @@ def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
     without the algorithm's ``EXECUTION_KEYS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
-    if isinstance(resolved.get("train"), dict):
-        resolved["train"] = {k: v for k, v in resolved["train"].items() if k != "threads"}
+    if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
+        resolved["train"] = {k: v for k, v in resolved["train"].items()
+                             if k != "threads" and not (k == "prompt_sampler" and v is None)}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
         algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
         for group in SWITCHED_KEYS:

@@ -46,6 +46,9 @@ class TrainSection:
     save_samples: bool = True  # write samples/step_N.png at evaluations
     threads: int | None = None  # torch intra-op threads; None = the model's preferred number (or torch's default)
     trackers: list[str] = field(default_factory=list)  # accelerate trackers besides metrics.csv, e.g. [tensorboard]
+    # which prompts each step trains on: a sampler name or {name: ..., <arguments>} (algorithms/prompt_samplers);
+    # None: the algorithm's default (uniform; OP-GRPO's replay_prompts: buffer draws with replay_buffer)
+    prompt_sampler: str | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "eval_samples_per_prompt", "eval_batch"):

@@ -5,7 +5,8 @@
   model and reward arguments against their constructors' signatures and annotations, the reward's sample kinds
   against the model's, the checks of every knob bounded by T (``AlgorithmConfig.check_num_steps``), and the
   algorithm's own construction and step plan (MixGRPO's window bounds, ...) on a stand-in for the model that has
-  its class's declared defaults (T, shift, guidance, sample kind) but no weights. It loads nothing.
+  its class's declared defaults (T, shift, guidance, sample kind) but no weights; and the prompt sampler against
+  the algorithm and the training prompt pool. It loads no weights (only the prompt lists).
 * :func:`build` constructs the real objects (the typed algorithm config resolved once, at config load; the
   data-parallel context handed to the algorithm's constructor), repeats the checks on them and makes the step plan
   of a full batch, all before the runner creates a run directory.
@@ -23,6 +24,7 @@ import torch
 import algorithms
 import models
 import rewards
+from algorithms import prompt_samplers
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.sde import sigma_schedule
@@ -31,6 +33,7 @@ from benchmark.config import ExperimentConfig
 from benchmark.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments
+from flowzoo.streams import GROUP_OFFSET_LIMIT
 from models.base import FlowModel
 from rewards.base import Reward
 
@@ -167,6 +170,27 @@ class DeclaredDefaults(FlowModel):
         return [self._parameter]
 
 
+def prompt_sampler_spec(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> dict[str, Any]:
+    """``train.prompt_sampler`` as ``{name: ..., <arguments>}``, or the algorithm's default."""
+    spec = prompt_samplers.spec_of(config.train.prompt_sampler)
+    return spec or algorithms.get(config.algorithm_name).default_prompt_sampler(algorithm_config)
+
+
+def check_prompt_sampler(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> None:
+    """The sampler's name and arguments, the algorithm's consent, and the training pool it must serve."""
+    spec = prompt_sampler_spec(config, algorithm_config)
+    algorithms.get(config.algorithm_name).check_prompt_sampler(algorithm_config, spec)
+    cls, _ = prompt_samplers.typed_config(spec)
+    groups = config.train.prompts_per_step
+    if cls.filters:
+        rounds = spec.get("max_rounds", cls.Config().max_rounds)
+        if rounds * algorithm_config.group_size * groups >= GROUP_OFFSET_LIMIT:
+            raise ConfigError(f"train.prompt_sampler {spec['name']!r}: max_rounds x group_size x prompts_per_step = "
+                              f"{rounds * algorithm_config.group_size * groups} samples per step, above the "
+                              f"{GROUP_OFFSET_LIMIT} the noise streams allow")
+    prompt_samplers.check(spec, load_prompts(config.prompts)[0], groups)
+
+
 def check(config: ExperimentConfig, world_size: int = 1) -> None:
     """The dry run (see the module docstring): every check that needs the model, reward and algorithm classes but
     not their weights. Raises a one-line :class:`ConfigError`; writes and loads nothing."""
@@ -181,6 +205,7 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     alg_config.check_num_steps(alg_config.num_steps or model_cls.default_num_steps)
     check_world_size(config, alg_config, world_size)
     check_update(config, alg_config)
+    check_prompt_sampler(config, alg_config)
     try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
         stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)
         stand_in.make_plan(1)
@@ -223,6 +248,7 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     algorithm.make_plan(config.train.prompts_per_step * alg_config.group_size)
     dist.broadcast_parameters(model.trainable_parameters())  # every process starts from rank 0's
     train_prompts, eval_prompts = load_prompts(config.prompts)
+    algorithm.use_prompts(train_prompts, config.train.prompts_per_step, prompt_sampler_spec(config, alg_config))
     if config.train.eval_prompts:
         eval_prompts = eval_prompts[: config.train.eval_prompts]
     eval_steps = config.train.eval_num_steps or model.default_eval_num_steps

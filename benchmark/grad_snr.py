@@ -29,7 +29,6 @@ import torch
 from benchmark import experiment
 from benchmark.config import ExperimentConfig
 from benchmark.experiment import Experiment
-from benchmark.runner import prompt_batch
 from flowzoo.errors import ConfigError
 from flowzoo.streams import GRAD_SNR_STEP_OFFSET
 
@@ -86,23 +85,22 @@ def batch_gradients(config: ExperimentConfig, batches: int, fixed_prompts: bool 
 
 def gradients_at(runner: Experiment, batches: int, fixed_prompts: bool = False,
                  progress: bool = True) -> tuple[torch.Tensor, list[float], float]:
-    """``batch_gradients`` on a built experiment (or a built ``Runner``: anything with ``algorithm``, ``config`` and
-    ``train_prompts``), whose algorithm (weights, optimizer, iteration) is left as it was."""
+    """``batch_gradients`` on a built experiment (or a built ``Runner``: anything with an ``algorithm`` given its
+    training prompts), whose algorithm (weights, optimizer, iteration, sampler state) is left as it was."""
     from tqdm import tqdm
 
     if batches < 2:
         raise ConfigError(f"--batches must be >= 2 to compare gradients, got {batches}")
-    algorithm, config = runner.algorithm, runner.config
+    algorithm = runner.algorithm
     start = copy.deepcopy(algorithm.state_dict())
     params = [p for group in algorithm.optimizer.param_groups for p in group["params"]]
     gradients, rewards = [], []
     t0 = time.perf_counter()
     for k in tqdm(range(batches), desc="gradient batches", disable=not progress):
         step = GRAD_SNR_STEP_OFFSET + (0 if fixed_prompts else k)
-        prompts = prompt_batch(runner.train_prompts, config.seed, step, config.train.prompts_per_step)
         algorithm.load_state_dict(copy.deepcopy(start))  # a copy: a model may load by reference
         algorithm.iteration = GRAD_SNR_STEP_OFFSET + k  # fresh noise for every batch
-        stats = algorithm.step([p for p, _ in prompts], [m for _, m in prompts])
+        stats = algorithm.train_step(step)  # the run's prompt sampler draws the batch
         gradients.append(torch.cat([p.grad.detach().flatten().clone() for p in params]))
         rewards.append(stats.reward_mean)
     algorithm.load_state_dict(start)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import time
 from collections import defaultdict
@@ -36,26 +35,16 @@ from benchmark import experiment
 from benchmark.checkpoints import check_seal, config_digest, run_identity, seal
 from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
 from benchmark.divergence import DivergenceGuard, nonfinite_parameters
-from benchmark.prompts import Prompts
 from benchmark.samples import save_samples
 from benchmark.tracking import Trackers
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
-from flowzoo.streams import PROMPT_ORDER
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
 #: columns that measure time, and so differ between otherwise identical runs
 TIMING_COLUMNS = ["wall_s", "t_sampling", "t_reward", "t_training", "t_eval"]
-
-
-def prompt_batch(prompts: Prompts, seed: int, step: int, count: int) -> Prompts:
-    """The prompts of training step ``step``: a seeded shuffle of enough copies of the prompt list."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, step, PROMPT_ORDER]))
-    copies = math.ceil(count / len(prompts))
-    order = rng.permutation(len(prompts) * copies)[:count] % len(prompts)
-    return [prompts[i] for i in order]
 
 
 def metrics_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -290,10 +279,9 @@ class Runner:
                    disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)
         try:  # the bar is closed on an error too, so the error's one line starts a line of its own
             for step in range(start + 1, cfg.train.steps + 1):
-                batch = prompt_batch(self.train_prompts, cfg.seed, step, cfg.train.prompts_per_step)
                 t0 = time.perf_counter()
                 with guard.during(step):
-                    stats = self.algorithm.step([p for p, _ in batch], [m for _, m in batch])
+                    stats = self.algorithm.train_step(step)
                 guard.check(step, stats, self.model.trainable_parameters())
                 wall_s += time.perf_counter() - t0
                 nfe += stats.nfe

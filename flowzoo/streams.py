@@ -33,8 +33,12 @@ Other streams:
 =================================  ===========  ==========================================  ============================
 key                                value        drawn by                                    stream
 =================================  ===========  ==========================================  ============================
-``PROMPT_ORDER``                   17           ``benchmark.runner.prompt_batch``           ``SeedSequence([seed, step,
+``PROMPT_ORDER``                   17           ``prompt_samplers.base.uniform_order``      ``SeedSequence([seed, step,
                                                                                             17])``: step's prompts
+``PROMPT_REFILL``                  29           the filtering samplers (``filters.py``)     ``SeedSequence([seed, step,
+                                                                                            17, 29])``: all rounds
+``PROMPT_CURRICULUM``              31           the ``variance`` sampler                    ``SeedSequence([seed, step,
+                                                                                            31])``: its weighted draw
 ``UPDATE_ORDER_OFFSET``            7919         ``Algorithm`` (base.py) minibatch order     ``torch.Generator`` seeded
                                                                                             ``seed + 7919``
 ``GRAD_SNR_STEP_OFFSET``           1_000_000    ``flowzoo grad-snr``                        prompt step and iteration
@@ -70,6 +74,8 @@ AWM_FORWARD = 3_000_002
 
 # ---- other streams -------------------------------------------------------------------------------------------------
 PROMPT_ORDER = 17
+PROMPT_REFILL = 29
+PROMPT_CURRICULUM = 31
 UPDATE_ORDER_OFFSET = 7919
 GRAD_SNR_STEP_OFFSET = 1_000_000
 TINY_SAMPLE = 0x5EED
@@ -88,7 +94,8 @@ ITERATION_PURPOSES = {
     "AWM_FORWARD": AWM_FORWARD,
 }
 #: the last element of ``SeedSequence([a, b, key])`` streams drawn without spawning (prompt order, tiny data, pretrain)
-SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}
+SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "PROMPT_REFILL": PROMPT_REFILL,
+                 "PROMPT_CURRICULUM": PROMPT_CURRICULUM, "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}
 #: offsets added to a seed for ``torch`` generators of model initialisation and the update's order
 SEED_OFFSETS = {
     "UPDATE_ORDER_OFFSET": UPDATE_ORDER_OFFSET,

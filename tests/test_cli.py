@@ -10,7 +10,7 @@ import yaml
 
 from benchmark.cli import main
 from benchmark.config import load_config
-from benchmark.runner import TIMING_COLUMNS, Runner, prompt_batch
+from benchmark.runner import TIMING_COLUMNS, Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
@@ -147,12 +147,13 @@ def test_list_one_entry_shows_its_parameters_with_defaults(capsys):
     assert "nothing registered as 'nope'; known: awm, " in capsys.readouterr().err
 
 
-def test_prompt_batch_is_seeded_and_balanced():
-    prompts = [(f"p{i}", {}) for i in range(4)]
-    a = prompt_batch(prompts, 0, 1, 8)
-    assert a == prompt_batch(prompts, 0, 1, 8)
-    assert a != prompt_batch(prompts, 0, 2, 8)
-    assert sorted(p for p, _ in a) == sorted([f"p{i}" for i in range(4)] * 2)
+def test_uniform_order_is_seeded_and_balanced():
+    from algorithms.prompt_samplers.base import uniform_order
+
+    a = uniform_order(4, 0, 1, 8)
+    assert a == uniform_order(4, 0, 1, 8)
+    assert a != uniform_order(4, 0, 2, 8)
+    assert sorted(a) == sorted(list(range(4)) * 2)
 
 
 def test_bench_smoke_suite_runs_and_skips_finished(tmp_path):

@@ -35,6 +35,11 @@ ALGORITHMS = {
     # replay from step 2 on (every prompt repeats), truncated at t_off, self-normalised weights
     "op_grpo": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.weight_self_normalize=true",
                 "algorithm.off_policy_groups=1.0"],
+    # a filtering sampler: extra rounds until 3 groups of intermediate pass rate (or 4 rounds); ranks then hold
+    # different numbers of samples; the variance sampler: its estimates from the gathered outcomes on every rank
+    "flow_grpo_difficulty": ["algorithm.name=flow_grpo", "train.prompt_sampler={name: difficulty, low: 0.3, high: 0.7, "
+                             "success_threshold: 0.3}"],
+    "flow_grpo_variance": ["algorithm.name=flow_grpo", "train.prompt_sampler=variance"],
     # buffer prompts: 1 or 2 of the 3 groups per step take a buffer prompt, with k = 2 replayed samples each
     "op_grpo_buffer": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.replay_prompts=buffer",
                        "algorithm.off_policy_groups=0.5", "algorithm.replay_k=2"],

@@ -246,16 +246,22 @@ def test_non_finite_log_weight_drops_sample_and_counts_it():
 
 
 def _run(steps, resume_at=None, **cfg):
-    alg = make(seed=3, t_off=5, kl_beta=0.04, off_policy_groups=0.75, **cfg)
-    rewards_seen = []
+    """``steps`` training steps drawn by the algorithm's prompt sampler (buffer mode: replay_buffer), the state saved
+    and loaded into a new algorithm before step ``resume_at``, as a run resumes."""
+    def built():
+        alg = make(seed=3, t_off=5, kl_beta=0.04, off_policy_groups=0.75, **cfg)
+        alg.use_prompts(list(zip(PROMPTS, META)), 8)
+        return alg
+
+    alg, rewards_seen = built(), []
     for i in range(steps):
         if i == resume_at:
             blob = io.BytesIO()
             torch.save(alg.state_dict(), blob)
             blob.seek(0)
-            alg = make(seed=3, t_off=5, kl_beta=0.04, off_policy_groups=0.75, **cfg)
+            alg = built()
             alg.load_state_dict(torch.load(blob, weights_only=False))
-        rewards_seen.append(alg.step(PROMPTS * 2, META * 2).reward_mean)
+        rewards_seen.append(alg.train_step(i + 1).reward_mean)
     return alg, rewards_seen
 
 

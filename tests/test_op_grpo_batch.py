@@ -13,7 +13,7 @@ import rewards
 from algorithms.replay import ReplayEntry, admits
 from benchmark.cli import main
 from benchmark.config import load_config
-from benchmark.runner import prompt_batch
+from algorithms.prompt_samplers.replay_buffer import share_count
 from flowzoo.errors import ConfigError
 from models.toy2d import prompt_set
 from rewards.base import Reward, RewardOutput
@@ -40,11 +40,13 @@ def _simulate(alg, prompts, groups_per_step, steps, success=0.03, seed=0):
     g, k = alg.config.group_size, alg.config.replay_k
     plan = alg.step_plan(1)
     gen = torch.Generator().manual_seed(seed)
+    alg.use_prompts(prompts, groups_per_step)  # its default sampler: replay_buffer in buffer mode, else uniform
+    sampler = alg.prompt_sampler
     fractions, counts = [], []
     for step in range(steps):
         alg.iteration = step
-        batch = prompt_batch(prompts, seed, step, groups_per_step)
-        names, meta, groups = alg._choose_groups([p for p, _ in batch], [m for _, m in batch])
+        alg.current_draw = sampler.draw(step + 1, step, alg)
+        names, meta, groups = alg._choose_groups(alg.current_draw.prompts, alg.current_draw.metadata)
         assert len(names) == len(meta) == groups_per_step
         replayed = sum(len(e) for e in groups.values())
         fractions.append(replayed / (groups_per_step * g))
@@ -81,11 +83,7 @@ def test_buffer_mode_meets_the_target_proportion_on_25k_prompts():
 
 
 def test_buffer_group_count_is_deterministic_and_exact_on_average():
-    alg = make(replay_prompts="buffer", off_policy_groups=0.3)
-    counts = []
-    for i in range(10):
-        alg.iteration = i
-        counts.append(alg.buffer_group_count(8))  # 2.4 per step
+    counts = [share_count(0.3, 8, i) for i in range(10)]  # 2.4 per step
     assert set(counts) == {2, 3} and sum(counts) == 24
 
 
@@ -94,8 +92,9 @@ def test_buffer_mode_replaces_the_last_groups_with_distinct_buffer_prompts():
     keep = Keep(alg)
     alg.step(PROMPTS * 2, META * 2)  # empty buffer: Flow-GRPO's batch
     assert len(alg.buffer) == 4 and not keep.batches[0].off_policy.any()
-    batch = ["class 0"] * 8  # the dataset offers only class 0; the buffer holds all four
-    stats = alg.step(batch, [META[0]] * 8)
+    alg.use_prompts([("class 0", META[0])], 8)  # the dataset offers only class 0; the buffer holds all four
+    assert type(alg.prompt_sampler).__name__ == "ReplayPrompts"  # buffer mode's default sampler
+    stats = alg.train_step(2)
     traj = keep.batches[-1]
     assert len(traj) == 32
     groups = [[traj.prompts[r] for r in (traj.group == gid).nonzero().flatten().tolist()] for gid in range(8)]

@@ -1,0 +1,12 @@
+"""The default sampler: a seeded shuffle of the pool per step (every prompt once before any twice), the draw every
+run made before samplers existed (bit-identical)."""
+
+from __future__ import annotations
+
+from algorithms.prompt_samplers import register
+from algorithms.prompt_samplers.base import PromptSampler
+
+
+@register("uniform")
+class Uniform(PromptSampler):
+    description = "uniform: a seeded shuffle of the training prompts per step (the default)"
