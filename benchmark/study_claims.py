@@ -67,15 +67,21 @@ def _saving_side(low: float, high: float, saving: str) -> str:
     return saving if high < 1 else "no saving" if low <= 1 else "needs more steps"
 
 
-def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: str, rule: str, judge) -> dict:
-    """A claim on ``algorithm`` / Flow-GRPO steps to 80% of the gain: ``judge(low, high)`` of the ratio's CI gives
-    the verdict; no runs or no CI are 'not tested' / 'inconclusive (no CI)'."""
-    e = _effect(effects, task, "flow_grpo", algorithm, STEPS_METRIC)
+def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: str, rule: str, judge,
+                       reference: str = "flow_grpo", metric: str = STEPS_METRIC, also: str | None = None) -> dict:
+    """A claim on ``algorithm`` / ``reference`` cost to 80% of the gain (steps, or ``metric``): ``judge(low, high)``
+    of the ratio's CI gives the verdict; no runs or no CI are 'not tested' / 'inconclusive (no CI)'. ``also``: a
+    second metric whose ratio the measured text shows beside it (e.g. NFE next to steps)."""
+    e = _effect(effects, task, reference, algorithm, metric)
     if e is None:
         return _row(claim, rule, "no runs", "not tested")
+    unit = metric.split("_")[0]
     measured = (f"ratio {e['ratio']:.2f} {_ci(e['ratio_low'], e['ratio_high'])} ({e['algorithm_mean']:.0f} vs "
-                f"{e['reference_mean']:.0f} steps, reached {int(e['reached'])}/{int(e['n'])} vs "
+                f"{e['reference_mean']:.0f} {unit}, reached {int(e['reached'])}/{int(e['n'])} vs "
                 f"{int(e['reference_reached'])}/{int(e['n'])})")
+    other = _effect(effects, task, reference, algorithm, also) if also else None
+    if other is not None:
+        measured += f"; {also.split('_')[0]} ratio {other['ratio']:.2f} {_ci(other['ratio_low'], other['ratio_high'])}"
     if not (math.isfinite(e["ratio_low"]) and math.isfinite(e["ratio_high"])):
         return _row(claim, rule, measured, "inconclusive (no CI)")
     return _row(claim, rule, measured, judge(float(e["ratio_low"]), float(e["ratio_high"])))
@@ -177,6 +183,64 @@ def _decoupled_claim(effects: pd.DataFrame, algorithm: str, task: str, label: st
     return _steps_ratio_claim(effects, task, algorithm, claim, rule, judge)
 
 
+#: the prompt-curriculum controls (flow_grpo with a prompt sampler: algorithms/prompt_samplers), fixed with their rows
+#: before their runs: cell -> label
+CURRICULUM_CELLS = {"flow_grpo@buffer_prompts": "OP-GRPO's buffer prompts (no off-policy sample)",
+                    "flow_grpo@variance": "CGPO's variance-prioritised prompts",
+                    "flow_grpo@dynamic": "DAPO's dynamic sampling",
+                    "flow_grpo@difficulty": "balanced difficulty filtering"}
+FILTERING_CELLS = ("flow_grpo@dynamic", "flow_grpo@difficulty")
+#: "no more steps than OP-GRPO" allows this relative margin (ours, fixed before the runs)
+MATCH_MARGIN = 1.10
+TASK_LABELS = ((SPARSE, "sparse"), (DENSE, "dense"))
+
+
+def _curriculum_claim(effects: pd.DataFrame, cell: str, task: str, label: str) -> dict:
+    claim = (f"a prompt curriculum alone, Flow-GRPO with {CURRICULUM_CELLS[cell]}, needs no more steps than OP-GRPO "
+             f"({label})")
+    rule = (f"steps to 80% of Flow-GRPO's gain, {cell} / op_grpo: reproduced if the ratio's CI lies below "
+            f"{MATCH_MARGIN:.2f} (at most 10% more steps); contradicted if it lies above {MATCH_MARGIN:.2f}; else "
+            "inconclusive. NFE ratio shown beside (the filtering samplers' extra rollouts)")
+
+    def judge(low: float, high: float) -> str:
+        if high < MATCH_MARGIN:
+            return "reproduced" + (" (fewer steps than OP-GRPO)" if high < 1 else "")
+        return "contradicted (needs more steps than OP-GRPO)" if low > MATCH_MARGIN else "inconclusive"
+    return _steps_ratio_claim(effects, task, cell, claim, rule, judge, reference="op_grpo", also="nfe_to_80")
+
+
+def _saving_judge(low: float, high: float) -> str:
+    """A ratio claimed below 1: reproduced if its CI lies below 1, contradicted if it lies at or above 1."""
+    if high < 1:
+        return "reproduced"
+    if low > 1:
+        return "contradicted (costs more)"
+    return "contradicted (no saving)" if low == 1 else "inconclusive"
+
+
+def _filter_cost_claim(effects: pd.DataFrame, cell: str, task: str, label: str) -> dict:
+    claim = (f"{CURRICULUM_CELLS[cell]} saves samples, not only steps: fewer NFE to 80% of the gain than Flow-GRPO's "
+             f"uniform prompts, its extra rollouts counted ({label})")
+    rule = f"NFE to 80% of the gain, {cell} / flow_grpo: reproduced if the CI lies below 1; contradicted if at or above 1"
+    return _steps_ratio_claim(effects, task, cell, claim, rule, _saving_judge, metric="nfe_to_80",
+                              also=STEPS_METRIC)
+
+
+def _reuse_on_top_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
+    claim = f"OP-GRPO's off-policy reuse saves steps on top of its choice of prompts ({label})"
+    rule = ("steps to 80% of the gain, op_grpo / flow_grpo@buffer_prompts (the same buffer-prompt share, no "
+            "off-policy sample): reproduced if the CI lies below 1; contradicted if at or above 1")
+    return _steps_ratio_claim(effects, task, "op_grpo", claim, rule, _saving_judge,
+                              reference="flow_grpo@buffer_prompts")
+
+
+def _reuse_alone_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
+    claim = f"OP-GRPO's off-policy reuse alone, with uniformly drawn prompts, saves steps over Flow-GRPO ({label})"
+    rule = ("steps to 80% of the gain, op_grpo@uniform_prompts (replay_prompts: batch) / flow_grpo: reproduced if "
+            "the CI lies below 1; contradicted if at or above 1")
+    return _steps_ratio_claim(effects, task, "op_grpo@uniform_prompts", claim, rule, _saving_judge)
+
+
 def _instability(table: pd.DataFrame, algorithm: str) -> tuple[int, int]:
     cell = _cell(table, SPARSE, algorithm)
     unstable = (~cell["finished"].astype(bool)) | cell["collapsed"].astype(bool)
@@ -249,7 +313,11 @@ def _claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
         _row("in video generation the gap widens to 30.1% of the training time", "needs the Wan tier on a GPU",
              "not run (CPU only)", "not tested"),
         *(_decoupled_claim(effects, algorithm, task, label) for algorithm in DECOUPLED_CLAIMS
-          for task, label in ((SPARSE, "sparse"), (DENSE, "dense"))),
+          for task, label in TASK_LABELS),
+        *(_curriculum_claim(effects, cell, task, label) for cell in CURRICULUM_CELLS for task, label in TASK_LABELS),
+        *(_filter_cost_claim(effects, cell, task, label) for cell in FILTERING_CELLS for task, label in TASK_LABELS),
+        *(_reuse_on_top_claim(effects, task, label) for task, label in TASK_LABELS),
+        *(_reuse_alone_claim(effects, task, label) for task, label in TASK_LABELS),
     ]
 
 
