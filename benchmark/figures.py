@@ -41,13 +41,25 @@ FAMILIES = (("flow_grpo", "Flow-GRPO", "Blues"), ("dance_grpo", "DanceGRPO", "Gr
             ("diffusion_nft", "DiffusionNFT", "Reds"), ("awm", "AWM", "YlOrBr"))
 OTHER_COLORMAP = "Greys"
 LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+#: markers of a family's members after its own method (which has none), so that 5 shades of one colour stay apart
+MARKERS = (None, "o", "s", "^", "D", "v", "P", "X")
 MAX_LINES = 6
 CURVE_GRID_POINTS = 50
 PLOT_BOOTSTRAPS = 1000
 THEME = {"style": "whitegrid", "context": "paper"}  # seaborn.axes_style / seaborn.plotting_context names
+#: font sizes (pt) at the size a figure is shown: the report page shows a PNG at its physical size (width in inches
+#: x 96 CSS px, from the PNG's resolution: ``markdown_html``), so these are the sizes a reader sees
+FONTS = {"font.size": 10, "axes.labelsize": 10, "axes.titlesize": 10.5, "xtick.labelsize": 9, "ytick.labelsize": 9,
+         "legend.fontsize": 9, "legend.title_fontsize": 9, "figure.titlesize": 11}
+#: the widest figure, in inches: the page's 1100 CSS px column holds 11.46 in at 96 px an inch
+PAGE_WIDTH = 11.0
+#: PNG resolution: twice the page's 96 px an inch, sharp on high-density screens
+DPI = 192
 X_AXES = {"step": "training step", "nfe": "network evaluations (NFE)", "wall_s": "training wall-clock (s)"}
-PANEL_SIZE = (4.6, 3.6)
+PANEL_SIZE = (PAGE_WIDTH / 3, 3.6)
 DIAGNOSTIC_PANELS_PER_ROW = 3
+#: vertical distance (pt) between the target-crossing dots of one panel
+CROSSING_SPACING = 4.0
 
 
 # ------------------------------------------------------------------------------------------------ families and style
@@ -97,7 +109,8 @@ def role(algorithm: str) -> str:
 
 
 def styles(algorithms) -> dict[str, tuple]:
-    """{algorithm: (colour, line style)} for every algorithm, stable whatever subset a figure draws."""
+    """{algorithm: (colour, line style, marker)} for every algorithm, stable whatever subset a figure draws: within a
+    family each member has its own shade, line style and (after the family's own method) marker."""
     import matplotlib
 
     maps = {root: cmap for root, _, cmap in FAMILIES}
@@ -111,7 +124,7 @@ def styles(algorithms) -> dict[str, tuple]:
         cmap = matplotlib.colormaps[maps.get(root, OTHER_COLORMAP)]
         shades = np.linspace(0.9, 0.45, len(members)) if len(members) > 1 else [0.85]
         for i, (algorithm, shade) in enumerate(zip(members, shades)):
-            out[algorithm] = (cmap(float(shade)), LINE_STYLES[i % len(LINE_STYLES)])
+            out[algorithm] = (cmap(float(shade)), LINE_STYLES[i % len(LINE_STYLES)], MARKERS[i % len(MARKERS)])
     return out
 
 
@@ -159,7 +172,9 @@ def themed(plot):
         pyplot()
         import seaborn as sns
 
-        with sns.axes_style(THEME["style"]), sns.plotting_context(THEME["context"]):
+        import matplotlib
+
+        with sns.axes_style(THEME["style"]), sns.plotting_context(THEME["context"]), matplotlib.rc_context(FONTS):
             return plot(*args, **kwargs)
 
     return wrapper
@@ -174,7 +189,7 @@ def save_figure(fig, stem: Path) -> list[Path]:
     with matplotlib.rc_context({"svg.hashsalt": "flowzoo-report"}):
         for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None, "Creator": None})):
             path = stem.with_suffix(f".{fmt}")
-            atomic_write(path, lambda f: fig.savefig(f, format=fmt, metadata=metadata), "wb")
+            atomic_write(path, lambda f: fig.savefig(f, format=fmt, metadata=metadata, dpi=DPI), "wb")
             paths.append(path)
     plt.close(fig)
     return paths
@@ -184,8 +199,8 @@ def panel_axes(count: int):
     """A row of ``count`` panels sharing the y axis, with fixed margins (no layout engine: one draw per file)."""
     plt = pyplot()
     width, height = PANEL_SIZE
-    fig, axes = plt.subplots(1, count, figsize=(width * count, height), sharey=True, squeeze=False)
-    fig.subplots_adjust(left=0.08 if count > 1 else 0.14, right=0.98, bottom=0.14, top=0.84, wspace=0.08)
+    fig, axes = plt.subplots(1, count, figsize=(max(6.0, width * count), height), sharey=True, squeeze=False)
+    fig.subplots_adjust(left=0.07 if count > 1 else 0.14, right=0.99, bottom=0.15, top=0.84, wspace=0.06)
     return fig, list(axes[0])
 
 
@@ -215,20 +230,26 @@ def align_curves(curves: pd.DataFrame, x: str, grid_points: int = CURVE_GRID_POI
 
 
 def draw_mean(ax, data: pd.DataFrame, x: str, y: str, style: tuple, label: str, marker: str | None = None) -> None:
-    """Mean of ``y`` over the rows (seeds) at each ``x``, with its 95% bootstrap band (module docstring)."""
+    """Mean of ``y`` over the rows (seeds) at each ``x``, with its 95% bootstrap band (module docstring). Without
+    ``marker`` the style's own marks the line every tenth of the axes' diagonal."""
     import seaborn as sns
 
-    colour, line = style
+    colour, line, *rest = style  # (colour, line style[, marker])
+    own = rest[0] if rest else None
     band = functools.partial(stats.bootstrap_ci, statistic=np.mean, resamples=PLOT_BOOTSTRAPS)
-    sns.lineplot(data=data, x=x, y=y, estimator="mean", errorbar=band, color=colour, linestyle=line, marker=marker,
-                 linewidth=1.6, label=label, legend=False, ax=ax, err_kws={"alpha": 0.15, "linewidth": 0})
+    spacing = {} if marker else {"markevery": 0.1}
+    sns.lineplot(data=data, x=x, y=y, estimator="mean", errorbar=band, color=colour, linestyle=line,
+                 marker=marker or own, markersize=5, linewidth=1.6, label=label, legend=False, ax=ax,
+                 err_kws={"alpha": 0.15, "linewidth": 0}, **spacing)
 
 
 def draw_band(ax, band: pd.DataFrame, x: str, y: str, style: tuple, label: str) -> None:
     """A line through ``y`` and its precomputed band (columns ``lo``, ``hi``)."""
-    colour, line = style
+    colour, line, *rest = style
+    marker = rest[0] if rest else None
     band = band.sort_values(x)
-    ax.plot(band[x], band[y], color=colour, linestyle=line, linewidth=1.6, label=label)
+    ax.plot(band[x], band[y], color=colour, linestyle=line, marker=marker, markevery=0.1, markersize=5,
+            linewidth=1.6, label=label)
     ax.fill_between(band[x], band["lo"], band["hi"], color=colour, alpha=0.15, linewidth=0)
 
 
@@ -241,6 +262,8 @@ def plot_eval_curves(curves: pd.DataFrame, costs: pd.DataFrame, task: str, x: st
     """Mean eval reward across seeds with 95% bootstrap bands, one panel per group of algorithms; the target dashed
     and, on it, each algorithm's mean cost to reach it (filled: every seed reached it; hollow: some seeds are
     censored, so the mark is a lower bound)."""
+    from matplotlib import transforms
+
     data = align_curves(curves, x)
     groups = panels(data["algorithm"].unique(), baseline)
     fig, axes = panel_axes(len(groups))
@@ -249,15 +272,19 @@ def plot_eval_curves(curves: pd.DataFrame, costs: pd.DataFrame, task: str, x: st
             draw_mean(ax, data[data["algorithm"] == algorithm], x, "eval_reward", palette[algorithm], algorithm)
         if not math.isnan(target):
             ax.axhline(target, color="black", linestyle=(0, (4, 3)), linewidth=0.9, label="target")
-            for algorithm in members:
+            marked = [a for a in members if (costs["algorithm"] == a).any()]
+            for i, algorithm in enumerate(marked):
                 cost = costs[costs["algorithm"] == algorithm]
-                if len(cost):
-                    all_reached = bool(cost["reached"].all())
-                    colour = palette[algorithm][0]
-                    ax.plot([cost[x].mean()], [target], marker="o", markersize=7, linestyle="none",
-                            markeredgecolor=colour, markerfacecolor=colour if all_reached else "white", zorder=5)
+                all_reached = bool(cost["reached"].all())
+                colour = palette[algorithm][0]
+                # each algorithm's dot a few points above or below the line, so that equal costs stack, not hide
+                shift = transforms.offset_copy(ax.transData, fig=fig, y=CROSSING_SPACING * (i - (len(marked) - 1) / 2),
+                                               units="points")
+                ax.plot([cost[x].mean()], [target], marker="o", markersize=5.5, linestyle="none", transform=shift,
+                        markeredgecolor=colour, markeredgewidth=1.2,
+                        markerfacecolor=colour if all_reached else "white", zorder=5, clip_on=False)
         ax.set(xlabel=X_AXES[x], ylabel="eval reward" if ax is axes[0] else "", title=title)
-        ax.legend(fontsize="x-small", loc="lower right", framealpha=0.85)
+        ax.legend(loc="best", framealpha=0.85)
     fig.suptitle(f"{task}: eval reward vs {X_AXES[x]}")
     return save_figure(fig, stem)
 
@@ -273,7 +300,7 @@ def plot_performance_profiles(profiles: pd.DataFrame, baseline: str, palette: di
             draw_band(ax, band, "tau", "share", palette[algorithm], algorithm)
         ax.axvline(1.0, color="black", linestyle=(0, (4, 3)), linewidth=0.9)
         ax.set(xlabel="normalized final reward tau (0 base model, 1 baseline)", title=title, ylim=(-0.02, 1.02))
-        ax.legend(fontsize="x-small", loc="lower left", framealpha=0.85)
+        ax.legend(loc="lower left", framealpha=0.85)
     axes[0].set_ylabel("share of runs with score > tau")
     fig.suptitle("performance profiles across tasks")
     return save_figure(fig, stem)
@@ -289,16 +316,16 @@ def plot_diagnostics_over_training(runs: pd.DataFrame, columns: dict[str, list[s
     rows = math.ceil(len(columns) / per_row)
     width, height = PANEL_SIZE
     fig, axes = plt.subplots(rows, per_row, figsize=(width * per_row, height * rows), squeeze=False)
-    fig.subplots_adjust(left=0.1 if per_row > 1 else 0.16, right=0.98, bottom=0.14 / rows, top=1 - 0.16 / rows,
-                        wspace=0.28, hspace=0.45)
+    fig.subplots_adjust(left=0.08 if per_row > 1 else 0.16, right=0.98, bottom=0.5 / (height * rows),
+                        top=1 - 0.75 / (height * rows), wspace=0.38, hspace=0.5)
     flat = list(axes.flat)
     for ax, (column, members) in zip(flat, columns.items()):
         for algorithm in members:
             group = runs[runs["algorithm"] == algorithm].dropna(subset=[column])
             if len(group):
                 draw_mean(ax, group, "step", column, palette[algorithm], algorithm)
-        ax.set(xlabel="training step", ylabel="", title=column)
-        ax.legend(fontsize="x-small", loc="best", framealpha=0.85)
+        ax.set(xlabel="training step", ylabel=column, title=column)
+        ax.legend(loc="best", framealpha=0.85)
     for ax in flat[len(columns):]:
         ax.set_visible(False)
     fig.suptitle(f"{task}: declared diagnostics over training")
@@ -321,5 +348,133 @@ def plot_by_denoising_step(runs: pd.DataFrame, columns: dict[int, str], label: s
     for algorithm, group in data.groupby("algorithm", sort=True):
         draw_mean(ax, group, "k", "value", palette[algorithm], algorithm, marker="o")
     ax.set(xlabel="denoising step k", ylabel=f"mean {label}", title=f"{task}: {label} by denoising step")
-    ax.legend(fontsize="x-small", loc="upper left", framealpha=0.85)
+    ax.legend(loc="upper left", framealpha=0.85)
     return save_figure(fig, stem)
+
+
+#: how a forest plot marks a ratio's point estimate, by what censoring makes of it (``stats`` column ``bound``)
+BOUND_MARKERS = {"exact": ("o", "full"), "lower bound": (">", "full"), "upper bound": ("<", "full"),
+                 "unknown direction": ("D", "none")}
+RATIO_TICKS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+@themed
+def plot_forest(table: pd.DataFrame, costs: list[str], labels: dict[str, str], task: str, palette: dict,
+                stem: Path) -> list[Path]:
+    """Interval estimates as rliable draws them: per algorithm (a row) and cost (a panel) the ratio to the baseline as
+    a mark and its 95% CI as a bar, on a log axis with 100% (the baseline) dashed. The mark's shape says what
+    censoring makes of the ratio (``BOUND_MARKERS``); rows without a ratio are left empty."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    plt = pyplot()
+    rows = list(table["algorithm"])
+    height = 0.9 + 0.3 * len(rows)
+    fig, axes = plt.subplots(1, len(costs), figsize=(min(PAGE_WIDTH, 3.2 * len(costs) + 2.2), height), sharey=True,
+                             squeeze=False)
+    axes = list(axes[0])
+    fig.subplots_adjust(left=1.9 / (3.2 * len(costs) + 2.2), right=0.98, top=1 - 0.45 / height,
+                        bottom=0.62 / height, wspace=0.08)
+    y = np.arange(len(rows))[::-1]
+    values = [v for c in costs for v in table[[f"{c}_ratio", f"{c}_lo", f"{c}_hi"]].to_numpy().ravel()
+              if np.isfinite(v) and v > 0]
+    lo, hi = (min(values + [0.8]) / 1.15, max(values + [1.25]) * 1.15) if values else (0.5, 2.0)
+    for ax, cost in zip(axes, costs):
+        for yi, (_, r) in zip(y, table.iterrows()):
+            ratio, low, high = r[f"{cost}_ratio"], r[f"{cost}_lo"], r[f"{cost}_hi"]
+            if not np.isfinite(ratio):
+                continue
+            colour = palette[r["algorithm"]][0]
+            if np.isfinite(low) and np.isfinite(high):
+                ax.barh(yi, high - low, left=low, height=0.6, color=colour, alpha=0.75, linewidth=0)
+            marker, fill = BOUND_MARKERS.get(r["bound"], ("o", "full"))
+            ax.plot([ratio], [yi], marker=marker, markersize=6, color="black", fillstyle=fill, linestyle="none",
+                    zorder=4)
+        ax.axvline(1.0, color="black", linestyle=(0, (4, 3)), linewidth=0.9)
+        ax.set_xscale("log")
+        ax.set_xlim(lo, hi)
+        ax.xaxis.set_major_locator(FixedLocator([t for t in RATIO_TICKS if lo <= t <= hi]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f}%"))
+        ax.set_xlabel(f"{labels[cost]} vs baseline")
+        ax.grid(axis="y", visible=False)
+    axes[0].set_yticks(y, [f"{a} ({r}/{n})" for a, r, n in zip(rows, table["reached"], table["n"])])
+    axes[0].set_ylim(-0.6, len(rows) - 0.4)
+    handles = [Line2D([], [], marker=m, fillstyle=f, color="black", linestyle="none", label=b)
+               for b, (m, f) in BOUND_MARKERS.items() if b in set(table["bound"])]
+    fig.legend(handles=handles, loc="lower left", ncol=len(handles), frameon=False,
+               bbox_to_anchor=(0.0, 0.0), title=None)
+    fig.suptitle(f"{task}: cost to the target relative to the baseline (95% CI; seeds reaching)")
+    return save_figure(fig, stem)
+
+
+@themed
+def plot_point_samples(panels_data: list[dict], limit: float, title: str, stem: Path,
+                       per_row: int = 5) -> list[Path]:
+    """Toy-tier samples of several runs at one step, one panel each (wrapped at ``per_row``): each point coloured by
+    its reward and shaped by its prompt, each prompt's rewarded region (reward >= 0.5) outlined, points beyond the
+    axes drawn on the border as red-edged marks and counted in the panel's title.
+
+    ``panels_data``: dicts with ``label``, ``points`` [N, 2], ``rewards`` [N], ``prompts`` [N] and ``regions``
+    {prompt: (xs, ys, values on the grid)} (any of them empty)."""
+    from matplotlib.lines import Line2D
+
+    from benchmark.samples import on_border, outside
+
+    import torch
+
+    plt = pyplot()
+    count = len(panels_data)
+    per_row = min(per_row, count)
+    rows = math.ceil(count / per_row)
+    size = PAGE_WIDTH / 5
+    fig, axes = plt.subplots(rows, per_row, figsize=(size * per_row + 0.9, size * rows + 0.9), squeeze=False)
+    fig.subplots_adjust(left=0.02, right=1 - 0.9 / (size * per_row + 0.9), top=1 - 0.55 / (size * rows + 0.9),
+                        bottom=0.35 / (size * rows + 0.9), wspace=0.06, hspace=0.22)
+    prompts = sorted({p for d in panels_data for p in d["prompts"]}, key=_natural)
+    shapes = {p: "osD^v<>pP*hX"[i % 12] for i, p in enumerate(prompts)} if len(prompts) <= 12 else {}
+    cmap = pyplot().get_cmap("viridis")
+    for ax, data in zip(axes.flat, panels_data):
+        points = torch.as_tensor(np.asarray(data["points"], dtype=float).reshape(-1, 2))
+        far = outside(points, limit).numpy()
+        shown = on_border(points, limit).numpy()
+        rewards = np.asarray(data["rewards"], dtype=float)
+        for prompt, (xs, ys, values) in data["regions"].items():
+            ax.contour(xs, ys, values, levels=[0.5], colors="#444444", linewidths=0.8, linestyles="--")
+        for prompt in prompts:
+            mask = np.array([p == prompt for p in data["prompts"]], dtype=bool)
+            if not mask.any():
+                continue
+            marker = shapes.get(prompt, "o")
+            for part, edge, size_pt in ((mask & ~far, "none", 9), (mask & far, "#d00000", 30)):
+                if part.any():
+                    ax.scatter(shown[part, 0], shown[part, 1], c=rewards[part] if len(rewards) else "grey",
+                               cmap=cmap, vmin=0, vmax=1, s=size_pt, marker=marker, edgecolors=edge,
+                               linewidths=0.9, clip_on=False, zorder=3)
+        mean = f", reward {rewards.mean():.3f}" if len(rewards) else ""
+        ax.set_title(f"{data['label']}{mean}", fontsize=9)
+        if far.any():
+            ax.text(0.5, 0.02, f"{int(far.sum())} of {len(far)} outside the axes", transform=ax.transAxes,
+                    ha="center", va="bottom", fontsize=9, color="#d00000")
+        ax.set_xlim(-limit, limit)
+        ax.set_ylim(-limit, limit)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in list(axes.flat)[count:]:
+        ax.set_visible(False)
+    colorbar = fig.colorbar(pyplot().cm.ScalarMappable(cmap=cmap, norm=pyplot().Normalize(0, 1)),
+                            ax=list(axes.flat), fraction=0.02, pad=0.01)
+    colorbar.set_label("sample's reward")
+    handles = [Line2D([], [], marker=m, color="grey", linestyle="none", label=p) for p, m in shapes.items()]
+    handles.append(Line2D([], [], color="#444444", linestyle="--", label="rewarded region (reward >= 0.5)"))
+    fig.legend(handles=handles, loc="lower left", ncol=len(handles), frameon=False, bbox_to_anchor=(0.0, 0.0))
+    fig.suptitle(title)
+    return save_figure(fig, stem)
+
+
+def _natural(text: str):
+    """Sort key that orders "class 2" before "class 10"."""
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(text))]

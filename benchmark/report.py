@@ -25,6 +25,7 @@ classes' declarations (``family``, ``ablation_of``, ``diagnostics``; see :mod:`b
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -55,7 +56,46 @@ WALL_CLOCK_NOTE = (
 )
 
 
+CURVES_NOTE = (
+    "mean over seeds with 95% bootstrap bands (raw, unsmoothed eval reward); colours by family (Flow-GRPO blue, "
+    "DanceGRPO green, MixGRPO orange, OP-GRPO purple, DiffusionNFT red, AWM yellow-brown; a family's variants in "
+    "lighter shades with their own line style and marker), main methods, variants and ablations in separate panels, "
+    "each with the baseline. Dashed: the target; on it, each algorithm's mean cost to reach it, i.e. where its "
+    "smoothed curve first reaches it, averaged over seeds (filled: every seed reached it; hollow: some seeds never "
+    "did and count at their last step, so the mark is a lower bound); dots of one panel are stacked a few points "
+    "apart so that equal costs do not hide each other. On the NFE and wall-clock axes seeds evaluated at different "
+    "x are interpolated onto a shared grid."
+)
+COST_DETAILS = "Cost to the target: every algorithm"
+DEFINITIONS = "Methods and definitions"
+#: toy-tier sample panels a row
+SAMPLE_PANELS_PER_ROW = 5
+
+
 # -------------------------------------------------------------------------------------------------------- formatting
+
+
+def anchor(title: str) -> str:
+    """The fragment id of a heading, as GitHub makes it (lower case, punctuation dropped, spaces to hyphens) and as
+    :mod:`benchmark.markdown_html` sets it."""
+    from benchmark.markdown_html import heading_id
+
+    return heading_id(title)
+
+
+def indistinct_note(headers: list[str], rows: list[list[str]], columns: list[int], what: str = "algorithms"
+                    ) -> list[str]:
+    """A sentence naming the result columns (indices ``columns``) whose value is the same in every row: those
+    columns cannot tell the rows apart. Nothing with fewer than two rows or no such column."""
+    if len(rows) < 2:
+        return []
+    same = [(headers[c], _plain(rows[0][c]).replace(" †", "")) for c in columns
+            if len({_plain(row[c]).replace(" †", "") for row in rows}) == 1]
+    if not same:
+        return []
+    listed = "; ".join(f"*{h}* is {v} for every row" for h, v in same)
+    return [f"Cannot tell these {what} apart: {listed}.", ""]
+
 
 
 def slug(name: str) -> str:
@@ -145,8 +185,14 @@ def _seeds_text(seeds) -> str:
 
 
 def header_section(analysis: stats.Analysis) -> list[str]:
+    """The title, what was compared, and where the parts of the page are: the answer (per task, the cost ratios to
+    the baseline with their CIs, then the curves) comes first; methods, definitions and the runs table last."""
     summary = analysis.summary
     unfinished = summary[~summary["finished"].astype(bool)]
+    sections = ["Headline: cost to reach the target, relative to the baseline",
+                "Across tasks: IQM, probability of improvement, performance profiles", "Final reward",
+                ablations_heading(analysis), "Diagnostics", "Samples at matched steps", COST_DETAILS,
+                DEFINITIONS, "Runs"]
     return [
         "# FlowZoo benchmark report",
         "",
@@ -154,6 +200,15 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         f"unfinished: {len(unfinished)}; skipped (unreadable): {len(analysis.skipped)}",
         f"- Baseline: `{analysis.baseline}`",
         f"- Target: {analysis.target_description}",
+        "- Contents: " + ", ".join(f"[{title}](#{anchor(title)})" for title in sections),
+        "",
+    ]
+
+
+def definitions_section(analysis: stats.Analysis) -> list[str]:
+    return [
+        f"## {DEFINITIONS}",
+        "",
         f"- Smoothing: trailing mean over the last {analysis.smooth} evaluations; a run's final reward is its smoothed "
         "eval reward at its last evaluation.",
         f"- Cost to target: steps, NFE and training wall-clock at the first evaluation whose smoothed eval reward is "
@@ -166,6 +221,14 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         "0 for the base model and 1 for the baseline's mean; IQM over all (task, seed) scores and the probability "
         "of improvement over the baseline with stratified bootstrap CIs (seeds resampled within each task).",
         f"- Censoring: {CENSORING_NOTE}",
+        "- Cost plots (forest plots, as rliable draws interval estimates): per algorithm its steps and NFE to the "
+        "target relative to the baseline's, the mark the ratio and the bar its 95% CI, on a log axis with the "
+        "baseline (100%) dashed; the mark's shape says what censoring makes of the ratio (circle exact, > a lower "
+        "bound, < an upper bound, hollow diamond unknown direction); (k/n): seeds reaching the target.",
+        f"- Eval reward curves: {CURVES_NOTE}",
+        "- Methods: the algorithms' definitions, defaults and sources are in docs/algorithms.md and docs/op_grpo.md; "
+        "their recipes in docs/recipes.md; the statistics in benchmark/effects.py, benchmark/stats.py and "
+        "benchmark/aggregate.py.",
         "",
     ]
 
@@ -285,20 +348,57 @@ def headline_sentence(row: pd.Series, baseline: str, phrase: str) -> str:
     return sentence
 
 
-def headline_section(analysis: stats.Analysis) -> list[str]:
-    lines = ["## Headline: cost to reach the target, relative to the baseline", "", CENSORING_NOTE, WALL_CLOCK_NOTE,
-             ""]
+def _efficiency(analysis: stats.Analysis, task: str) -> pd.DataFrame:
+    return analysis.efficiency[analysis.efficiency["task"] == task] if len(analysis.efficiency) else pd.DataFrame()
+
+
+def headline_section(analysis: stats.Analysis, out_dir: Path | None = None) -> list[str]:
+    """Per task: the target, the forest plot of the steps and NFE ratios (with ``out_dir``), the verdict, a compact
+    table of the ratios with their CIs, then the eval reward curves (with ``out_dir``). The per-algorithm sentences
+    and the full table (wall-clock, baseline seeds) are in :func:`cost_details_section`."""
+    lines = ["## Headline: cost to reach the target, relative to the baseline", "",
+             "Per task: each algorithm's steps and NFE to reach the target relative to the baseline's (restricted "
+             f"means, censored seeds counted at their last step; 95% CIs), then the eval reward curves. Every "
+             f"algorithm's sentence and wall-clock: [{COST_DETAILS}](#{anchor(COST_DETAILS)}); definitions: "
+             f"[{DEFINITIONS}](#{anchor(DEFINITIONS)}).", ""]
+    palette = _palette(analysis) if out_dir is not None else None
+    for task in sorted(analysis.targets):
+        lines += [f"### `{task}`", "", target_line(analysis, task), ""]
+        table = _efficiency(analysis, task)
+        if not math.isnan(analysis.targets[task]) and len(table) == 0:
+            lines += [f"No algorithm other than `{analysis.baseline}` on this task.", ""]
+        elif not math.isnan(analysis.targets[task]):
+            if out_dir is not None:
+                paths = figures.plot_forest(table, list(VERDICT_COSTS), stats.COST_LABELS, task, palette,
+                                            out_dir / "figures" / f"{slug(task)}_forest")
+                lines += _figure_lines(paths, out_dir, f"{task}: steps and NFE to the target relative to "
+                                                       f"{analysis.baseline}, 95% CIs")
+            if int(table.iloc[0]["baseline_n"]):
+                lines += [f"**{task_verdict(table, analysis.baseline)}**", ""]
+            headers = ["algorithm", "seeds reaching"] + [f"{stats.COST_LABELS[c]} vs baseline [95% CI]"
+                                                         for c in VERDICT_COSTS] + ["bound"]
+            rows = [[f"`{r['algorithm']}`", f"{r['reached']}/{r['n']}"] + [ratio_cell(r, c) for c in VERDICT_COSTS]
+                    + [r["bound"]] for _, r in table.iterrows()]
+            lines += markdown_table(headers, rows) + [""]
+            lines += indistinct_note(headers, rows, [1, 2, 3])
+        if out_dir is not None:
+            lines += task_curves(analysis, task, out_dir, palette)
+    return lines
+
+
+def cost_details_section(analysis: stats.Analysis) -> list[str]:
+    """Per task, one sentence per algorithm and the full cost table (steps, NFE and wall-clock ratios, the seeds of
+    the algorithm and of the baseline reaching the target, the bound)."""
+    lines = [f"## {COST_DETAILS}", "", CENSORING_NOTE, WALL_CLOCK_NOTE, ""]
     for task in sorted(analysis.targets):
         lines += [f"### `{task}`", "", target_line(analysis, task), ""]
         if math.isnan(analysis.targets[task]):
             continue
-        table = analysis.efficiency[analysis.efficiency["task"] == task] if len(analysis.efficiency) else []
+        table = _efficiency(analysis, task)
         if len(table) == 0:
             lines += [f"No algorithm other than `{analysis.baseline}` on this task.", ""]
             continue
         phrase = target_phrase(analysis, task)
-        if int(table.iloc[0]["baseline_n"]):
-            lines += [f"**{task_verdict(table, analysis.baseline)}**", ""]
         lines += [f"- {headline_sentence(row, analysis.baseline, phrase)}" for _, row in table.iterrows()] + [""]
         rows = [[f"`{r['algorithm']}`", f"{r['reached']}/{r['n']}", f"{r['baseline_reached']}/{r['baseline_n']}"]
                 + [ratio_cell(r, c) for c in stats.COSTS]
@@ -307,6 +407,7 @@ def headline_section(analysis: stats.Analysis) -> list[str]:
             f"{stats.COST_LABELS[c]} vs baseline [95% CI]" + ("" if c in VERDICT_COSTS else " (load-dependent)")
             for c in stats.COSTS] + ["bound"]
         lines += markdown_table(headers, rows) + [""]
+        lines += indistinct_note(headers, rows, [1, 3, 4])
     return lines
 
 
@@ -347,6 +448,7 @@ def final_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
         rows = _final_rows(table)
         caption = f"Final eval reward on {task} (mean and IQM over seeds, 95% bootstrap CI)."
         lines += task_table(out_dir, task, "final", headers, rows, caption)
+        lines += indistinct_note(headers, rows, [2, 4])
     return lines
 
 
@@ -364,10 +466,15 @@ def ablation_rows(algorithms) -> list[str]:
     return [a for a in algorithms if figures.ablation_of(a) is not None or figures.has_ablations(a)]
 
 
+def ablations_heading(analysis: stats.Analysis) -> str:
+    """The ablation section's title: "OP-GRPO ablations" for the methods whose ablations ran, else "Ablations"."""
+    shown = ablation_rows(analysis.final_table["algorithm"].unique())
+    return figures.ablations_title({figures.ablation_of(a) or a for a in shown})
+
+
 def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     shown = ablation_rows(analysis.final_table["algorithm"].unique())
-    bases = {figures.ablation_of(a) or a for a in shown}
-    title = figures.ablations_title(bases)
+    title = ablations_heading(analysis)
     lines = [f"## {title}", ""]
     finals = analysis.final_table[analysis.final_table["algorithm"].isin(shown)]
     if finals.empty:
@@ -389,6 +496,7 @@ def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
                          f"{fmt_number(r['mean'])} {fmt_ci(r['mean_lo'], r['mean_hi'], n=r['n'])}", steps, reaching,
                          _clip_off_mean(analysis, task, r["algorithm"])])
         lines += task_table(out_dir, task, "ablation", headers, rows, f"{title} on {task}.")
+        lines += indistinct_note(headers, rows, [2, 3, 4, 5], what="variants")
     return lines
 
 
@@ -423,8 +531,10 @@ def aggregate_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
                f"{fmt_number(r['poi'], 2)} {fmt_ci(r['poi_lo'], r['poi_hi'], lambda v: fmt_number(v, 2))}")
         rows.append([f"`{r['algorithm']}`", ", ".join(f"`{t}`" for t in r["tasks"]), r["n"],
                      f"{fmt_number(r['iqm'])} {fmt_ci(r['iqm_lo'], r['iqm_hi'])}", poi])
-    lines += markdown_table(["algorithm", "tasks", "runs", "IQM normalized final [95% CI]",
-                             f"P(better than `{analysis.baseline}`) [95% CI]"], rows) + [""]
+    headers = ["algorithm", "tasks", "runs", "IQM normalized final [95% CI]",
+               f"P(better than `{analysis.baseline}`) [95% CI]"]
+    lines += markdown_table(headers, rows) + [""]
+    lines += indistinct_note(headers, [r for r in rows if r[4] != "(baseline)"], [3, 4])
     if len(analysis.profiles):
         paths = figures.plot_performance_profiles(analysis.profiles, analysis.baseline, _palette(analysis),
                                                   out_dir / "figures" / "performance_profiles")
@@ -432,23 +542,19 @@ def aggregate_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     return lines
 
 
-def curves_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
-    lines = ["## Eval reward curves", "",
-             "Mean over seeds with 95% bootstrap bands (raw, unsmoothed eval reward); colours by family (Flow-GRPO "
-             "blue, DanceGRPO green, MixGRPO orange, OP-GRPO purple), main methods, variants and OP-GRPO ablations in "
-             "separate panels, each with the baseline. Dashed: the target; on it, each algorithm's mean cost to reach "
-             "it, i.e. where its smoothed curve first reaches it, averaged over seeds (filled: every seed reached it; "
-             "hollow: some seeds never did and count at their last step, so the mark is a lower bound). On the NFE "
-             "and wall-clock axes seeds evaluated at different x are interpolated onto a shared grid.", ""]
-    palette = _palette(analysis)
-    for task, curves in analysis.curves.groupby("task", sort=True):
-        lines += [f"### `{task}`", ""]
-        costs = analysis.costs[analysis.costs["task"] == task]
-        for x in X_AXES:
-            stem = out_dir / "figures" / f"{slug(task)}_reward_vs_{x}"
-            paths = figures.plot_eval_curves(curves, costs, task, x, analysis.targets[task], analysis.baseline,
-                                             palette, stem)
-            lines += _figure_lines(paths, out_dir, f"{task}: eval reward vs {X_AXES[x]}")
+def task_curves(analysis: stats.Analysis, task: str, out_dir: Path, palette: dict) -> list[str]:
+    """The task's eval reward curves against step, NFE and wall-clock (definitions: ``CURVES_NOTE``)."""
+    curves = analysis.curves[analysis.curves["task"] == task]
+    if curves.empty:
+        return []
+    lines = ["Eval reward over training: mean over seeds with 95% bands; dashed the target, dots each algorithm's mean "
+             "cost to reach it (hollow: some seeds never did).", ""]
+    costs = analysis.costs[analysis.costs["task"] == task]
+    for x in X_AXES:
+        stem = out_dir / "figures" / f"{slug(task)}_reward_vs_{x}"
+        paths = figures.plot_eval_curves(curves, costs, task, x, analysis.targets[task], analysis.baseline,
+                                         palette, stem)
+        lines += _figure_lines(paths, out_dir, f"{task}: eval reward vs {X_AXES[x]}")
     return lines
 
 
@@ -504,33 +610,141 @@ def matched_steps(steps: list[set[int]], limit: int = MAX_SAMPLE_STEPS) -> list[
     return [common[i] for i in picks]
 
 
+def grid_sidecar(grid: Path) -> dict | None:
+    """The JSON sidecar of a sample grid (:mod:`benchmark.samples`), or None (grids saved before sidecars existed)."""
+    try:
+        data = json.loads(grid.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class PointScorer:
+    """Re-scores a toy-tier run's saved sample points with the run's own reward (from its ``config.yaml``: the
+    reward, its arguments and the prompt set with its metadata) and maps each prompt's rewarded region. Built only for
+    a reward that takes points; the toy rewards are closed-form, so this costs milliseconds."""
+
+    def __init__(self, run_dir: Path):
+        import yaml
+
+        from benchmark.prompts import PromptSection, load_prompts
+        from rewards import build
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        self.reward = build(config["reward"], config.get("reward_args") or {})
+        if "points" not in tuple(getattr(self.reward, "accepts", ()) or ()):
+            raise ValueError(f"reward {config['reward']!r} does not score points")
+        _, evaluation = load_prompts(PromptSection(**(config.get("prompts") or {})))
+        self.metadata = {prompt: meta for prompt, meta in evaluation}
+        targets = [np.hypot(*v) for m in self.metadata.values() for v in m.values()
+                   if isinstance(v, (list, tuple)) and len(v) == 2]
+        from benchmark.samples import LIMIT
+
+        self.limit = max(LIMIT, math.ceil(5 * (max(targets, default=0.0) + 0.8)) / 5)
+
+    def score(self, points: np.ndarray, prompts: list[str]) -> np.ndarray:
+        import torch
+
+        out = self.reward.score(torch.as_tensor(points, dtype=torch.float32), prompts,
+                                [self.metadata[p] for p in prompts])
+        return out.score.float().numpy()
+
+    def regions(self, prompts, resolution: int = 161) -> dict:
+        """{prompt: (xs, ys, reward on the grid)} over the axes."""
+        axis = np.linspace(-self.limit, self.limit, resolution)
+        xs, ys = np.meshgrid(axis, axis)
+        grid = np.stack([xs.ravel(), ys.ravel()], axis=1)
+        return {p: (xs, ys, self.score(grid, [p] * len(grid)).reshape(xs.shape)) for p in sorted(set(prompts))}
+
+
+def _points_panel(label: str, sidecar: dict, scorer: PointScorer) -> dict:
+    points = np.array([[float(v) for v in p] for p in sidecar["points"]], dtype=float).reshape(-1, 2)
+    prompts = [str(p) for p in sidecar["prompts"]]
+    finite = np.isfinite(points).all(axis=1)
+    rewards = np.zeros(len(points))
+    rewards[finite] = scorer.score(points[finite], [p for p, f in zip(prompts, finite) if f])
+    return {"label": label, "points": points, "rewards": rewards, "prompts": prompts,
+            "regions": scorer.regions(prompts)}
+
+
+def _toy_sample_figures(task: str, chosen: dict, algorithms: list[str], steps: list[int], out_dir: Path
+                        ) -> list[str] | None:
+    """The toy tier's samples redrawn from the grids' sidecars (points, prompts), one figure per matched step; None
+    when some grid has no points sidecar or the reward cannot re-score points (then the saved PNGs are shown)."""
+    sidecars = {(a, s): grid_sidecar(chosen[a][1][s]) for a in algorithms for s in steps}
+    if not all(d and d.get("kind") == "points" and d.get("points") and d.get("prompts") for d in sidecars.values()):
+        return None
+    try:
+        scorers = {a: PointScorer(chosen[a][2]) for a in algorithms}
+        data = {key: _points_panel(f"{key[0]} (seed {chosen[key[0]][0]})", sidecar, scorers[key[0]])
+                for key, sidecar in sidecars.items()}
+    except Exception as e:  # a reward that needs weights or a server, an unreadable config: show the PNGs
+        import logging
+
+        logging.getLogger("flowzoo.report").warning("samples of %s are shown as saved: %s: %s", task,
+                                                    type(e).__name__, e)
+        return None
+    limit = max(s.limit for s in scorers.values())
+    lines = ["Each panel: one run's evaluation samples (the lowest seed of its algorithm that saved any), each "
+             "point coloured by its reward (the run's reward re-scoring the saved point) and shaped by its prompt; "
+             "dashed: each prompt's rewarded region (reward >= 0.5); points beyond the axes are drawn on the border "
+             "with a red edge and counted. The title gives the mean reward of the panel's samples.", ""]
+    for step in steps:
+        stem = out_dir / "figures" / f"{slug(task)}_samples_step_{step}"
+        paths = figures.plot_point_samples([data[(a, step)] for a in algorithms], limit,
+                                           f"{task}: evaluation samples at step {step}", stem,
+                                           per_row=SAMPLE_PANELS_PER_ROW)
+        lines += _figure_lines(paths, out_dir, f"{task}: samples of every algorithm at step {step}")
+    return lines
+
+
+def _grid_table(task: str, chosen: dict, algorithms: list[str], steps: list[int], out_dir: Path) -> list[str]:
+    """The saved sample grids, an algorithm a row and a matched step a column, with the grids' prompts listed."""
+    rows = []
+    for algorithm in algorithms:
+        seed, grids, _ = chosen[algorithm]
+        cells = [f"`{algorithm}` (seed {seed})"]
+        for step in steps:
+            rel = Path("samples") / slug(task) / f"{slug(algorithm)}_seed{seed}_step_{step}.png"
+            data = grids[step].read_bytes()
+            atomic_write(out_dir / rel, lambda f, data=data: f.write(data), "wb")
+            cells.append(f"![{algorithm} seed {seed} step {step}]({rel.as_posix()})")
+        rows.append(cells)
+    lines = markdown_table(["algorithm"] + [f"step {s}" for s in steps], rows) + [""]
+    first = grid_sidecar(chosen[algorithms[0]][1][steps[0]])
+    prompts = (first or {}).get("prompts")
+    if prompts and (first or {}).get("kind") != "points":
+        lines += ["Prompts of the grids' samples, row by row (every grid of a task samples the same held-out "
+                  "prompts with the same noise): " + "; ".join(f"{i + 1}: {p}" for i, p in enumerate(prompts))
+                  + ". The runs record no per-sample reward for image grids; the evaluation's mean is "
+                  "`eval_reward` in metrics.csv.", ""]
+    elif not prompts:
+        lines += ["These grids were saved without their prompts (runs older than the grids' JSON sidecars).", ""]
+    else:
+        lines += ["These toy-tier grids are shown as saved: their rewards could not be re-scored (see the warning "
+                  "on stderr).", ""]
+    return lines
+
+
 def samples_section(analysis: stats.Analysis, runs_dir: Path, out_dir: Path) -> list[str]:
     lines = ["## Samples at matched steps", "",
-             "Sample grids from the lowest seed of each algorithm that saved any, at steps saved by every "
-             "algorithm.", ""]
+             "Evaluation samples of the lowest seed of each algorithm that saved any, at steps saved by every "
+             "algorithm (at most 4).", ""]
     drawn = False
     for task, summary in analysis.summary.groupby("task", sort=True):
-        chosen = {}  # algorithm -> (seed, {step: path})
+        chosen = {}  # algorithm -> (seed, {step: path}, run directory)
         for r in summary.sort_values(["algorithm", "seed", "run"]).itertuples():
             grids = sample_grids(runs_dir / r.run)
             if grids and r.algorithm not in chosen:
-                chosen[r.algorithm] = (r.seed, grids)
-        steps = matched_steps([set(grids) for _, grids in chosen.values()])
+                chosen[r.algorithm] = (r.seed, grids, runs_dir / r.run)
+        steps = matched_steps([set(grids) for _, grids, _ in chosen.values()])
         if not steps:
             continue
         drawn = True
         algorithms = _hue_order(chosen, analysis.baseline)
-        rows = []
-        for step in steps:
-            cells = [str(step)]
-            for algorithm in algorithms:
-                seed, grids = chosen[algorithm]
-                rel = Path("samples") / slug(task) / f"{slug(algorithm)}_seed{seed}_step_{step}.png"
-                data = grids[step].read_bytes()
-                atomic_write(out_dir / rel, lambda f: f.write(data), "wb")
-                cells.append(f"![{algorithm} seed {seed} step {step}]({rel.as_posix()})")
-            rows.append(cells)
-        lines += [f"### `{task}`", ""] + markdown_table(["step"] + [f"`{a}`" for a in algorithms], rows) + [""]
+        lines += [f"### `{task}`", ""]
+        lines += (_toy_sample_figures(task, chosen, algorithms, steps, out_dir)
+                  or _grid_table(task, chosen, algorithms, steps, out_dir))
     return lines if drawn else lines + ["No sample grids at steps shared by every algorithm.", ""]
 
 
@@ -549,13 +763,14 @@ def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     analysis = stats.analyze(runs_dir, baseline=baseline, target=target, smooth=smooth)
-    lines = (header_section(analysis) + runs_section(analysis) + headline_section(analysis)
+    # the answer first (per task: cost ratios with CIs, then the curves); methods, definitions and runs last
+    lines = (header_section(analysis) + headline_section(analysis, out_dir)
              + aggregate_section(analysis, out_dir) + final_section(analysis, out_dir)
-             + ablation_section(analysis, out_dir)
-             + curves_section(analysis, out_dir) + diagnostics_section(analysis, out_dir)
-             + samples_section(analysis, runs_dir, out_dir))
+             + ablation_section(analysis, out_dir) + diagnostics_section(analysis, out_dir)
+             + samples_section(analysis, runs_dir, out_dir) + cost_details_section(analysis)
+             + definitions_section(analysis) + runs_section(analysis))
     markdown = "\n".join(lines).rstrip("\n") + "\n"
     index = out_dir / "index.md"
     atomic_write_text(index, markdown)
-    atomic_write_text(out_dir / "index.html", markdown_to_html(markdown))
+    atomic_write_text(out_dir / "index.html", markdown_to_html(markdown, base_dir=out_dir))
     return index

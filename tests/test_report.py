@@ -2,6 +2,7 @@
 
 import html
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -105,10 +106,17 @@ def test_all_files_exist(written):
 
 
 def test_every_referenced_file_exists(written):
-    out, _, markdown, _ = written
+    out, _, markdown, page = written
     targets = re.findall(r"\]\(([^)]+)\)", markdown)
     assert len(targets) > 20
-    assert all((out / t).is_file() for t in targets)
+    files = [t for t in targets if not t.startswith("#")]
+    assert all((out / t).is_file() for t in files)
+    ids = set(re.findall(r' id="([^"]+)"', page))
+    anchors = [t[1:] for t in targets if t.startswith("#")]
+    assert len(anchors) >= 9 and all(a in ids for a in anchors)  # the contents line and the headline's links
+
+
+COSTS_TITLE = "Cost to the target: every algorithm"
 
 
 def test_headline_exact_numbers_for_faster_algorithm(written):
@@ -120,21 +128,30 @@ def test_headline_exact_numbers_for_faster_algorithm(written):
     toy_a = section(section(markdown, "Headline: cost to reach the target, relative to the baseline"), "`toy_a`")
     assert ("Target: eval reward >= 0.650 (base model (`flow_grpo` at step 0) 0.110, `flow_grpo`'s final reward "
             "0.710).") in toy_a
-    assert ("`op_grpo` reaches 90% of `flow_grpo`'s gain in 75.0% [75.0%, 75.0%] of its steps / "
-            "60.0% [60.0%, 60.0%] of its NFE (3/3 seeds)") in toy_a
-    # wall-clock is in the table (load-dependent) but no verdict rests on it
-    assert "| 75.0% [75.0%, 75.0%] | 60.0% [60.0%, 60.0%] | 90.0% [" in toy_a and "(load-dependent)" in toy_a
     assert ("**`flow_grpo` reaches the target in all 3 seeds; steps or NFE ratios whose 95% CI excludes 100%: "
             "`op_grpo` (steps, NFE below 100%).**") in toy_a
+    # the compact table: steps and NFE only, after the forest plot; then the curves
+    assert "| `op_grpo` | 3/3 | 75.0% [75.0%, 75.0%] | 60.0% [60.0%, 60.0%] | exact |" in toy_a
+    assert toy_a.index("figures/toy_a_forest.png") < toy_a.index("| algorithm |") < toy_a.index(
+        "figures/toy_a_reward_vs_step.png")
+    details = section(section(markdown, COSTS_TITLE), "`toy_a`")
+    assert ("`op_grpo` reaches 90% of `flow_grpo`'s gain in 75.0% [75.0%, 75.0%] of its steps / "
+            "60.0% [60.0%, 60.0%] of its NFE (3/3 seeds)") in details
+    # wall-clock is in the full table (load-dependent) but no verdict rests on it
+    assert "| 75.0% [75.0%, 75.0%] | 60.0% [60.0%, 60.0%] | 90.0% [" in details and "(load-dependent)" in details
 
 
 def _headline(runs, target=None) -> str:
-    """The headline section alone (no figures: fast)."""
-    return "\n".join(report.headline_section(stats.analyze(runs, target=target)))
+    """The headline (verdicts, compact tables) and the per-algorithm sentences with the full cost table (no
+    figures: fast)."""
+    analysis = stats.analyze(runs, target=target)
+    return "\n".join(report.headline_section(analysis) + report.cost_details_section(analysis))
 
 
 def test_relative_target_keeps_the_final_reward_phrase(runs_dir):
-    toy_a = section(_headline(runs_dir, stats.Target("relative", 1.0)), "`toy_a`")
+    headline = _headline(runs_dir, stats.Target("relative", 1.0))
+    top, details = headline.split(f"## {COSTS_TITLE}")
+    toy_a = section(top, "`toy_a`") + section(details, "`toy_a`")
     # target 0.71: op_grpo's smoothed curve reaches it at 15 (0.85), flow_grpo's at 20 in seeds 1, 2 only
     # (0.70 + 0.01 s)
     assert "`op_grpo` reaches `flow_grpo`'s final reward in 75.0% [75.0%, 75.0%] of its steps" in toy_a
@@ -143,7 +160,7 @@ def test_relative_target_keeps_the_final_reward_phrase(runs_dir):
 
 def test_algorithm_that_never_reaches_is_reported_honestly(written):
     _, _, markdown, _ = written
-    toy_b = section(section(markdown, "Headline: cost to reach the target, relative to the baseline"), "`toy_b`")
+    toy_b = section(section(markdown, COSTS_TITLE), "`toy_b`")
     assert "`op_grpo` does not reach 90% of `flow_grpo`'s gain (target 0.650) in any of its 3 seeds" in toy_b
     assert "`op_grpo` reaches" not in toy_b
     # censored at step 20 like flow_grpo's step 20: the ratio is exactly 1, a lower bound
@@ -187,7 +204,7 @@ def test_unfinished_run_is_marked(written):
 
 def test_header_records_facts(written):
     _, _, markdown, _ = written
-    header = markdown.split("## Runs")[0]
+    header = markdown.split("## ")[0]
     assert "- Runs: 12 (2 tasks, 2 algorithms); unfinished: 1" in header
     assert "`flow_grpo`'s final eval reward" in header
     assert re.search(r"\| `toy_a` \| `op_grpo` \| 3 \| 0, 1, 2 \| 2/3 \| 20 \|", markdown)
@@ -342,8 +359,8 @@ def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
     assert "skipped (unreadable): 5" in markdown and "infinite values in ['eval_reward']" in skipped
     # the good runs are all there and unchanged: 2 seeds each, the same headline as without the bad runs
     assert "- Runs: 4 (1 tasks, 2 algorithms)" in markdown
-    headline = section(markdown, "Headline: cost to reach the target, relative to the baseline")
-    assert headline.strip() in _headline(_small_runs(tmp_path / "clean"))
+    details = section(markdown, COSTS_TITLE)
+    assert details.strip() in _headline(_small_runs(tmp_path / "clean"))
 
 
 def test_only_unreadable_runs_is_one_error(tmp_path):
@@ -362,7 +379,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
         write_run(runs / f"o{seed}", task="flat", algorithm="op_grpo", seed=seed, curve=fast_curve,
                   nfe_per_step=10, wall_per_step=1.0)
     analysis = stats.analyze(runs)
-    headline = "\n".join(report.headline_section(analysis))
+    headline = "\n".join(report.headline_section(analysis) + report.cost_details_section(analysis))
     assert "No target on this task" in headline and "did not improve on the base model" in headline
     aggregate = "\n".join(report.aggregate_section(analysis, tmp_path / "out"))
     assert "Left out (the baseline does not improve on the base model there" in aggregate
@@ -403,3 +420,88 @@ def test_task_verdict_reads_censoring_correctly():
                                "flow_grpo")
     assert none.startswith("`flow_grpo` reaches the target in only 2 of 3 seeds")
     assert "no steps or NFE ratio's 95% CI excludes 100%" in none
+
+
+# ---------------------------------------------------------------------------------------- the answer-first layout
+
+
+def test_forest_plot_leads_each_task_and_definitions_and_runs_come_last(written):
+    out, _, markdown, page = written
+    assert (out / "figures" / "toy_a_forest.png").is_file() and (out / "figures" / "toy_b_forest.svg").is_file()
+    order = [markdown.index(f"## {title}") for title in (
+        "Headline: cost to reach the target, relative to the baseline", "Final reward", COSTS_TITLE,
+        "Methods and definitions", "Runs")]
+    assert order == sorted(order)
+    assert markdown.index("![") < markdown.index("| algorithm |")  # a figure before the first table
+    assert page.index("<img ") < page.index("<table>")
+
+
+def test_columns_that_cannot_tell_algorithms_apart_are_named():
+    headers = ["variant", "seeds", "final", "clip"]
+    rows = [["`a`", "5", "0.9", "0.000"], ["`b` †", "5", "0.8", "0.000"]]
+    assert report.indistinct_note(headers, rows, [2, 3], what="variants") == [
+        "Cannot tell these variants apart: *clip* is 0.000 for every row.", ""]
+    assert report.indistinct_note(headers, rows, [2]) == []
+    assert report.indistinct_note(headers, rows[:1], [3]) == []
+
+
+def test_ablation_table_says_when_a_column_is_the_same_for_every_variant(written):
+    _, _, markdown, _ = written
+    # op_grpo alone in the ablation table of toy_a: one row, nothing to tell apart; the synthetic headline's
+    # seeds-reaching column is 3/3 for op_grpo only
+    assert "Cannot tell these" not in section(markdown, "OP-GRPO ablations")
+
+
+def _toy_run(run_dir, algorithm, seed, points, prompts, reward="toy_target"):
+    write_run(run_dir, task="toy", algorithm=algorithm, seed=seed, curve=baseline_curve, nfe_per_step=10,
+              wall_per_step=1.0, sample_steps=(0, 20))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config.update(reward=reward, reward_args={}, prompts={"source": "toy2d"})
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    for step in (0, 20):
+        sidecar = {"kind": "points", "prompts": prompts, "points": points}
+        (run_dir / "samples" / f"step_{step}.json").write_text(__import__("json").dumps(sidecar))
+
+
+def test_toy_samples_are_redrawn_with_rewards_regions_and_points_outside_the_axes(tmp_path):
+    from models.toy2d import class_metadata
+
+    hit = class_metadata(0)["hard_target"]
+    points, prompts = [hit, [0.0, 0.0], [10.0, 0.0], ["nan", "0"]], ["class 0", "class 0", "class 1", "class 1"]
+    runs = tmp_path / "runs"
+    for algorithm in ("flow_grpo", "op_grpo"):
+        _toy_run(runs / algorithm, algorithm, 0, points, prompts)
+    scorer = report.PointScorer(runs / "flow_grpo")
+    assert scorer.score(np.array(points[:3], dtype=float), prompts[:3]).tolist() == [1.0, 0.0, 0.0]
+    assert set(scorer.regions(prompts)) == {"class 0", "class 1"}
+    out = tmp_path / "out"
+    markdown = report.write_report(runs, out).read_text()
+    samples = section(markdown, "Samples at matched steps")
+    assert "figures/toy_samples_step_0.png" in samples and "figures/toy_samples_step_20.png" in samples
+    assert "rewarded region" in samples and not (out / "samples").exists()
+    assert (out / "figures" / "toy_samples_step_20.png").stat().st_size > 10_000
+
+
+def test_image_grids_are_shown_an_algorithm_a_row_with_their_prompts(written):
+    _, _, markdown, _ = written
+    samples = section(section(markdown, "Samples at matched steps"), "`toy_a`")
+    assert "| algorithm | step 0 | step 10 | step 20 |" in samples
+    assert "saved without their prompts" in samples  # the synthetic grids have no sidecar
+
+
+def test_rescored_samples_equal_the_runs_logged_evaluation(tmp_path):
+    """The sidecar's points and prompts, scored by PointScorer, give the eval_reward the run logged."""
+    from benchmark.cli import main
+
+    run = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
+    assert main(["train", str(config), "train.steps=2", "train.eval_every=2", "train.prompts_per_step=2",
+                 "algorithm.group_size=2", "train.eval_samples_per_prompt=3", "model.args.hidden=32",
+                 "model.args.pretrain_steps=50", "train.threads=1", f"run_dir={run}", "--quiet"]) == 0
+    metrics = pd.read_csv(run / "metrics.csv").set_index("step")
+    scorer = report.PointScorer(run)
+    for step in (0, 2):
+        sidecar = report.grid_sidecar(run / "samples" / f"step_{step}.png")
+        rewards = scorer.score(np.array(sidecar["points"], dtype=float), sidecar["prompts"])
+        assert len(rewards) == 4 * 3
+        assert rewards.mean() == pytest.approx(metrics.loc[step, "eval_reward"], rel=1e-5, abs=1e-6)
