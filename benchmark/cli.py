@@ -1,7 +1,7 @@
 """The ``flowzoo`` command line (also ``python -m benchmark``).
 
     flowzoo train CONFIG [key=value ...]     one run
-    flowzoo bench SUITE [--runs DIR] [--workers N] [--out REPORT_DIR] [key=value ...]
+    flowzoo bench SUITE [--runs DIR] [--workers N] [--executor local|submitit-local|slurm] [--out DIR] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
     flowzoo list
     flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
@@ -113,7 +113,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         refuse_shipped(args.out, "--out")
     refuse_shipped(args.runs, "--runs")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
-    failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes)
+    from benchmark.executors import make_grid
+
+    executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs), suite.name)
+    failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes, executor)
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
     if args.out:
@@ -268,7 +271,17 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
     b.add_argument("overrides", nargs="*", default=[], help="key=value overrides applied to every run")
     b.add_argument("--runs", default="runs", metavar="DIR", help="directory of run directories")
-    b.add_argument("--workers", type=int, default=None, metavar="N", help="parallel runs (default: number of CPUs)")
+    b.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="parallel runs (default: number of CPUs); with a submitit executor, jobs at once (default: "
+                        "no limit on slurm)")
+    b.add_argument("--executor", default="local", choices=["local", "submitit-local", "slurm"],
+                   help="local: worker processes here; slurm: one SLURM job per run through submitit, with its "
+                        "task's resources, requeued on preemption or timeout; submitit-local: the same jobs as "
+                        "processes here (needs pip install -e '.[slurm]')")
+    b.add_argument("--cluster", default=None, metavar="FILE",
+                   help="YAML of the scheduler's settings: partition, account, qos, constraint, setup, slurm_args, "
+                        "resources, max_requeues, ... (docs/harness.md)")
+    b.add_argument("--slurm-partition", default=None, metavar="NAME", help="SLURM partition (wins over --cluster's)")
     b.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of the suite's algorithms "
                                                       "(default: all)")
     b.add_argument("--seeds", default=None, metavar="S,S",

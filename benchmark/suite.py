@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 import algorithms
 from benchmark.config import ExperimentConfig, apply_overrides, build_config, read_yaml
+from benchmark.executors import Resources, resolve_resources
 from benchmark.recipes import recipe
 from benchmark.runner import holds_other_config, is_finished, train
 from flowzoo.errors import ConfigError, FlowZooError
@@ -55,6 +56,9 @@ class Suite:
     #: named, disjoint seed sets, e.g. {exploration: [0, ..., 9], replication: [100, ..., 109]}: a study designs on
     #: the first and states each verdict on every set (benchmark/study.py); ``seeds`` is then their union
     seed_sets: dict = field(default_factory=dict)
+    #: what each run's scheduler job asks for (benchmark/executors.py, Resources: gpus, processes, cpus, mem_gb,
+    #: time_min); a task's own ``resources`` win; unused by the local executor
+    resources: dict = field(default_factory=dict)
 
 
 def suite_names() -> list[str]:
@@ -82,11 +86,20 @@ def load_suite(name_or_path: str) -> Suite:
             check_unique(task_cfg["seeds"], f"suite {path.name}: tasks.{task}.seeds")
     for alg in suite.algorithms:
         algorithms.get(alg)
+    for task in suite.tasks:
+        task_resources(suite, task)  # a bad resource fails at load, before any run or job
     for alg, tasks in suite.only_tasks.items():
         unknown = set(tasks) - set(suite.tasks)
         if unknown:
             raise ConfigError(f"suite {suite.name}: only_tasks.{alg} names unknown tasks {sorted(unknown)}; tasks: {', '.join(suite.tasks)}")
     return suite
+
+
+def task_resources(suite: Suite, task: str, site: dict | None = None) -> Resources:
+    """The resources of a run of ``task``: the defaults < ``site`` (a cluster file's) < the suite's < the task's."""
+    own = (suite.tasks.get(task) or {}).get("resources")
+    return resolve_resources([("cluster file: resources", site), (f"suite {suite.name}: resources", suite.resources),
+                              (f"suite {suite.name}: tasks.{task}.resources", own)])
 
 
 def check_unique(values, where: str) -> None:
@@ -320,12 +333,15 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
 
 def run_suite(
     suite: Suite, runs_dir: Path, workers: int | None = None, overrides: list[str] = (),
-    budget_minutes: float | None = None,
+    budget_minutes: float | None = None, executor=None,
 ) -> list[str]:
     """Run every unfinished run of the suite; returns the failures' messages.
 
-    With ``budget_minutes``, no run starts after the budget is spent; runs left out are listed (and the report
-    says which runs it holds). Runs already started finish, so the budget can be overshot by one run's length.
+    ``executor``: None runs them here in ``workers`` processes; a :class:`benchmark.executors.SubmititGrid` submits
+    each as a scheduler job with its task's resources, at most ``workers`` at once (default: no limit on SLURM, the
+    number of CPUs for submitit-local). With ``budget_minutes``, no run starts (no job is submitted) after the budget
+    is spent; runs left out are listed (and the report says which runs it holds). Runs already started finish, so the
+    budget can be overshot by one run's length.
     """
     configs = expand(suite, runs_dir, overrides)
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
@@ -335,15 +351,24 @@ def run_suite(
         raise ConfigError(f"{len(clashes)} of the suite's run directories hold runs of a different config (first: "
                           f"{first}, {describe_differences(first, clashes[0])}); bench places "
                           f"each run under --runs, so give another --runs DIR, or delete them to start over")
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
-    if workers > 1:
-        for c in todo:
-            c.train.threads = c.train.threads or 1
-    print(f"suite {suite.name}: {len(configs)} runs, {len(configs) - len(todo)} finished, {len(todo)} to run "
-          f"with {workers} worker(s) into {runs_dir / suite.name}")
     deadline = time.monotonic() + 60 * budget_minutes if budget_minutes else math.inf
     failures: list[str] = []
     skipped: list[str] = []
+    if executor is not None:
+        resources = [task_resources(suite, c.task, executor.cluster.resources) for c in todo]
+        for config, res in zip(todo, resources):
+            config.train.threads = config.train.threads or res.threads  # the job's cores, shared by its processes
+        executor.check(resources)  # before the first job
+        print(f"suite {suite.name}: {len(configs)} runs, {len(configs) - len(todo)} finished, {len(todo)} to run "
+              f"as {executor.kind} jobs into {runs_dir / suite.name} (job files and logs: {executor.folder})")
+        workers = max(1, min(workers, len(todo) or 1)) if workers else None
+    else:
+        workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+        if workers > 1:
+            for c in todo:
+                c.train.threads = c.train.threads or 1
+        print(f"suite {suite.name}: {len(configs)} runs, {len(configs) - len(todo)} finished, {len(todo)} to run "
+              f"with {workers} worker(s) into {runs_dir / suite.name}")
     bar = tqdm(total=len(todo), desc=f"suite {suite.name}", unit="run")
 
     def record(run_dir: str, error: str | None) -> None:
@@ -351,7 +376,9 @@ def run_suite(
             failures.append(f"{run_dir}: {error}")
         bar.update(1)
 
-    if workers == 1:
+    if executor is not None:
+        skipped = executor.run(todo, resources, workers, deadline, record)
+    elif workers == 1:
         for config in todo:
             if time.monotonic() > deadline:
                 skipped.append(str(config.resolved_run_dir()))
