@@ -7,9 +7,9 @@ On top of Flow-GRPO's template (``algorithms/base.py``) this overrides two hooks
   samples built from stored trajectories. Which groups (``replay_prompts``): ``batch`` (the papers' wording: prompts
   come from the dataset) -- a fraction ``off_policy_groups`` of the batch's groups whose prompt has buffer entries;
   ``buffer`` -- a share ``off_policy_groups`` of the batch's groups takes its prompt from the buffer's prompts instead
-  of the dataset (the ``replay_buffer`` prompt sampler draws them: ``algorithms/prompt_samplers``), so the off-policy proportion ``off_policy_groups * k / G`` is reached whatever the size of the
-  prompt list (in ``batch`` mode a group is eligible only if its prompt is both drawn and stored: ~4% of groups on a
-  25k-prompt list with 1024 entries).
+  of the dataset (the ``replay_buffer`` prompt sampler draws them: ``algorithms/prompt_samplers``), so the off-policy
+  proportion ``off_policy_groups * k / G`` is reached whatever the size of the prompt list (in ``batch`` mode a group
+  is eligible only if its prompt is both drawn and stored: ~4% of groups on a 25k-prompt list with 1024 entries).
   A stored trajectory is reused for its first ``t_off`` transitions (its recorded latents 0..t_off are kept
   bit-identical); **truncation** (the paper's trajectory truncation): the current policy regenerates transitions
   ``t_off .. T-1`` from the stored latent at ``t_off`` and the new final sample is rewarded afresh, so it enters the

@@ -1,5 +1,5 @@
-"""What `flowzoo list` prints: every registered algorithm, model, reward and suite with a one-line description, and
-one entry in full (`flowzoo list NAME`: its parameters with their defaults, as the config takes them).
+"""What `flowzoo list` prints: every registered algorithm, model, reward, prompt sampler and suite with a one-line
+description, and one entry in full (`flowzoo list NAME`: its parameters with their defaults, as the config takes them).
 
 Descriptions come from what each class already states (its docstring, else its module's), never from a second list
 of names, so a new registration shows up with the text its author wrote.
@@ -37,6 +37,7 @@ def _sections():
     import algorithms
     import models
     import rewards
+    from algorithms import prompt_samplers
     from benchmark.suite import load_suite, suite_names
 
     def algorithm_line(name):
@@ -50,6 +51,7 @@ def _sections():
         ("algorithms", algorithms.names(), algorithm_line),
         ("models", models.names(), lambda name: summary(models.get(name))),
         ("rewards", rewards.names(), lambda name: summary(rewards.get(name))),
+        ("prompt samplers", prompt_samplers.names(), lambda name: summary(prompt_samplers.get(name))),
         ("suites", suite_names(), lambda name: _one_line(load_suite(name).description)),
     )
 
@@ -64,10 +66,14 @@ def overview() -> str:
     return "\n".join(lines)
 
 
+def _config_defaults(config_cls) -> dict[str, object]:
+    return {f.name: (f.default if f.default is not dataclasses.MISSING else
+                     f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            for f in dataclasses.fields(config_cls) if f.init}
+
+
 def _algorithm_params(cls) -> list[tuple[str, object]]:
-    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else
-                         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-                for f in dataclasses.fields(cls.Config) if f.init}
+    defaults = _config_defaults(cls.Config)
     return list({**defaults, **{k: v for k, v in cls.preset.items() if k in defaults}}.items())
 
 
@@ -83,6 +89,7 @@ def detail(name: str) -> str:
     import algorithms
     import models
     import rewards
+    from algorithms import prompt_samplers
     from benchmark.suite import load_suite, suite_names
 
     if name in algorithms.names():
@@ -100,12 +107,17 @@ def detail(name: str) -> str:
         cls = rewards.get(name)
         head = [f"reward {name}: {summary(cls)}", f"parameters (reward_args.{name}.<name>):"]
         params = _constructor_params(cls)
+    elif name in prompt_samplers.names():
+        cls = prompt_samplers.get(name)
+        head = [f"prompt sampler {name}: {summary(cls)}",
+                f"parameters (train.prompt_sampler: {{name: {name}, <name>: ...}}):"]
+        params = list(_config_defaults(cls.Config).items())
     elif name in suite_names():
         suite = load_suite(name)
         sets = "; ".join(f"{k}: {v}" for k, v in suite.seed_sets.items()) or f"{suite.seeds}"
         return "\n".join([f"suite {name}: {suite.description}", f"tasks: {', '.join(suite.tasks)}",
                           f"algorithms: {', '.join(suite.algorithms)}", f"seeds: {sets}"])
     else:
-        known = [*algorithms.names(), *models.names(), *rewards.names(), *suite_names()]
+        known = [*algorithms.names(), *models.names(), *rewards.names(), *prompt_samplers.names(), *suite_names()]
         raise ConfigError(f"nothing registered as {name!r}; known: {', '.join(known)}")
     return "\n".join(head + [f"  {key} = {value!r}" for key, value in params] or ["  (none)"])

@@ -196,12 +196,17 @@ def recipe_table() -> str:
         "files) < the suite's per-algorithm block (`defaults.per_algorithm.<algorithm>`, then",
         "`tasks.<task>.per_algorithm.<algorithm>`) < `key=value` on the command line.",
         "",
-        "Files each algorithm reads, in order:",
+        "Files each algorithm with a recipe file or a preset of its own reads, in order (any other algorithm reads",
+        "those of the registered class it subclasses, or none: so a new algorithm without a file leaves this page",
+        "as it is):",
         "",
     ]
     for name in algorithms.names():
-        chain = [p.name for p in recipe_files(name)] or ["none (class defaults)"]
-        lines.append(f"- `{name}`: {', '.join(chain)}")
+        cls = algorithms.get(name)
+        if not _files(cls.name) and "preset" not in vars(cls):
+            continue
+        chain = [p.name for p in recipe_files(name)]
+        lines.append(f"- `{name}`: {', '.join(chain) or 'none (class defaults)'}")
     lines += ["", "Sources: each file's header names the released code and the short file names its rows use.", ""]
     lines += [f"- `{path.name}`: {_header(path)}" for path in files]
     lines += _released_files()

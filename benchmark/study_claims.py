@@ -221,7 +221,8 @@ def _saving_judge(low: float, high: float) -> str:
 def _filter_cost_claim(effects: pd.DataFrame, cell: str, task: str, label: str) -> dict:
     claim = (f"{CURRICULUM_CELLS[cell]} saves samples, not only steps: fewer NFE to 80% of the gain than Flow-GRPO's "
              f"uniform prompts, its extra rollouts counted ({label})")
-    rule = f"NFE to 80% of the gain, {cell} / flow_grpo: reproduced if the CI lies below 1; contradicted if at or above 1"
+    rule = (f"NFE to 80% of the gain, {cell} / flow_grpo: reproduced if the CI lies below 1; contradicted if at or "
+            "above 1")
     return _steps_ratio_claim(effects, task, cell, claim, rule, _saving_judge, metric="nfe_to_80",
                               also=STEPS_METRIC)
 

@@ -94,8 +94,8 @@ ITERATION_PURPOSES = {
     "AWM_FORWARD": AWM_FORWARD,
 }
 #: the last element of ``SeedSequence([a, b, key])`` streams drawn without spawning (prompt order, tiny data, pretrain)
-SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "PROMPT_REFILL": PROMPT_REFILL,
-                 "PROMPT_CURRICULUM": PROMPT_CURRICULUM, "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}
+SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "PROMPT_REFILL": PROMPT_REFILL, "PROMPT_CURRICULUM": PROMPT_CURRICULUM,
+                 "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}
 #: offsets added to a seed for ``torch`` generators of model initialisation and the update's order
 SEED_OFFSETS = {
     "UPDATE_ORDER_OFFSET": UPDATE_ORDER_OFFSET,

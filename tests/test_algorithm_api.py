@@ -175,7 +175,28 @@ def test_report_reads_declarations_not_names(registered, tmp_path):
 
 def test_the_doc_shows_the_example_file_whole():
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert blocks == [EXAMPLE.read_text()]
+    assert len(blocks) == 2 and blocks[0] == EXAMPLE.read_text()  # the second: the prompt-sampler example
+
+
+def test_the_doc_s_prompt_sampler_example_registers_draws_and_resumes():
+    from algorithms import prompt_samplers
+    from tests.value_helpers import build
+
+    block = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)[1]
+    namespace = {"__name__": "rested_example"}
+    try:
+        exec(compile(block, "docs/adding-an-algorithm.md", "exec"), namespace)
+        assert "rested" in prompt_samplers.names()
+        pool = [(f"class {i % 4}", {}) for i in range(6)]
+        alg = build()
+        alg.use_prompts(pool, 2, {"name": "rested", "window": 2})
+        first, second = (alg.train_step(step).nfe_sampling for step in (1, 2))
+        assert first == second > 0
+        drawn = alg.prompt_sampler.draw(3, 2, alg).indices
+        assert drawn == [4, 5]  # prompts 0-3 were drawn at steps 1-2, inside the window
+        assert alg.state_dict()["prompt_sampler"] == {"last": [1, 1, 2, 2, 3, 3]}
+    finally:
+        prompt_samplers.REGISTRY._entries.pop("rested", None)
 
 
 def test_the_example_checks_its_keys(example):
@@ -205,3 +226,45 @@ def test_the_example_trains_with_the_runner_and_appears_in_the_report(example, t
     assert "| `sde_noise_level` | `noise_decay_grpo` | noise level a of this iteration's SDE steps |" in diagnostics
     assert (tmp_path / "out" / "figures" / "toy2d_mode_diagnostics.png").is_file()
     assert "noise_decay_grpo" not in section(markdown, "Ablations")
+
+
+# ------------------------------------------------------------------------------------ one file is the whole change
+
+
+def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
+    """docs/examples/noise_decay_grpo.py dropped into ``algorithms/`` of a copy of the project, and nothing else
+    changed: it is listed, inherits Flow-GRPO's recipe on the SD3 tasks, trains on the toy tier through the CLI, and
+    docs/recipes.md stays current (so no other file has to change)."""
+    import shutil
+    import subprocess
+
+    copy = tmp_path / "zoo"
+    for part in ("algorithms", "rewards", "benchmark", "flowzoo", "docs"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "models").mkdir()
+    for path in (ROOT / "models").iterdir():  # the shipped weights are linked, not copied
+        if path.name != "__pycache__":
+            (copy / "models" / path.name).symlink_to(path)
+    shutil.copy(EXAMPLE, copy / "algorithms" / EXAMPLE.name)
+    script = """
+import algorithms
+from benchmark import recipes
+from benchmark.cli import main
+cls = algorithms.get("noise_decay_grpo")
+assert cls.family == "flow_grpo", cls.family
+for task in ("sd3_geneval", "sd3_pickscore"):
+    assert recipes.recipe("noise_decay_grpo", task, "sd3") == recipes.recipe("flow_grpo", task, "sd3"), task
+assert recipes.recipe("noise_decay_grpo", "sd3_ocr", "sd3")["group_size"] == 24
+assert open("docs/recipes.md").read() == recipes.recipe_table(), "docs/recipes.md would need regenerating"
+raise SystemExit(main(["train", "benchmark/configs/toy_flow_grpo.yaml", "algorithm.name=noise_decay_grpo",
+                       "train.steps=2", "train.eval_every=2", "train.eval_samples_per_prompt=4",
+                       "train.save_samples=false", "model.args.pretrain_steps=50", "run_dir=run", "--quiet"]))
+"""
+    env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (copy / "run" / "done.json").is_file()
+    listed = subprocess.run([sys.executable, "-m", "benchmark", "list"], cwd=copy, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert "noise_decay_grpo" in listed.stdout

@@ -39,13 +39,18 @@ def _old_prompt_batch(pool, seed, step, count):
     return [pool[i] for i in rng.permutation(len(pool) * copies)[:count] % len(pool)]
 
 
-def test_registry_lists_every_sampler_with_a_description():
+def test_registry_lists_every_sampler_with_its_description_and_parameters(capsys):
     assert prompt_samplers.names() == ["difficulty", "dynamic", "replay_buffer", "uniform", "variance"]
     for name in prompt_samplers.names():
-        cls = prompt_samplers.get(name)
-        assert cls.name == name and cls.description.startswith(name + ":")
+        assert prompt_samplers.get(name).name == name
     with pytest.raises(ConfigError, match="unknown prompt sampler 'nope'; known: difficulty"):
         prompt_samplers.get("nope")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt samplers:" in out and "  variance " in out and "CGPO" in out
+    assert main(["list", "difficulty"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("prompt sampler difficulty: Balanced online difficulty filtering") and "  low = 0.25" in out
 
 
 @pytest.mark.parametrize("pool_size,groups", [(12, 8), (3, 8), (5, 5)])
@@ -137,7 +142,8 @@ def test_variance_state_resumes_and_a_pool_of_another_size_is_refused():
     (["train.prompt_sampler={name: dynamic, share: 0.5}"], "unknown key 'share'"),
     (["train.prompt_sampler=[dynamic]"], "train.prompt_sampler"),
     (["algorithm.name=op_grpo", "algorithm.replay_prompts=buffer", "algorithm.off_policy_groups=0.5",
-      "train.prompt_sampler=variance"], "replay_prompts: buffer takes its buffer groups' prompts from the replay_buffer"),
+      "train.prompt_sampler=variance"],
+     "replay_prompts: buffer takes its buffer groups' prompts from the replay_buffer"),
     (["train.prompt_sampler={name: replay_buffer, share: 1.0}"], "share must be in [0, 1)"),
 ])
 def test_bad_samplers_fail_at_config_load_in_one_line(overrides, message, tmp_path):

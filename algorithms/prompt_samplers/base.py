@@ -89,8 +89,6 @@ class PromptSampler:
     """Uniform draws and no state; subclasses override what differs (see the module docstring)."""
 
     name: ClassVar[str | None] = None  # set by @register (algorithms/prompt_samplers/__init__.py)
-    #: one line for ``flowzoo list`` and the docs
-    description: ClassVar[str] = ""
     Config: ClassVar[type[SamplerConfig]] = SamplerConfig
     #: whether the template asks ``keeps``/``refill`` after the first rollout (dynamic sampling)
     filters: ClassVar[bool] = False

@@ -56,8 +56,8 @@ class FilteringSampler(PromptSampler):
 
 @register("dynamic")
 class DynamicSampling(FilteringSampler):
-    description = ("dynamic: DAPO's dynamic sampling -- draw more prompts until the batch holds enough groups with "
-                   "reward spread (extra rollouts counted in NFE and time)")
+    """DAPO's dynamic sampling: draw more prompts until the batch holds enough groups with reward spread (extra
+    rollouts counted in NFE and time)."""
 
     def keeps(self, rewards: torch.Tensor) -> bool:
         return bool(rewards.max() > rewards.min())
@@ -77,8 +77,8 @@ class DifficultyConfig(FilterConfig):
 
 @register("difficulty")
 class BalancedDifficulty(FilteringSampler):
-    description = ("difficulty: balanced online difficulty filtering (Bae et al.) -- keep groups of intermediate pass "
-                   "rate, drawing more prompts until the batch is full (extra rollouts counted)")
+    """Balanced online difficulty filtering (Bae et al.): keep groups of intermediate pass rate, drawing more prompts
+    until the batch is full (extra rollouts counted)."""
     Config = DifficultyConfig
 
     def keeps(self, rewards: torch.Tensor) -> bool:

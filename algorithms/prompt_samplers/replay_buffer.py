@@ -68,8 +68,8 @@ class ReplayPromptsConfig(SamplerConfig):
 
 @register("replay_buffer")
 class ReplayPrompts(PromptSampler):
-    description = ("replay_buffer: OP-GRPO's buffer prompts -- a share of each step's groups takes a prompt of the "
-                   "replay buffer (the algorithm's, else the sampler's own prompt buffer with OP-GRPO's rules)")
+    """OP-GRPO's buffer prompts: a share of each step's groups takes a prompt of the replay buffer (the algorithm's,
+    else the sampler's own prompt buffer with OP-GRPO's rules)."""
     Config = ReplayPromptsConfig
 
     def __init__(self, pool: Pool, groups: int, seed: int, config: ReplayPromptsConfig | None = None):

@@ -9,4 +9,4 @@ from algorithms.prompt_samplers.base import PromptSampler
 
 @register("uniform")
 class Uniform(PromptSampler):
-    description = "uniform: a seeded shuffle of the training prompts per step (the default)"
+    """A seeded shuffle of the training prompts per step (the default)."""

@@ -69,8 +69,8 @@ def largest_remainder(shares: np.ndarray, total: int, caps: np.ndarray) -> np.nd
 
 @register("variance")
 class VariancePrioritised(PromptSampler):
-    description = ("variance: CGPO's curriculum -- prompts drawn in proportion to their recent group reward variance "
-                   "(with category calibration where prompts have categories)")
+    """CGPO's curriculum: prompts drawn in proportion to their recent group reward variance (with category calibration
+    where prompts have categories)."""
     Config = VarianceConfig
 
     def __init__(self, pool: Pool, groups: int, seed: int, config: VarianceConfig | None = None):

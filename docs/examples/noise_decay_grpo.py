@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.base import AlgorithmConfig
 from algorithms.distributed import GatheredBatch
+from algorithms.flow_grpo import FlowGRPO
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
@@ -32,11 +33,10 @@ class NoiseDecayConfig(AlgorithmConfig):
 
 
 @register("noise_decay_grpo")
-class NoiseDecayGRPO(Algorithm):
+class NoiseDecayGRPO(FlowGRPO):
     """Flow-GRPO whose SDE noise level decays geometrically over training."""
 
-    Config = NoiseDecayConfig
-    family = "flow_grpo"  # a Flow-GRPO variant: Flow-GRPO's colours, the report's "variants" panel
+    Config = NoiseDecayConfig  # a subclass of FlowGRPO: its family (colours, "variants" panel) and its recipes
     diagnostics = {"sde_noise_level": "noise level a of this iteration's SDE steps"}
 
     def current_noise_level(self) -> float:
