@@ -6,7 +6,7 @@ Two things are added to what markdown-it renders:
 * every heading gets the ``id`` GitHub gives it (:func:`heading_id`; repeated ones get ``-1``, ``-2``, ...), so the
   report's in-page links work in the HTML page and in the markdown on GitHub alike;
 * an image whose PNG records its resolution (matplotlib writes it) gets ``width`` = its physical width at 96 CSS px
-  an inch, so a figure drawn at 192 dpi is shown at the size its fonts were chosen for (capped by the page width).
+  an inch, so a figure saved at 144 dpi is shown at the size its fonts were chosen for (capped by the page width).
 """
 
 from __future__ import annotations

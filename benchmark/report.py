@@ -17,10 +17,13 @@ Layout of ``out_dir``::
     figures/<task>_diagnostics.{png,svg}          the declared scalar diagnostics over training (when logged)
     figures/<task>_<stem>.{png,svg}               each declared per-denoising-step diagnostic (``abs_log_ratio_t{k}``
                                                   -> ``<task>_abs_log_ratio``)
+    figures/<task>_forest.{png,svg}               the steps and NFE ratios to the baseline with their CIs
+    figures/<task>_samples_step_<N>.png           the toy tier's samples at step N redrawn (rewards, regions)
 
 Which algorithms are ablations (and of what), their families and their diagnostic columns come from the algorithm
 classes' declarations (``family``, ``ablation_of``, ``diagnostics``; see :mod:`benchmark.figures`), never from names.
-    samples/<task>/<algorithm>_seed<S>_step_<N>.png   copies of the runs' sample grids at matched steps
+    samples/<task>/<algorithm>_seed<S>_step_<N>.png   copies of the runs' sample grids at matched steps (image tiers,
+                                                      and toy runs without the grids' JSON sidecars)
 """
 
 from __future__ import annotations
@@ -501,8 +504,8 @@ def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
 
 
 def _figure_lines(paths: list[Path], out_dir: Path, alt: str) -> list[str]:
-    png, svg = (p.relative_to(out_dir).as_posix() for p in paths)
-    return [f"![{alt}]({png})", "", f"SVG: [{svg}]({svg})", ""]
+    png, *svg = (p.relative_to(out_dir).as_posix() for p in paths)
+    return [f"![{alt}]({png})", ""] + [f"SVG: [{v}]({v})" for v in svg] + ([""] if svg else [])
 
 
 def _palette(analysis: stats.Analysis) -> dict:

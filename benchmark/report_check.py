@@ -134,7 +134,7 @@ def browser_checks(browser: str, page: Path, screenshot: Path | None, need_figur
     try:
         with os.fdopen(fd, "w") as f:
             f.write(page.read_text().replace("</body>", PROBE + "\n</body>"))
-        done = subprocess.run(flags + ["--dump-dom", Path(probe).as_uri()], capture_output=True, text=True,
+        done = subprocess.run(flags + ["--dump-dom", Path(probe).resolve().as_uri()], capture_output=True, text=True,
                               timeout=180)
     finally:
         os.unlink(probe)
@@ -156,7 +156,7 @@ def browser_checks(browser: str, page: Path, screenshot: Path | None, need_figur
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{screenshot.name}.", suffix=".png", dir=screenshot.parent)
         os.close(fd)
-        shot = subprocess.run(flags + [f"--screenshot={tmp}", page.as_uri()], capture_output=True, text=True,
+        shot = subprocess.run(flags + [f"--screenshot={tmp}", page.resolve().as_uri()], capture_output=True, text=True,
                               timeout=180)
         if shot.returncode != 0 or not os.path.getsize(tmp):
             os.unlink(tmp)
