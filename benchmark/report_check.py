@@ -156,13 +156,16 @@ def browser_checks(browser: str, page: Path, screenshot: Path | None, need_figur
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{screenshot.name}.", suffix=".png", dir=screenshot.parent)
         os.close(fd)
-        shot = subprocess.run(flags + [f"--screenshot={tmp}", page.resolve().as_uri()], capture_output=True, text=True,
-                              timeout=180)
-        if shot.returncode != 0 or not os.path.getsize(tmp):
-            os.unlink(tmp)
-            failures.append(f"no screenshot (exit {shot.returncode})")
-        else:
-            os.replace(tmp, screenshot)
+        try:
+            shot = subprocess.run(flags + [f"--screenshot={tmp}", page.resolve().as_uri()], capture_output=True,
+                                  text=True, timeout=180)
+            if shot.returncode == 0 and os.path.getsize(tmp):
+                os.replace(tmp, screenshot)
+            else:
+                failures.append(f"no screenshot (exit {shot.returncode})")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return failures
 
 
