@@ -634,6 +634,10 @@ class PointScorer:
         from rewards import build
 
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        #: what the scores depend on: runs with equal keys share their regions
+        self.key = json.dumps([config["reward"], config.get("reward_args"), config.get("prompts")], sort_keys=True,
+                              default=str)
+        self._regions: dict = {}
         self.reward = build(config["reward"], config.get("reward_args") or {})
         if "points" not in tuple(getattr(self.reward, "accepts", ()) or ()):
             raise ValueError(f"reward {config['reward']!r} does not score points")
@@ -652,12 +656,14 @@ class PointScorer:
                                 [self.metadata[p] for p in prompts])
         return out.score.float().numpy()
 
-    def regions(self, prompts, resolution: int = 161) -> dict:
-        """{prompt: (xs, ys, reward on the grid)} over the axes."""
+    def regions(self, prompts, resolution: int = 121) -> dict:
+        """{prompt: (xs, ys, reward on the grid)} over the axes (each prompt's computed once)."""
         axis = np.linspace(-self.limit, self.limit, resolution)
         xs, ys = np.meshgrid(axis, axis)
         grid = np.stack([xs.ravel(), ys.ravel()], axis=1)
-        return {p: (xs, ys, self.score(grid, [p] * len(grid)).reshape(xs.shape)) for p in sorted(set(prompts))}
+        for p in set(prompts) - set(self._regions):
+            self._regions[p] = (xs, ys, self.score(grid, [p] * len(grid)).reshape(xs.shape))
+        return {p: self._regions[p] for p in sorted(set(prompts))}
 
 
 def _points_panel(label: str, sidecar: dict, scorer: PointScorer) -> dict:
@@ -678,7 +684,11 @@ def _toy_sample_figures(task: str, chosen: dict, algorithms: list[str], steps: l
     if not all(d and d.get("kind") == "points" and d.get("points") and d.get("prompts") for d in sidecars.values()):
         return None
     try:
-        scorers = {a: PointScorer(chosen[a][2]) for a in algorithms}
+        shared: dict[str, PointScorer] = {}  # runs of one reward and prompt set share a scorer and its regions
+        scorers = {}
+        for a in algorithms:
+            scorer = PointScorer(chosen[a][2])
+            scorers[a] = shared.setdefault(scorer.key, scorer)
         data = {key: _points_panel(f"{key[0]} (seed {chosen[key[0]][0]})", sidecar, scorers[key[0]])
                 for key, sidecar in sidecars.items()}
     except Exception as e:  # a reward that needs weights or a server, an unreadable config: show the PNGs
