@@ -199,6 +199,49 @@ RESERVED_COLUMNS = frozenset(f.name for f in dataclasses.fields(StepStats) if f.
     "nfe_step", "step", "nfe", "wall_s", "eval_reward", "t_eval"}
 
 
+class UpdateTally:
+    """The PPO update's bookkeeping: sums over the trained (sample, step) pairs, the clipped pairs of named subsets of
+    the samples (``Algorithm.clip_subsets``) and the gradient norms; ``finish`` sums them over processes."""
+
+    def __init__(self, subsets: dict[str, torch.Tensor]):
+        self.subsets = subsets
+        self.sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
+        self.subset_pairs = {name: torch.zeros(2, dtype=torch.float64) for name in subsets}  # [clipped, total]
+        self.grad_norms: list[float] = []
+
+    @torch.no_grad()
+    def add(self, rows: torch.Tensor, terms, log_prob: torch.Tensor, old: torch.Tensor, kl: torch.Tensor,
+            per_sample: torch.Tensor) -> None:
+        self.sums["clipped"] += float(terms.clipped.sum())
+        self.sums["approx_kl"] += float(approx_kl(log_prob, old)) * len(rows)
+        self.sums["kl"] += float(kl.sum())
+        self.sums["ratio"] += float(terms.ratio.sum())
+        self.sums["loss"] += float(per_sample.sum())
+        self.sums["pairs"] += len(rows)
+        for name, mask in self.subsets.items():
+            member = mask[rows]
+            self.subset_pairs[name] += torch.tensor([float(terms.clipped[member].sum()), float(member.sum())],
+                                                    dtype=torch.float64)
+
+    def finish(self, dist: SingleProcess) -> tuple[dict[str, float], dict[str, float]]:
+        """(the StepStats fields of the update, {subset column: its clip fraction}) over all processes; the subsets'
+        fractions only when every subset holds trained pairs."""
+        sums = dist.sum(self.sums)
+        n = max(sums["pairs"], 1)
+        result = {
+            "clip_frac": sums["clipped"] / n,
+            "approx_kl": sums["approx_kl"] / n,
+            "kl": sums["kl"] / n,
+            "ratio_mean": sums["ratio"] / n,
+            "loss": sums["loss"] / n,
+            "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
+        }
+        pairs = {name: dist.sum(counts) for name, counts in self.subset_pairs.items()}
+        if not pairs or any(counts[1] == 0 for counts in pairs.values()):
+            return result, {}
+        return result, {name: float(counts[0] / counts[1]) for name, counts in pairs.items()}
+
+
 class Algorithm:
     """A GRPO-style algorithm; see the module docstring for the template and the hooks."""
 
@@ -349,7 +392,7 @@ class Algorithm:
         if rounds == 1 and not unkept:
             return traj, batch
         whole = Trajectory.cat(parts) if len(parts) > 1 else traj
-        rows = torch.isin(whole.group.cpu(), torch.tensor(chosen)).nonzero().flatten()
+        rows = torch.isin(whole.group, torch.tensor(chosen, device=whole.group.device)).nonzero().flatten()
         whole = whole.select(rows)
         return whole, self.dist.gather_batch(whole)
 
@@ -535,7 +578,7 @@ class Algorithm:
             out = StepOutput(*(field[rows] for field in live[t]))
         else:
             out = self.score_transition(traj, rows, t)
-        kl = torch.zeros(len(rows))
+        kl = out.log_prob.new_zeros(len(rows))  # the log-prob's device and dtype (float32: algorithms/sde.py)
         if self.config.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
                 ref = self.score_transition(traj, rows, t)
@@ -569,62 +612,56 @@ class Algorithm:
             self.ema.update()
         return grad_norm
 
+    def clip_subsets(self, traj: Trajectory) -> dict[str, torch.Tensor]:
+        """{metrics.csv column: bool mask over ``traj``'s samples}: subsets whose PPO clip fraction the update logs
+        apart (all of them, when each holds trained pairs over all processes). None here; OP-GRPO splits its
+        on- and off-policy samples."""
+        return {}
+
+    def trained_rows(self, advantages: torch.Tensor) -> torch.Tensor | None:
+        """Global indices of the samples the update trains (None: all): with ``drop_zero_advantage``, those whose
+        advantage is not exactly 0 (over all processes)."""
+        if not self.config.drop_zero_advantage:
+            return None
+        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
+        self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(self.dist.local_span(len(advantages))[1], 1))
+        return kept
+
+    def transition_chunks(self, traj: Trajectory, minibatch: torch.Tensor) -> Iterator[tuple[torch.Tensor, int]]:
+        """(rows, t): the minibatch's trained transitions, step by step, in chunks of ``micro_batch`` samples (a kept
+        rollout graph is back-propagated whole: its forward already ran on the batch)."""
+        for t in range(traj.num_steps):
+            rows_t = minibatch[traj.train[minibatch, t]]
+            chunk = len(rows_t) if traj.live and t in traj.live else self.config.micro_batch or len(rows_t)
+            for rows in rows_t.split(max(chunk, 1)):
+                if len(rows):
+                    yield rows, t
+
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
-        """PPO-clip epochs over the rollout batch; each sample's loss is scaled by exp(traj.log_weight)."""
+        """PPO-clip epochs over the rollout batch (Flow-GRPO's loss): per trained transition, the clipped surrogate of
+        the ratio pi_theta / pi_old plus beta x KL to the reference, each sample scaled by exp(traj.log_weight),
+        summed and normalised by the minibatch's number of trained (sample, step) pairs over all processes."""
         cfg = self.config
-        # minibatches are drawn over the global batch; this process trains the members it holds (all in one process)
-        offset, batch = self.dist.local_span(len(traj))
-        kept = None  # global indices of the samples the update trains (None: all)
-        if cfg.drop_zero_advantage:
-            kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
+        offset, batch = self.dist.local_span(len(traj))  # minibatches are drawn over the global batch
         weight = torch.exp(traj.log_weight).float()
-        sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
-        off_pairs = torch.zeros(2)  # [clipped, total] over off-policy samples
-        grad_norms = []
-        for minibatch in self.minibatch_rows(batch, kept, offset, len(traj)):
-            pairs = self.dist.sum(int(traj.train[minibatch].sum()))  # the global count normalises the loss
+        tally = UpdateTally(self.clip_subsets(traj))
+        for minibatch in self.minibatch_rows(batch, self.trained_rows(advantages), offset, len(traj)):
+            pairs = self.dist.sum(int(traj.train[minibatch].sum()))
             if pairs == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
-            for t in range(traj.num_steps):
-                rows_t = minibatch[traj.train[minibatch, t]]
-                # a kept rollout graph is back-propagated once, whole (its forward already ran on the batch)
-                chunk = len(rows_t) if traj.live and t in traj.live else cfg.micro_batch or len(rows_t)
-                for rows in rows_t.split(max(chunk, 1)):
-                    if len(rows) == 0:
-                        continue
-                    out, kl = self._step_terms(traj, rows, t, traj.live)
-                    old = traj.log_probs[rows, t]
-                    terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
-                    per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
-                    (per_sample.sum() / pairs).backward()
-                    with torch.no_grad():
-                        sums["clipped"] += float(terms.clipped.sum())
-                        sums["approx_kl"] += float(approx_kl(out.log_prob, old)) * len(rows)
-                        sums["kl"] += float(kl.sum())
-                        sums["ratio"] += float(terms.ratio.sum())
-                        sums["loss"] += float(per_sample.sum())
-                        sums["pairs"] += len(rows)
-                        off = traj.off_policy[rows]
-                        off_pairs += torch.tensor([float(terms.clipped[off].sum()), float(off.sum())])
-            grad_norms.append(self.optimizer_step())
+            for rows, t in self.transition_chunks(traj, minibatch):
+                out, kl = self._step_terms(traj, rows, t, traj.live)
+                old = traj.log_probs[rows, t]
+                terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
+                per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
+                (per_sample.sum() / pairs).backward()
+                tally.add(rows, terms, out.log_prob, old, kl, per_sample)
+            tally.grad_norms.append(self.optimizer_step())
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
-        sums, off_pairs = self.dist.sum(sums), self.dist.sum(off_pairs)
-        n = max(sums["pairs"], 1)
-        result = {
-            "clip_frac": sums["clipped"] / n,
-            "approx_kl": sums["approx_kl"] / n,
-            "kl": sums["kl"] / n,
-            "ratio_mean": sums["ratio"] / n,
-            "loss": sums["loss"] / n,
-            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-        }
-        if kept is not None:
-            self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(batch, 1))
-        if off_pairs[1] > 0:
-            on_total = sums["pairs"] - float(off_pairs[1])
-            self.log(CLIP_FRAC_OFF, float(off_pairs[0] / off_pairs[1]))
-            self.log(CLIP_FRAC_ON, (sums["clipped"] - float(off_pairs[0])) / max(on_total, 1.0))
+        result, subsets = tally.finish(self.dist)
+        for column, value in subsets.items():
+            self.log(column, value)
         return result
 
     # ---- state ----------------------------------------------------------------------------------------------

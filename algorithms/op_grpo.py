@@ -145,14 +145,15 @@ class OPGRPO(Algorithm):
         return self.t_off < self.num_steps
 
     def _compatible(self, entry: ReplayEntry, plan: StepPlan) -> bool:
-        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed);
-        ``plan``'s tensors on the CPU, as the entries'."""
+        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed); the
+        plan's tensors are compared where the entry's are (the buffer keeps its entries on the host)."""
+        host = entry.sigmas.device
         return (
             entry.kind == plan.kind
             and entry.noise_level == plan.noise_level
             and entry.latents.shape[0] >= self.t_off + 1
-            and torch.equal(entry.sigmas, plan.sigmas)
-            and torch.equal(entry.sde, plan.sde)
+            and torch.equal(entry.sigmas, plan.sigmas.to(host))
+            and torch.equal(entry.sde, plan.sde.to(host))
         )
 
     def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
@@ -163,6 +164,11 @@ class OPGRPO(Algorithm):
         if entries and self.truncating:
             entries = [entries[j % len(entries)] for j in range(k)]
         return entries
+
+    def clip_subsets(self, traj: Trajectory) -> dict[str, torch.Tensor]:
+        """The on- and off-policy samples' PPO clip fractions, apart (the paper's 11.8% vs > 40% is about the
+        off-policy ones); logged for the iterations whose batch holds replayed samples."""
+        return {CLIP_FRAC_OFF: traj.off_policy, CLIP_FRAC_ON: ~traj.off_policy}
 
     # ---- prompts: buffer mode is the replay_buffer sampler ---------------------------------------------------
     @classmethod
@@ -245,6 +251,7 @@ class OPGRPO(Algorithm):
         n, t_off, device = len(order), self.t_off, self.model.device
         rep_prompts = [prompts[i] for i, _ in order]
         rep_meta = [metadata[i] for i, _ in order]
+        # the buffer's host copies go onto the device once, here (as the latents the rollout continues from)
         stored = torch.stack([e.latents[: t_off + 1] for _, e in order]).to(device)
         pi_off = torch.stack([e.log_probs for _, e in order]).to(device=device, dtype=torch.float32)
         inputs = RolloutInputs(rep_prompts, rep_meta, self.model.encode(rep_prompts, rep_meta), stored[:, t_off], gens,
@@ -288,8 +295,8 @@ class OPGRPO(Algorithm):
         log_probs = traj.log_probs[n_fresh:]
         steps = torch.arange(traj.num_steps, device=traj.sde.device)
         reused = (traj.sde & (steps < self.t_off)).unsqueeze(0).expand(n, -1).to(device)
-        log_w = torch.zeros(n)
-        abs_log_ratio = (torch.zeros(traj.num_steps), torch.zeros(traj.num_steps))
+        log_w = traj.log_weight.new_zeros(n)
+        abs_log_ratio = (torch.zeros(traj.num_steps), torch.zeros(traj.num_steps))  # logged (host), see below
         if cfg.correction == "naive":
             traj.log_probs[n_fresh:] = torch.where(reused, pi_off, log_probs)
         else:
@@ -299,9 +306,10 @@ class OPGRPO(Algorithm):
             zero = torch.zeros((), device=device)
             old_r, off_r = torch.where(reused, pi_old, zero), torch.where(reused, pi_off, zero)
             if cfg.correction == "sequence":
-                log_w = sequence_log_weight(old_r, off_r, reused).float().cpu()
+                log_w = sequence_log_weight(old_r, off_r, reused).float()
             ok = torch.isfinite(old_r - off_r).all(dim=1, keepdim=True) & reused  # diagnostics over finite samples
-            # per-step sums and counts; collect() reduces them over processes into the mean |log ratio|
+            # per-step sums and counts, for logging only (moved to the host once, here); collect() reduces them over
+            # processes into the mean |log ratio|
             abs_log_ratio = (torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu(), ok.sum(0).float().cpu())
         return log_w, abs_log_ratio
 
@@ -374,7 +382,7 @@ class OPGRPO(Algorithm):
         self.log("versions_age", self.iteration - sum(versions) / len(versions))
         # drop replayed samples whose weight or reused "old" log-probs are not finite
         replayed_log_w = traj.log_weight[n_fresh:]
-        finite = torch.isfinite(replayed_log_w) & torch.isfinite(traj.log_probs[n_fresh:]).all(dim=1).cpu()
+        finite = torch.isfinite(replayed_log_w) & torch.isfinite(traj.log_probs[n_fresh:]).all(dim=1)
         local_raw = replayed_log_w[finite]
         dropped = self.dist.sum(int((~finite).sum()))
         raw = self.dist.cat(local_raw)
@@ -385,7 +393,8 @@ class OPGRPO(Algorithm):
             lw = raw.double()  # normalised effective sample size (sum w)^2 / (n sum w^2), in log space
             self.log("weight_ess", float(torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)) / len(lw)))
         if not finite.all():
-            traj = traj.select(torch.cat([torch.arange(n_fresh), n_fresh + finite.nonzero().flatten()]))
+            kept = n_fresh + finite.nonzero().flatten()
+            traj = traj.select(torch.cat([torch.arange(n_fresh, device=kept.device), kept]))
         traj.log_weight[n_fresh:] = self._transform_weights(traj.log_weight[n_fresh:])
         return traj, dropped
 
@@ -435,10 +444,11 @@ class OPGRPO(Algorithm):
             found.append((gid, ReplayEntry(
                 prompt=traj.prompts[best],
                 metadata=dict(traj.metadata[best]),
-                latents=traj.latents[best, :keep].detach().cpu().clone(),
-                log_probs=traj.log_probs[best].detach().cpu().clone(),
-                sigmas=traj.sigmas.detach().cpu().clone(),
-                sde=traj.sde.detach().cpu().clone(),
+                # the buffer keeps host copies (accelerator memory stays the batch's); _replay_inputs moves them back
+                latents=traj.latents[best, :keep].detach().to("cpu", copy=True),
+                log_probs=traj.log_probs[best].detach().to("cpu", copy=True),
+                sigmas=traj.sigmas.detach().to("cpu", copy=True),
+                sde=traj.sde.detach().to("cpu", copy=True),
                 reward=float(traj.rewards[best]),
                 version=self.iteration,
                 kind=traj.kind,
