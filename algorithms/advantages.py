@@ -11,20 +11,22 @@ MixGRPO's group std, eps 1e-8). With several rewards, ``aggregation="sum"`` norm
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Literal, Mapping, get_args
 
 import torch
 
-STD_MODES = ("group", "batch")
-AGGREGATIONS = ("sum", "advantage")
+#: the advantage std modes and multi-reward aggregations (the one list of each: configs are typed with them)
+StdMode = Literal["group", "batch"]
+Aggregation = Literal["sum", "advantage"]
+STD_MODES, AGGREGATIONS = get_args(StdMode), get_args(Aggregation)
 
 
 def _group_moments(rewards: torch.Tensor, group: torch.Tensor, unbiased: bool):
     """Per-sample group mean and group std of ``rewards`` (float) by ``group`` id."""
     ids, inverse, counts = torch.unique(group.to(rewards.device), return_inverse=True, return_counts=True)
-    means = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, rewards) / counts
+    means = rewards.new_zeros(len(ids)).index_add_(0, inverse, rewards) / counts
     centered = rewards - means[inverse]
-    squares = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, centered**2)
+    squares = rewards.new_zeros(len(ids)).index_add_(0, inverse, centered**2)
     var = squares / (counts - 1).clamp(min=1) if unbiased else squares / counts
     return means[inverse], var.sqrt()[inverse]
 
@@ -48,8 +50,8 @@ def zero_std_fraction(rewards: torch.Tensor, group: torch.Tensor) -> float:
     nothing (Flow-GRPO logs it as ``zero_std_ratio``, scripts/train_sd3.py:132-166)."""
     ids, inverse = torch.unique(group.to(rewards.device), return_inverse=True)
     rewards = rewards.double()
-    lo = torch.full((len(ids),), math.inf, dtype=rewards.dtype).scatter_reduce(0, inverse, rewards, "amin")
-    hi = torch.full((len(ids),), -math.inf, dtype=rewards.dtype).scatter_reduce(0, inverse, rewards, "amax")
+    lo = rewards.new_full((len(ids),), math.inf).scatter_reduce(0, inverse, rewards, "amin")
+    hi = rewards.new_full((len(ids),), -math.inf).scatter_reduce(0, inverse, rewards, "amax")
     return float((lo == hi).double().mean())
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -39,14 +39,17 @@ from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.diffusion_nft import OldPolicy
 from algorithms.distributed import GatheredBatch
-from algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from algorithms.advantages import StdMode
+from algorithms.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
 from algorithms.rollout import sample_generators
 from algorithms.sde import time_shift
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
+from models.base import at_least_float32
 
-TIME_TYPES = ("discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal")
+TimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"]
+TIME_TYPES = get_args(TimeType)
 #: the sigma band where the release's SA-Solver is stochastic (stochasticity_control_function,
 #: flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:296)
 SDE_BAND = (0.3, 0.9)
@@ -97,12 +100,11 @@ def draw_times(time_type: str, count: int, num_steps: int, timestep_fraction: fl
 class AWMConfig(AlgorithmConfig):
     # training times per sample and how they are drawn (dgx_awm.py:56,88, time_shift :89)
     train_timesteps: int = 6
-    time_type: Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"] = \
-        "discrete_wo_init"
+    time_type: TimeType = "discrete_wo_init"
     time_shift: float = 3.0
     timestep_fraction: float = 0.9
     # the flow-matching error's weighting (dgx_awm.py:63-64)
-    weighting: Literal["uniform", "t", "t_squared", "huber", "ghuber"] = "ghuber"
+    weighting: AWMWeighting = "ghuber"
     ghuber_power: float = 0.25
     # advantages rescaled from +-adv_clip to +-advantage_max (dgx_awm.py:58); null keeps them
     advantage_max: float | None = 1.0
@@ -117,7 +119,7 @@ class AWMConfig(AlgorithmConfig):
     # the rollout's sampler (ours, see the module): the Flow-GRPO SDE in the sigma band [0.3, 0.9], or an ODE solver
     solver: Literal["sde_band", "dpm2", "euler"] = "sde_band"
     noise_level: float = 0.4  # dgx_awm.py:48 (sample.noise_level, the SA-Solver's tau there)
-    adv_std: Literal["group", "batch"] = "batch"  # dgx_awm.py:72 (sample.global_std)
+    adv_std: StdMode = "batch"  # dgx_awm.py:72 (sample.global_std)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -191,14 +193,14 @@ class AWM(Algorithm):
             times.append(draw_times(cfg.time_type, k, self.num_steps, cfg.timestep_fraction, self.sigmas,
                                     cfg.time_shift, gen))
             noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
-        return torch.stack(times), torch.stack(noise).to(like.device)
+        return torch.stack(times), torch.stack(noise).to(device=like.device, dtype=like.dtype)
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config
         offset, batch = self.dist.local_span(len(traj))
         kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1) if cfg.drop_zero_advantage else None
         generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
-        x0_all = traj.final.float()
+        x0_all = at_least_float32(traj.final)
         k = cfg.train_timesteps
         scaled = awm_advantages(advantages, cfg.adv_clip, cfg.advantage_max)
         rollout_weights = OldPolicy(self.model.trainable_parameters()) if cfg.minibatches > 1 else None
@@ -245,8 +247,9 @@ class AWM(Algorithm):
                 else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
                     terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), scaled[rows].double(), cfg.clip_range)
                     policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
-                kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else torch.zeros(k * n)
-                kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else torch.zeros(k * n)
+                none = log_prob.new_zeros(k * n)  # a KL term that is off
+                kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
+                kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
                 total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
                 (total / (count * k)).backward()
                 with torch.no_grad():

@@ -35,13 +35,13 @@ from typing import Any, ClassVar, Iterator, Literal, Sequence
 import torch
 
 from algorithms import prompt_samplers
-from algorithms.advantages import combined_advantages, zero_std_fraction
+from algorithms.advantages import Aggregation, StdMode, combined_advantages, zero_std_fraction
 from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from algorithms.ema import WeightEMA
 from algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
-from algorithms.losses import approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
-from algorithms.sde import StepOutput, sde_step, sigma_schedule
+from algorithms.sde import Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
 from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
@@ -60,7 +60,7 @@ class AlgorithmConfig:
     num_steps: int | None = None  # T sampling steps of a training rollout; None = the model's default
     shift: float | None = None  # sigma-schedule shift (SD3 uses 3.0); None = the model's default
     guidance: float | None = None  # CFG scale; None = the model's default
-    kernel: Literal["flow_grpo", "dance_grpo", "cps"] = "flow_grpo"
+    kernel: Kernel = "flow_grpo"
     noise_level: float = 0.7  # a in Flow-GRPO's std_t = a sqrt(s/(1-s)); eta for dance_grpo
     timestep_fraction: float = 0.99  # fraction of the T steps trained (Flow-GRPO: int(10 * .99) = the first 9)
     shared_noise: bool = False  # one initial noise per group (DanceGRPO)
@@ -70,19 +70,19 @@ class AlgorithmConfig:
     # recipes: ``global_std``). Released forms: Flow-GRPO population std + 1e-4 (flow_grpo/stat_tracking.py:27-29);
     # DanceGRPO / MixGRPO group ``.std()`` (unbiased) + 1e-8 (DanceGRPO fastvideo/train_grpo_flux.py:542, MixGRPO
     # fastvideo/train_grpo_flux.py:448,475).
-    adv_std: Literal["group", "batch"] = "group"
+    adv_std: StdMode = "group"
     adv_std_unbiased: bool = False
     adv_eps: float = 1e-4
     # Leave samples whose advantage is exactly 0 out of the update (their loss, KL and the loss normaliser), as
     # Flow-GRPO's scripts/train_sd3.py:796-817 does (it then re-adds a few at random so that the count divides its
     # number of micro-batches; here minibatches may differ in size by one instead).
     drop_zero_advantage: bool = False
-    reward_aggregation: Literal["sum", "advantage"] = "sum"
+    reward_aggregation: Aggregation = "sum"
     kl_beta: float = 0.04
     # KL = ||mu - mu_ref||^2 / (2 s^2) with s the step's std (``step``) or, as the released Flow-GRPO code
     # (scripts/train_sd3.py:895, s = std_dev_t of sd3_sde_with_logprob.py:47, no sqrt(-dt)), ``release``: at the same
     # beta the ``release`` KL is (-dt) times the ``step`` KL, i.e. weaker.
-    kl_variance: Literal["step", "release"] = "step"
+    kl_variance: KLVariance = "step"
     # Which CFG branch carries the gradient in the update (models.base.FlowModel.velocity): ``cond`` detaches the
     # unconditional one (Flow-GRPO's compute_log_prob), ``both`` back-propagates through both.
     cfg_grad: Literal["cond", "both"] = "cond"
@@ -293,7 +293,7 @@ class Algorithm:
         )
         self.num_steps = self.config.num_steps or model.default_num_steps
         self.shift = model.default_shift if self.config.shift is None else self.config.shift  # sigma-schedule shift
-        self.sigmas = sigma_schedule(self.num_steps, self.shift)
+        self.sigmas = sigma_schedule(self.num_steps, self.shift, grid=self.sigma_grid())
         self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)
         #: the moving average of the trainable weights the run evaluates with (``ema``), or None
         self.ema = (WeightEMA(model.trainable_parameters(), self.config.ema_decay, self.config.ema_every)
@@ -305,6 +305,11 @@ class Algorithm:
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
     # ---- hooks ----------------------------------------------------------------------------------------------
+    def sigma_grid(self) -> SigmaGrid:
+        """The grid of the training sigmas (``algorithms.sde.sigma_schedule``): diffusers' (SD3's scheduler);
+        DanceGRPO and MixGRPO read theirs from their config."""
+        return "diffusers"
+
     def step_plan(self, batch: int) -> StepPlan:
         """Flow-GRPO's plan: SDE at every step, train the first int(T * timestep_fraction) steps of every sample."""
         trained = max(1, int(self.num_steps * self.config.timestep_fraction))

@@ -27,13 +27,14 @@ sampling T * B * c; training E * k * c * B * int((T - 1) * timestep_fraction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.plans import algorithm_sigmas, iteration_generator, random_step_subsets
+from algorithms.plans import iteration_generator, random_step_subsets
+from algorithms.sde import Kernel, SigmaGrid
 from algorithms.trajectory import StepPlan
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_TRAIN_SUBSETS
@@ -41,12 +42,12 @@ from flowzoo.streams import PURPOSE_TRAIN_SUBSETS
 
 @dataclass
 class DanceGRPOConfig(AlgorithmConfig):
-    kernel: Literal["flow_grpo", "dance_grpo", "cps"] = "dance_grpo"
+    kernel: Kernel = "dance_grpo"
     noise_level: float = 0.3  # eta
     timestep_fraction: float = 0.6
     shared_noise: bool = True
     kl_beta: float = 0.0
-    sigma_grid: Literal["diffusers", "linspace"] = "linspace"
+    sigma_grid: SigmaGrid = "linspace"
     # the state the reward decodes: "prediction" x_{T-1} - sigma_{T-1} v (the released trainers' pred_original) or
     # "sample" x_T (the final SDE sample)
     rewarded: Literal["prediction", "sample"] = "prediction"
@@ -66,9 +67,8 @@ class DanceGRPO(Algorithm):
     # a backward over more rows than the recomputed forward + backward of the trained ones saves
     rollout_graph_auto = False
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.sigmas = algorithm_sigmas(self)
+    def sigma_grid(self) -> SigmaGrid:
+        return self.config.sigma_grid
 
     def trained_steps_per_sample(self) -> int:
         """int((T - 1) * timestep_fraction), at least 1: the size of each sample's random subset."""

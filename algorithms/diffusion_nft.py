@@ -41,12 +41,14 @@ import torch
 
 from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.advantages import StdMode
 from algorithms.distributed import GatheredBatch
 from algorithms.losses import nft_loss
 from algorithms.rollout import sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
+from models.base import at_least_float32
 
 #: (flat, uprate, uphold) of the released decay schedules ``return_decay`` (train_nft_sd3.py:169-189)
 DECAY_SCHEDULES = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}
@@ -113,7 +115,7 @@ class DiffusionNFTConfig(AlgorithmConfig):
     # the KL-to-reference coefficient on the velocity, the release's ``train.beta`` (nft.py:24)
     kl_beta: float = 1e-4
     # advantages normalised by the std of the whole batch (``sample.global_std``, base.py:57 of the release)
-    adv_std: Literal["group", "batch"] = "batch"
+    adv_std: StdMode = "batch"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -174,13 +176,14 @@ class DiffusionNFT(Algorithm):
 
     def forward_draws(self, generators: list[torch.Generator], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sample's K trained step indices (a random subset of the T sampling steps) and their noise [n, K, ...],
-        drawn from the sample's own generator (one draw per sample per epoch)."""
+        drawn from the sample's own generator (one draw per sample per epoch): on the host (the generators are CPU
+        ones), the noise then moved onto ``like``'s device and dtype."""
         k = self.trained_timesteps
         steps, noise = [], []
         for gen in generators:
             steps.append(torch.randperm(self.num_steps, generator=gen)[:k])
             noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
-        return torch.stack(steps), torch.stack(noise).to(like.device)
+        return torch.stack(steps), torch.stack(noise).to(device=like.device, dtype=like.dtype)
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config
@@ -189,7 +192,7 @@ class DiffusionNFT(Algorithm):
         if cfg.drop_zero_advantage:
             kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
         generators = sample_generators(self.seed, self.iteration, DIFFUSION_NFT_FORWARD, count=batch)
-        x0_all = traj.final.float()
+        x0_all = at_least_float32(traj.final)
         k = self.trained_timesteps
         sums = {"loss": 0.0, "kl": 0.0, "old_deviation": 0.0, "r": 0.0, "pairs": 0}
         grad_norms = []
@@ -216,7 +219,8 @@ class DiffusionNFT(Algorithm):
                             with self.model.reference():
                                 v_ref = self._velocity(x_t, sigma, traj, rows)
                     v = self._velocity(x_t, sigma, traj, rows)
-                    terms = nft_loss(v.float(), v_old.float(), None if v_ref is None else v_ref.float(), x_t,
+                    v, v_old = at_least_float32(v), at_least_float32(v_old)
+                    terms = nft_loss(v, v_old, None if v_ref is None else at_least_float32(v_ref), x_t,
                                      x0, sigma, advantages[rows].to(x0.device), cfg.nft_beta, cfg.adv_clip,
                                      cfg.kl_beta)
                     (terms.loss.sum() / pairs).backward()
@@ -224,7 +228,7 @@ class DiffusionNFT(Algorithm):
                         sums["loss"] += float(terms.loss.sum())
                         sums["kl"] += float(terms.kl.sum())
                         dims = tuple(range(1, x0.dim()))
-                        sums["old_deviation"] += float(((v.float() - v_old.float()) ** 2).mean(dim=dims).sum())
+                        sums["old_deviation"] += float(((v - v_old) ** 2).mean(dim=dims).sum())
                         sums["r"] += float(terms.r.sum())
                         sums["pairs"] += len(rows)
             grad_norms.append(self.optimizer_step())

@@ -8,13 +8,14 @@ importance weight ``w = prod_t p_old / p_off = exp(sum_t (log p_old - log p_off)
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
 from algorithms.sde import reduce_latent_dims
 
-KL_VARIANCES = ("step", "release")
+KLVariance = Literal["step", "release"]
+KL_VARIANCES = get_args(KLVariance)
 
 
 class PPOTerms(NamedTuple):
@@ -55,7 +56,8 @@ def kl_std(
         raise ValueError(f"unknown kl_variance {variance!r}; known: {', '.join(KL_VARIANCES)}")
     if variance == "step" or kind == "cps":
         return step_std
-    return step_std / torch.sqrt(sigma - sigma_next)
+    # the plan's sigmas live on the host (StepPlan); the KL is computed on the step's device
+    return step_std / torch.sqrt(sigma.to(step_std.device) - sigma_next.to(step_std.device))
 
 
 def gaussian_mean_kl(
@@ -114,14 +116,15 @@ def nft_loss(
     r = nft_optimality(advantages, adv_clip_max).to(positive_loss.dtype)
     policy = r * positive_loss / beta + (1.0 - r) * negative_loss / beta
     if v_ref is None:
-        kl = torch.zeros(len(v), dtype=torch.float32, device=v.device)
+        kl = v.new_zeros(len(v))
     else:
         kl = ((v - v_ref.detach()) ** 2).mean(dim=dims)
     return NFTTerms(policy * adv_clip_max + kl_beta * kl, policy, kl, r)
 
 
 #: AWM's per-timestep weightings of the flow-matching error (the release's ``train.weighting``)
-AWM_WEIGHTINGS = ("uniform", "t", "t_squared", "huber", "ghuber")
+AWMWeighting = Literal["uniform", "t", "t_squared", "huber", "ghuber"]
+AWM_WEIGHTINGS = get_args(AWMWeighting)
 
 
 def awm_log_prob(

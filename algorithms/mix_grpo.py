@@ -58,10 +58,12 @@ import torch
 
 from algorithms import register, register_preset
 from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.advantages import Aggregation
 from algorithms.distributed import GatheredBatch
 from algorithms.plans import (
-    algorithm_sigmas, compressed_tail_sigmas, iteration_generator, window_plan,
+    compressed_tail_sigmas, iteration_generator, window_plan,
 )
+from algorithms.sde import SigmaGrid
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
@@ -78,8 +80,8 @@ class MixGRPOConfig(AlgorithmConfig):
     window_start: int = 0  # the first (progressive) or only (fixed) start
     window_rollback: bool = True
     window_bound: Literal["released", "whole"] = "released"  # where the window must end (see the module)
-    sigma_grid: Literal["diffusers", "linspace"] = "linspace"
-    reward_aggregation: Literal["sum", "advantage"] = "advantage"
+    sigma_grid: SigmaGrid = "linspace"
+    reward_aggregation: Aggregation = "advantage"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,9 +97,11 @@ class MixGRPO(Algorithm):
     # the report groups a column's algorithms under one description: Fast draws the start, MixGRPO slides it
     diagnostics = {"window_start": "first denoising step of this iteration's SDE window"}
 
+    def sigma_grid(self) -> SigmaGrid:
+        return self.config.sigma_grid
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.sigmas = algorithm_sigmas(self)
         if self.config.window_start > self.last_window_start:
             raise ConfigError(
                 f"algorithm.window_start {self.config.window_start} is past the last start {self.last_window_start} "

@@ -4,7 +4,6 @@
   (MixGRPO, MixGRPO-Flash, Flow-GRPO-Fast);
 * :func:`random_step_subsets`: each sample trains its own random subset of steps (DanceGRPO);
 * :func:`compressed_tail_sigmas`: MixGRPO-Flash's coarser schedule after the window;
-* :func:`algorithm_sigmas`: the sigma grid an algorithm's ``sigma_grid`` names;
 * :func:`iteration_generator`: a random stream that is a pure function of (seed, iteration, purpose), so a plan drawn
   at iteration k is the same after a resume.
 """
@@ -14,20 +13,13 @@ from __future__ import annotations
 import torch
 
 from algorithms.rollout import sample_generators
-from algorithms.sde import inverse_time_shift, sigma_schedule, time_shift
+from algorithms.sde import inverse_time_shift, time_shift
 from algorithms.trajectory import StepPlan
 
 
 def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Generator:
     """A generator seeded by (seed, iteration, purpose) only; ``purpose`` is one of ``flowzoo.streams``' keys."""
     return sample_generators(seed, iteration, purpose, count=1)[0]
-
-
-def algorithm_sigmas(algorithm) -> torch.Tensor:
-    """The training sigmas of an algorithm whose config has a ``sigma_grid`` (DanceGRPO, MixGRPO): its T steps and
-    shift (``algorithm.shift``: the model's default when unset) on that grid, see
-    :func:`algorithms.sde.sigma_schedule`."""
-    return sigma_schedule(algorithm.num_steps, algorithm.shift, grid=algorithm.config.sigma_grid)
 
 
 def window_mask(num_steps: int, start: int, size: int) -> torch.Tensor:

@@ -20,11 +20,13 @@ Sources of the formulas:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
-KINDS = ("flow_grpo", "dance_grpo", "cps")
+#: the transition kernels (the one list: configs type ``kernel`` with it)
+Kernel = Literal["flow_grpo", "dance_grpo", "cps"]
+KINDS = get_args(Kernel)
 REDUCTIONS = ("mean", "sum")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -98,8 +100,9 @@ def sde_step(
     out_dtype = x.dtype
     x = x.float()
     v = v.float()
-    sigma = sigma.float().reshape(-1).expand(x.shape[0])
-    sigma_next = sigma_next.float().reshape(-1).expand(x.shape[0])
+    # the plan's sigmas live on the host (StepPlan): the step's math happens on the latents' device
+    sigma = sigma.to(device=x.device, dtype=torch.float32).reshape(-1).expand(x.shape[0])
+    sigma_next = sigma_next.to(device=x.device, dtype=torch.float32).reshape(-1).expand(x.shape[0])
     s, s_next = _bcast(sigma, x), _bcast(sigma_next, x)
     dt = s_next - s  # negative
 
@@ -135,11 +138,14 @@ def sde_step(
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
     """The probability-flow ODE step ``x + v (sigma_next - sigma)``."""
-    dt = _bcast(sigma_next.float().reshape(-1).expand(x.shape[0]) - sigma.float().reshape(-1).expand(x.shape[0]), x)
-    return (x.float() + v.float() * dt).to(x.dtype)
+    sigma, sigma_next = (s.to(device=x.device, dtype=torch.float32).reshape(-1).expand(x.shape[0])
+                         for s in (sigma, sigma_next))
+    return (x.float() + v.float() * _bcast(sigma_next - sigma, x)).to(x.dtype)
 
 
-SIGMA_GRIDS = ("diffusers", "linspace")
+#: the sigma grids of :func:`sigma_schedule` (the one list: configs type ``sigma_grid`` with it)
+SigmaGrid = Literal["diffusers", "linspace"]
+SIGMA_GRIDS = get_args(SigmaGrid)
 
 
 def time_shift(t: torch.Tensor | float, shift: float) -> torch.Tensor | float:
@@ -203,15 +209,15 @@ def dpm_solver_pp_2m_step(
     """
     out_dtype = x.dtype
     batch = x.shape[0]
-    s = sigma.double().reshape(-1).expand(batch)
-    s_next = sigma_next.double().reshape(-1).expand(batch)
+    s = sigma.to(device=x.device, dtype=torch.float64).reshape(-1).expand(batch)
+    s_next = sigma_next.to(device=x.device, dtype=torch.float64).reshape(-1).expand(batch)
     alpha, alpha_next = 1 - s, 1 - s_next
     x32 = x.float()
     x0 = x32 - _bcast(s.float(), x32) * v.float()
     ddim = alpha_next - alpha * s_next / s  # alpha_next (1 - e^{-h})
     x_next = _bcast((s_next / s).float(), x32) * x32 + _bcast(ddim.float(), x32) * x0
     if prev_x0 is not None and prev_sigma is not None and bool((s_next > 0).all()):
-        s_prev = prev_sigma.double().reshape(-1).expand(batch)
+        s_prev = prev_sigma.to(device=x.device, dtype=torch.float64).reshape(-1).expand(batch)
         lam = torch.log(alpha) - torch.log(s)
         h = torch.log(alpha_next) - torch.log(s_next) - lam
         h_prev = lam - (torch.log(1 - s_prev) - torch.log(s_prev))  # +inf when prev_sigma == 1: no correction
