@@ -101,13 +101,14 @@ class SingleProcess:
         return spans
 
     def sum(self, value: Any) -> Any:
-        """The sum over ranks of a number, tensor or dict of numbers (added in rank order: same bits everywhere)."""
+        """The sum over ranks of a number, tensor or dict of numbers (added in rank order: same bits everywhere). The
+        values travel through the host (``all_gather_object``); a tensor's sum is returned on the tensor's device."""
         if self.world_size == 1:
             return value
         values = self.all_gather_object(_to_cpu(value))
         if isinstance(value, dict):
-            return {k: _sum([v[k] for v in values]) for k in value}
-        return _sum(values)
+            return {k: _to_device(_sum([v[k] for v in values]), value[k]) for k in value}
+        return _to_device(_sum(values), value)
 
     def cat(self, tensor: torch.Tensor) -> torch.Tensor:
         """The concatenation (dim 0, rank order) of every rank's ``tensor``; lengths may differ."""
@@ -260,6 +261,13 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
+
+
+def _to_device(total: Any, like: Any) -> Any:
+    """``total`` (a sum gathered through the host) on ``like``'s device when both are tensors."""
+    if isinstance(total, torch.Tensor) and isinstance(like, torch.Tensor):
+        return total.to(like.device)
+    return total
 
 
 def _sum(values: list[Any]) -> Any:

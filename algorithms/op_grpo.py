@@ -233,7 +233,7 @@ class OPGRPO(Algorithm):
         ``reused`` [n, T], under the current parameters (0 elsewhere). They are scored together in chunks of at most
         ``len(traj)`` transitions (the rollout's batch, so the peak memory stays the rollout's), not one model call per
         step."""
-        old = torch.zeros(reused.shape, dtype=traj.log_probs.dtype, device=traj.log_probs.device)
+        old = traj.log_probs.new_zeros(reused.shape)
         rows, steps = reused.nonzero(as_tuple=True)  # sample by sample, step by step
         for lo in range(0, len(rows), len(traj)):
             r, t = rows[lo: lo + len(traj)], steps[lo: lo + len(traj)]
@@ -303,7 +303,7 @@ class OPGRPO(Algorithm):
             pi_old = self._recompute_old(traj, reused, n_fresh)
             traj.log_probs[n_fresh:] = torch.where(reused, pi_old, log_probs)
             # only reused steps may enter w (a non-finite value elsewhere must not poison it through 0 * inf)
-            zero = torch.zeros((), device=device)
+            zero = pi_old.new_zeros(())
             old_r, off_r = torch.where(reused, pi_old, zero), torch.where(reused, pi_off, zero)
             if cfg.correction == "sequence":
                 log_w = sequence_log_weight(old_r, off_r, reused).float()

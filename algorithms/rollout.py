@@ -104,7 +104,7 @@ def rollout(
 
 def _data_prediction(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """x0 = x - sigma v in float32 (``sigma``: [B])."""
-    return x.float() - sigma.float().reshape(-1, *([1] * (x.dim() - 1))) * v.float()
+    return x.float() - sigma.to(device=x.device, dtype=torch.float32).reshape(-1, *([1] * (x.dim() - 1))) * v.float()
 
 
 def branched_rollout(
@@ -132,8 +132,9 @@ def branched_rollout(
     if bool(plan.sde[:branch_step].any()):
         raise ValueError(f"a shared prefix must be deterministic, but the plan has SDE steps before {branch_step}")
     _, inverse = torch.unique(group, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), len(group), dtype=torch.long)
-    first = first.scatter_reduce(0, inverse, torch.arange(len(group)), reduce="amin")  # each group's first member
+    first = torch.full((int(inverse.max()) + 1,), len(group), dtype=torch.long, device=group.device)
+    members = torch.arange(len(group), device=group.device)
+    first = first.scatter_reduce(0, inverse, members, reduce="amin")  # each group's first member
     if not torch.equal(x[first[inverse]], x):
         raise ValueError("the samples of a group do not share their initial latent; a shared prefix needs them to")
     heads = dataclasses.replace(plan, train=plan.train[first])

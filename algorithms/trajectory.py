@@ -26,6 +26,10 @@ class StepPlan:
     ``decode`` which state the reward decodes: ``sample``, the final latent x_T (Flow-GRPO, MixGRPO), or
     ``prediction``, the last step's data prediction x_{T-1} - sigma_{T-1} v(x_{T-1}) (DanceGRPO's released trainers:
     ``latents = pred_original`` after the sampling loop), which the rollout records (``rollout(prediction=...)``).
+
+    A plan is host-side control data: its tensors stay on the CPU whatever the model's device, so reading a mask
+    (``bool(plan.sde[t])``) never waits for an accelerator; the kernels (``algorithms.sde``) move the sigmas they use
+    onto the latents' device.
     """
 
     sigmas: torch.Tensor
@@ -94,6 +98,10 @@ class Trajectory:
     ``group`` gives each sample's group id (samples of one prompt); advantages are relative within a group.
     ``decode`` (from the plan) says which state the reward decodes, :attr:`rewarded`: the final sample, or
     ``prediction`` [B, ...], the last step's data prediction x_{T-1} - sigma_{T-1} v recorded by the rollout.
+
+    Placement: ``latents``, ``log_probs``, ``cond``, ``prediction``, ``samples``, ``rewards``, ``reward_components``
+    and ``log_weight`` are on the model's device (the math); ``sigmas``, ``sde``, ``train`` (the plan's), ``group`` and
+    ``off_policy`` are host-side (CPU) bookkeeping, which index device tensors as they are.
     """
 
     prompts: list[str]
@@ -136,10 +144,10 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
-        if self.off_policy is None:
+        if self.off_policy is None:  # a host-side flag, like ``group`` (it selects rows; no math)
             self.off_policy = torch.zeros(b, dtype=torch.bool)
-        if self.log_weight is None:
-            self.log_weight = torch.zeros(b, dtype=torch.float32)
+        if self.log_weight is None:  # it scales the loss: on the latents' device (float32, as the log-probs)
+            self.log_weight = torch.zeros(b, dtype=torch.float32, device=self.latents.device)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -163,8 +171,8 @@ class Trajectory:
         return self.prediction
 
     def select(self, idx: torch.Tensor | Sequence[int]) -> "Trajectory":
-        """The sub-batch of the given sample indices."""
-        idx = torch.as_tensor(idx, dtype=torch.long)
+        """The sub-batch of the given sample indices (a host index: it selects the host-side fields too)."""
+        idx = torch.as_tensor(idx, dtype=torch.long, device="cpu")
         items = idx.tolist()
         per_sample = {"latents", "log_probs", "train", "group", "samples", "rewards", "off_policy", "log_weight",
                       "prediction"}

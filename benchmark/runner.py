@@ -192,7 +192,10 @@ class Runner:
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         """The saved state, or a RunError that says the file is corrupt and what to do."""
         try:
-            state = torch.load(path, weights_only=False)
+            # onto the host, whatever device wrote it (a checkpoint of cuda:3 resumes on cuda:0 or a CPU-only machine);
+            # each part's load_state_dict then puts it on the run's device (weights, optimizer state, EMA/old-policy
+            # copies), while generator states and the replay buffer stay on the host, where they belong
+            state = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # a truncated zip, pickle garbage, ...
             raise RunError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to restart "
                            f"the run from step 0") from None

@@ -22,6 +22,12 @@ CFG_GRADS = ("cond", "both")
 CFG_BATCHES = ("auto", "batched", "split")
 
 
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or in its own dtype when that is wider (float64): half-precision values (a bf16 network's
+    output) are upcast for the sampler's and the losses' math, and a float64 run is never narrowed to float32."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 @dataclass
 class Condition:
     """Batch-first conditioning tensors of one batch of prompts (text embeddings, class ids, ...)."""
@@ -66,7 +72,16 @@ class FlowModel:
     #: torch intra-op threads the runner uses when the config does not say (None: torch's default)
     preferred_threads: int | None = None
 
+    #: where the network runs; every tensor a rollout or an update computes with is created on it
     device: torch.device = torch.device("cpu")
+    #: the network's compute dtype (a diffusers adapter's ``dtype`` argument: bf16 autocasts its transformer)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def latent_dtype(self) -> torch.dtype:
+        """The dtype of latents and trajectories: float32, or the network's dtype when that is wider (float64); a
+        half-precision network's latents stay float32 and are cast per call (``predict``)."""
+        return torch.promote_types(self.dtype, torch.float32)
 
     def __init__(self) -> None:
         self.nfe = 0
@@ -167,6 +182,8 @@ class FlowModel:
         return 1 if g == 1.0 else 2
 
     def initial_noise(self, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        """One standard-normal latent per generator, so each sample's noise depends only on its own seed."""
+        """One standard-normal latent per generator, so each sample's noise depends only on its own seed: drawn in
+        float32 from the (CPU) generator, whatever the device and dtype, then put on the model's device in
+        ``latent_dtype``."""
         noise = [torch.randn(self.latent_shape, generator=g, dtype=torch.float32) for g in generators]
-        return torch.stack(noise).to(self.device)
+        return torch.stack(noise).to(device=self.device, dtype=self.latent_dtype)

@@ -17,9 +17,11 @@ from typing import ClassVar, Iterator, Sequence
 import torch
 
 from flowzoo.errors import ConfigError
-from models.base import Condition, FlowModel
+from models.base import Condition, FlowModel, at_least_float32
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: compute dtypes that run under autocast (the rest run in their own precision)
+AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
 # The LoRA targets of Flow-GRPO's SD3 and Wan scripts (scripts/train_sd3.py, scripts/train_wan2_1.py:
 # LoraConfig(r=32, lora_alpha=64, init_lora_weights="gaussian", target_modules=[...])).
@@ -149,8 +151,9 @@ class DiffusersFlowModel(FlowModel):
         names = []
         for name, param in self.transformer.named_parameters():
             if "lora_" in name:
-                # adapters train in float32 whatever the base dtype (autocast casts them per matmul)
-                param.data = param.data.to(device=self.device, dtype=torch.float32)
+                # adapters train in float32 whatever the half-precision base dtype (autocast casts them per matmul);
+                # a float64 model's adapters are float64
+                param.data = param.data.to(device=self.device, dtype=self.latent_dtype)
                 param.requires_grad_(True)
                 names.append(name)
         return names
@@ -229,7 +232,7 @@ class DiffusersFlowModel(FlowModel):
         return self._transformer_params >= self.cfg_split_min_params
 
     def _autocast(self):
-        if self.dtype == torch.float32:
+        if self.dtype not in AUTOCAST_DTYPES:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
@@ -251,7 +254,7 @@ class DiffusersFlowModel(FlowModel):
                           for k, v in cond.tensors.items()})
         with self._autocast():
             out = self._transformer_forward(x, timestep, cond)
-        return out.float()
+        return at_least_float32(out)  # a half-precision output upcast for the sampler; float64 stays float64
 
     # ---- helpers ------------------------------------------------------------------------------------------
     @staticmethod

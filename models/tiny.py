@@ -35,6 +35,8 @@ from models.tiny_data import DATASETS, image_shape
 from models.tiny_text import WordTokenizer, build_text_encoder
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+#: the networks' dtype (model arg ``dtype``): float32, or float64 for tests/test_device_placement.py's dtype test
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def shipped_weights(data: str) -> Path:
@@ -180,14 +182,17 @@ class TinyModel(DiffusersFlowModel):
         seed: int = 0,
         device: str | None = "cpu",
         cache_size: int = 4096,
+        dtype: str = "float32",
     ) -> None:
         FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
         if data not in DATASETS:
             raise ConfigError(f"tiny: unknown data {data!r}; known: {', '.join(DATASETS)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"tiny: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if int(lora_rank) <= 0:
             raise ConfigError(f"lora_rank must be a positive integer, got {lora_rank!r}")
         self.device = resolve_device(device)
-        self.dtype = torch.float32
+        self.dtype = DTYPES[dtype]  # the networks' dtype (float64: the dtype test); the shipped weights are float32
         self.num_train_timesteps = 1000
         tensors = None
         if weights is None:
@@ -210,7 +215,7 @@ class TinyModel(DiffusersFlowModel):
         if tensors is not None:
             load_networks(self.transformer, self.text_encoder, tensors)
         for module in (self.text_encoder, self.transformer):
-            module.requires_grad_(False).eval().to(self.device)
+            module.requires_grad_(False).eval().to(device=self.device, dtype=self.dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + TINY_LORA_INIT_OFFSET)  # peft's gaussian init of LoRA A draws from the global generator
             self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)

@@ -117,7 +117,7 @@ def read_checkpoint(path: Path) -> dict:
     """A pretrain checkpoint, or a one-line error: a corrupt file, or one that is not a pretrain checkpoint (a
     training run's ``checkpoint.pt``)."""
     try:
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)  # load_state_dict puts it on the device
     except Exception as e:  # a truncated zip, pickle garbage, ...
         raise ConfigError(f"pretrain: checkpoint {path} is corrupt or truncated ({type(e).__name__}); delete it to "
                           f"restart the pretraining from step 0") from None

@@ -17,6 +17,10 @@ successes). An exact mode would hit the disc with probability 2.3% per sample; `
 and ``toy_mode`` the dense Gaussian score around the same disc centre. The default ``classes: 4`` is the 8-mode tier
 above, unchanged.
 
+Model arg ``dtype`` (``float32``, the default, or ``float64``) is the network's dtype: pretraining always runs in
+float32 (memoised), and a float64 model holds those weights upcast; ``tests/test_device_placement.py`` trains every
+algorithm with it to check that nothing computes in float32 where the contract does not say so.
+
 Layouts of the many-condition variant (model arg and prompt option ``layout``, the same in both):
 
 * ``overlapping`` (default; the first OP-GRPO study's task): radius 2, mode std 0.25. With 64 classes the modes sit
@@ -54,6 +58,7 @@ MAJORITY_WEIGHT = 0.8
 HARD_TARGET_RADIUS = 2.4  # the sparse target sits 0.4 (1.6 std) outside the minority mode
 HARD_TARGET_SIZE = 0.3
 MIN_MANY_CLASSES = 8  # ``classes`` other than NUM_CLASSES selects the many-condition layout, from this many classes
+DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the network's dtype (model arg ``dtype``)
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 
@@ -221,14 +226,19 @@ class Toy2DModel(FlowModel):
     preferred_threads = 1  # the MLP is too small to gain from intra-op threads
 
     def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0,
-                 classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT):
+                 classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT, dtype: str = "float32"):
         super().__init__()
         if pretrain_steps < 0:
             raise ConfigError(f"model.pretrain_steps must be >= 0, got {pretrain_steps}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"toy2d: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        # the network's dtype (float64: the dtype test of tests/test_device_placement.py); pretraining is float32
         self.classes = check_classes(classes)
         check_many_layout(classes, layout)
         self.layout = layout
+        self.dtype = DTYPES[dtype]
         self.net = pretrain(hidden, layers, pretrain_steps, seed=pretrain_seed, classes=classes, layout=layout)
+        self.net.to(device=self.device, dtype=self.dtype)
         self.ref_net = copy.deepcopy(self.net).requires_grad_(False)
         self._active = self.net
 
@@ -251,15 +261,16 @@ class Toy2DModel(FlowModel):
             if m.get("layout", DEFAULT_LAYOUT) != self.layout:
                 raise ConfigError(f"toy2d: prompt metadata for layout {m.get('layout', DEFAULT_LAYOUT)!r}, but the "
                                   f"model has layout {self.layout!r}; set prompts.layout to model.args.layout")
-        return Condition({"class": torch.tensor(classes, dtype=torch.long)})
+        return Condition({"class": torch.tensor(classes, dtype=torch.long, device=self.device)})
 
     def null_condition(self, n: int) -> Condition:
-        return Condition({"class": torch.full((n,), self.classes, dtype=torch.long)})
+        return Condition({"class": torch.full((n,), self.classes, dtype=torch.long, device=self.device)})
 
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, cond: Condition) -> torch.Tensor:
-        return self._active(x.float(), sigma.float(), cond.tensors["class"])
+        return self._active(x.to(self.dtype), sigma.to(device=x.device, dtype=self.dtype), cond.tensors["class"])
 
     def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """The points themselves, in float32 (what the toy rewards score)."""
         return x0.float()
 
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -12,7 +12,8 @@ from rewards.errors import NonFiniteSamplesError
 
 @dataclass
 class RewardOutput:
-    """Per-sample scores [B] (float32, higher is better) and named sub-scores, each [B]."""
+    """Per-sample scores [B] (float32, higher is better) and named sub-scores, each [B]; through
+    :meth:`Reward.__call__` both are on the samples' device (a reward may compute anywhere)."""
 
     score: torch.Tensor
     components: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -47,7 +48,10 @@ class Reward:
             bad = int((~torch.isfinite(samples.reshape(samples.shape[0], -1))).any(dim=1).sum())
             raise NonFiniteSamplesError(self.name, bad, samples.shape[0])
         out = self.score(samples, prompts, metadata)
-        out.score = out.score.detach().to(torch.float32).cpu()
+        # where the samples are (the model's device in training): the scores meet the log-probs there
+        out.score = out.score.detach().to(device=samples.device, dtype=torch.float32)
+        out.components = {name: torch.as_tensor(value, device=samples.device).detach()
+                          for name, value in out.components.items()}
         if out.score.shape != (samples.shape[0],):
             raise ValueError(f"reward {self.name!r} returned scores of shape {tuple(out.score.shape)}")
         if not torch.isfinite(out.score).all():

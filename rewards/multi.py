@@ -27,7 +27,7 @@ class MultiReward(Reward):
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         components: dict[str, torch.Tensor] = {}
-        total = torch.zeros(samples.shape[0], dtype=torch.float32)
+        total = torch.zeros(samples.shape[0], dtype=torch.float32, device=samples.device)
         for name, reward in self.rewards.items():
             out = reward(samples, prompts, metadata)
             components[name] = out.score

@@ -12,9 +12,9 @@ from rewards import register
 from rewards.base import Reward, RewardOutput
 
 
-def _targets(metadata: Sequence[dict], key: str, reward: str) -> torch.Tensor:
+def _targets(metadata: Sequence[dict], key: str, reward: str, device: torch.device) -> torch.Tensor:
     try:
-        return torch.tensor([m[key] for m in metadata], dtype=torch.float32)
+        return torch.tensor([m[key] for m in metadata], dtype=torch.float32, device=device)
     except KeyError:
         raise ValueError(f"reward {reward!r} needs prompt metadata {key!r} (the toy2d prompt set provides it)") from None
 
@@ -32,7 +32,7 @@ class ToyModeReward(Reward):
         self.scale = float(scale)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:
-        d2 = ((samples.float() - _targets(metadata, "mode_target", self.name)) ** 2).sum(dim=1)
+        d2 = ((samples.float() - _targets(metadata, "mode_target", self.name, samples.device)) ** 2).sum(dim=1)
         return RewardOutput(torch.exp(-d2 / (2 * self.scale * self.scale)))
 
 
@@ -43,6 +43,6 @@ class ToyTargetReward(Reward):
     accepts = ("points",)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:
-        d = ((samples.float() - _targets(metadata, "hard_target", self.name)) ** 2).sum(dim=1).sqrt()
-        radius = torch.tensor([m.get("hard_radius", 0.3) for m in metadata], dtype=torch.float32)
+        d = ((samples.float() - _targets(metadata, "hard_target", self.name, samples.device)) ** 2).sum(dim=1).sqrt()
+        radius = torch.tensor([m.get("hard_radius", 0.3) for m in metadata], dtype=torch.float32, device=samples.device)
         return RewardOutput((d < radius).float())
