@@ -497,10 +497,11 @@ class Algorithm:
 
     def fresh_inputs(
         self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None,
-        rows: range | None = None,
+        rows: range | None = None, shared_noise: bool | None = None,
     ) -> RolloutInputs:
         """What :meth:`fresh_rollout` (same arguments) samples from: its rows' condition, initial noise, generators,
-        plan and groups (OP-GRPO rolls several such parts out as one batch)."""
+        plan and groups (OP-GRPO rolls several such parts out as one batch; Flow-GRPO-Fast branches them from one
+        prefix per group). ``shared_noise``: one initial noise per group (default: the config's ``shared_noise``)."""
         g = self.config.group_size if group_size is None else group_size
         batch = len(prompts) * g
         rows = self.dist.shard(batch) if rows is None else rows
@@ -510,7 +511,8 @@ class Algorithm:
         cond = cond.repeat_interleave(g).index(local)
         group_offset += self.group_base
         gens = sample_generators(self.seed, self.iteration, group_offset, count=batch)
-        x1 = initial_noise(self.model, gens[first * g: last * g], g, self.config.shared_noise)[local]
+        shared = self.config.shared_noise if shared_noise is None else shared_noise
+        x1 = initial_noise(self.model, gens[first * g: last * g], g, shared)[local]
         plan = self.make_plan(batch)
         return RolloutInputs(
             prompts=[prompts[i // g] for i in rows],

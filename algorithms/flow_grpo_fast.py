@@ -34,7 +34,6 @@ the (process, group) pairs instead of P (P when the prompts per step divide by t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,7 +43,7 @@ from algorithms import register
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import GatheredBatch
 from algorithms.plans import iteration_generator, window_plan
-from algorithms.rollout import branched_rollout, initial_noise, sample_generators
+from algorithms.rollout import branched_rollout
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
@@ -91,14 +90,14 @@ class FlowGRPOFast(Algorithm):
     def window_range(self) -> int:
         return self.config.window_range(self.num_steps)
 
-    def window_start(self, iteration: int | None = None) -> int:
+    def sde_window_start(self, iteration: int | None = None) -> int:
         iteration = self.iteration if iteration is None else iteration
         gen = iteration_generator(self.seed, iteration, PURPOSE_WINDOW)
         return int(torch.randint(0, self.window_range - self.config.sde_window_size + 1, (1,), generator=gen))
 
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config
-        return window_plan(self.sigmas, self.window_start(), cfg.sde_window_size, batch, cfg.kernel, cfg.noise_level)
+        return window_plan(self.sigmas, self.sde_window_start(), cfg.sde_window_size, batch, cfg.kernel, cfg.noise_level)
 
     def collect(self, prompts: Sequence[str], metadata: Sequence[dict]) -> Trajectory:
         if not self.config.shared_prefix:
@@ -111,27 +110,14 @@ class FlowGRPOFast(Algorithm):
         The layout, seeds and sharding are :meth:`Algorithm.fresh_rollout`'s (sample j of prompt i seeded by
         (seed, iteration, i, j), this process's contiguous slice of the global batch); a group whose members sit on
         two processes computes its prefix on each, from the same noise."""
-        g = self.config.group_size
-        batch = len(prompts) * g
-        rows = self.dist.shard(batch)
-        first, last = rows.start // g, (rows.stop - 1) // g + 1  # the prompts these rows belong to
-        local = slice(rows.start - first * g, rows.stop - first * g)
-        cond = self.model.encode(list(prompts[first:last]), list(metadata[first:last]))
-        cond = cond.repeat_interleave(g).index(local)
-        gens = sample_generators(self.seed, self.iteration, self.group_base, count=batch)
-        x1 = initial_noise(self.model, gens[first * g: last * g], g, shared=True)[local]
-        plan = self.make_plan(batch)
-        plan = dataclasses.replace(plan, train=plan.train[rows.start: rows.stop])
-        group = self.group_base + torch.arange(len(prompts)).repeat_interleave(g)[rows.start: rows.stop]
+        inputs = self.fresh_inputs(prompts, metadata, shared_noise=True)  # one noise per group: one prefix
         live = {} if self.keeps_rollout_graph() else None
         latents, log_probs = branched_rollout(
-            self.model, cond, plan, x1, gens[rows.start: rows.stop], group, self.window_start(),
+            self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators, inputs.group, self.sde_window_start(),
             self.config.guidance, live, cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch,
         )
-        return Trajectory.from_rollout(
-            plan, [prompts[i // g] for i in rows], [metadata[i // g] for i in rows], cond, latents, log_probs, group,
-            self.config.guidance, live=live,
-        )
+        return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
+                                       inputs.group, self.config.guidance, live=live)
 
     def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
-        self.log("window_start", self.window_start())
+        self.log("window_start", self.sde_window_start())

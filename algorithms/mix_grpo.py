@@ -11,7 +11,7 @@ no KL, clip 1e-4 (the base default), several rewards merged by advantage (``mult
 sigma grid ``shift(linspace(1, 0, T + 1))`` (``sigma_grid: linspace``, fastvideo/train_grpo_flux.py:187-189); the
 paper samples T = 25 steps, here ``num_steps`` stays the model's default so that tiers compare at equal T.
 
-Window position (``window_start(iteration)``; a pure function of the iteration, which ``state_dict`` stores, so a
+Window position (``sde_window_start(iteration)``; a pure function of the iteration, which ``state_dict`` stores, so a
 resumed run continues with the same windows). ``window_bound`` says where the window must end:
 
 * ``released`` (default): its steps lie in ``0 .. T - 3``. The reference builds its window state with
@@ -130,7 +130,7 @@ class MixGRPO(Algorithm):
             return self.window_end
         return last
 
-    def window_start(self, iteration: int | None = None) -> int:
+    def sde_window_start(self, iteration: int | None = None) -> int:
         """The window's first step at ``iteration`` (default: the current one)."""
         cfg = self.config
         iteration = self.iteration if iteration is None else iteration
@@ -147,14 +147,14 @@ class MixGRPO(Algorithm):
 
     def window_steps(self, iteration: int | None = None) -> int:
         """The number of steps in the window at ``iteration``: w, less where it is cut at ``window_end``."""
-        return max(0, min(self.config.window_size, self.window_end - self.window_start(iteration)))
+        return max(0, min(self.config.window_size, self.window_end - self.sde_window_start(iteration)))
 
     def step_plan(self, batch: int) -> StepPlan:
         cfg = self.config
-        return window_plan(self.sigmas, self.window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level)
+        return window_plan(self.sigmas, self.sde_window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level)
 
     def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
-        self.log("window_start", self.window_start())
+        self.log("window_start", self.sde_window_start())
 
 
 @dataclass
@@ -184,7 +184,7 @@ class MixGRPOFlash(MixGRPO):
         """This iteration's sampling sigmas (the original grid up to the window's end, then the compressed tail) and
         ``last``, the window's last step (``start - 1`` for an empty window: the tail follows the ODE steps)."""
         cfg = self.config
-        last = self.window_start() + self.window_steps() - 1
+        last = self.sde_window_start() + self.window_steps() - 1
         counted = self.num_steps - last if cfg.compress_count == "released" else None
         return compressed_tail_sigmas(self.sigmas, last, cfg.compress_ratio, self.shift, counted), last
 
@@ -193,7 +193,7 @@ class MixGRPOFlash(MixGRPO):
         sigmas, last = self.flash_sigmas()
         dpm = torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)
         dpm[last + 1 :] = True
-        return window_plan(sigmas, self.window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)
+        return window_plan(sigmas, self.sde_window_start(), self.window_steps(), batch, cfg.kernel, cfg.noise_level, dpm)
 
     def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
         super().after_update(traj, batch)

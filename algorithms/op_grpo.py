@@ -59,6 +59,7 @@ from algorithms.base import CLIP_FRAC_OFF, CLIP_FRAC_ON, Algorithm, AlgorithmCon
 from algorithms.distributed import GatheredBatch
 from algorithms.losses import sequence_log_weight
 from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
+from algorithms.plans import iteration_generator
 from algorithms.rollout import rollout, sample_generators
 from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
@@ -213,7 +214,7 @@ class OPGRPO(Algorithm):
         if cfg.replay_prompts == "buffer":
             chosen = sorted(self.current_draw.from_buffer) if self.current_draw is not None else []
             return prompts, metadata, {i: self._entries_for(prompts[i], plan) for i in chosen}
-        gen = sample_generators(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE, count=1)[0]
+        gen = iteration_generator(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE)
         eligible: dict[int, list[ReplayEntry]] = {}
         for i, p in enumerate(prompts):
             entries = self._entries_for(p, plan)

@@ -21,7 +21,7 @@ def build(model, config=None, seed=0):
 def expected_nfe(alg, prompts, prefixes=None):
     """docs/algorithms.md: sampling (s * P + (T - s) * B) * c, training E * k * c * B * w; ``prefixes`` is the
     number of prefixes run (P in one process)."""
-    cfg, T, s = alg.config, alg.num_steps, alg.window_start()
+    cfg, T, s = alg.config, alg.num_steps, alg.sde_window_start()
     c = alg.model.cfg_factor(cfg.guidance)
     k = 2 if cfg.kl_beta > 0 else 1
     samples = prompts * cfg.group_size
@@ -36,7 +36,7 @@ def test_measured_nfe_matches_the_formula(toy_model, toy_prompts, variant):
     starts = set()
     for _ in range(6):
         expected = expected_nfe(alg, 4)
-        starts.add(alg.window_start())
+        starts.add(alg.sde_window_start())
         stats = alg.step(*toy_prompts)
         assert (stats.nfe_sampling, stats.nfe_training) == expected
     assert len(starts) > 1, "the formula must be checked at more than one window start"
@@ -46,7 +46,7 @@ def test_nfe_example_at_the_released_shape(toy_model):
     # SD3 fast_nocfg shape: T = 10, G = 24, window 3 at start 2, no CFG: 2 + 8 * 24 = 194 passes per prompt
     alg = build(toy_model, {"group_size": 24, "shared_prefix": True, "sde_window_size": 3, "guidance": 1.0,
                             "reuse_rollout_graph": False})  # the docs' formula: the update recomputes
-    alg.iteration = next(i for i in range(100) if alg.window_start(i) == 2)
+    alg.iteration = next(i for i in range(100) if alg.sde_window_start(i) == 2)
     assert expected_nfe(alg, 1) == (194, 72)  # unshared: 10 * 24 = 240 sampling passes
 
 
@@ -56,7 +56,7 @@ def test_prefix_is_shared_and_matches_the_unshared_rollout(toy_model, toy_prompt
     plain = build(toy_model, {"group_size": 4, "shared_noise": True}, seed=2)
     for it in range(4):
         shared.iteration = plain.iteration = it
-        s = shared.window_start()
+        s = shared.sde_window_start()
         a, b = shared.collect(*toy_prompts), plain.collect(*toy_prompts)
         torch.testing.assert_close(a.latents, b.latents, atol=1e-5, rtol=0)
         torch.testing.assert_close(a.log_probs, b.log_probs, atol=1e-4, rtol=0)
@@ -75,7 +75,7 @@ def test_a_group_split_over_processes_gets_the_same_samples(toy_model, toy_promp
     prompts, meta = toy_prompts[0][:3], toy_prompts[1][:3]  # 3 prompts x G = 6: the middle group spans both ranks
     config = {"group_size": 6, "shared_prefix": True}
     whole = build(toy_model, config, seed=5)
-    whole.iteration = next(i for i in range(100) if whole.window_start(i) > 0)
+    whole.iteration = next(i for i in range(100) if whole.sde_window_start(i) > 0)
     whole.model.nfe = 0
     single = whole.collect(prompts, meta)
     assert whole.model.nfe == expected_nfe(whole, 3)[0]

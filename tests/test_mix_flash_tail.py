@@ -38,7 +38,7 @@ def test_toy_flash_sample_is_the_one_step_data_prediction(toy_model, toy_prompts
     # data prediction x - sigma v at the window's end, not an ODE solution (the cause of the toy-tier collapse)
     alg = build("mix_grpo_flash", toy_model, {"window_tau": 1})
     alg.iteration = start
-    assert alg.window_start() == start
+    assert alg.sde_window_start() == start
     traj = alg.collect(*toy_prompts)
     last = start + alg.window_steps() - 1
     assert traj.sigmas.shape[0] == last + 3  # the window's sigmas, then sigma_{last+1} and 0

@@ -33,7 +33,7 @@ def window_of(plan):
 
 # ---- MixGRPO's sliding window ---------------------------------------------------------------------------------
 def starts(alg, iterations):
-    return [alg.window_start(i) for i in iterations]
+    return [alg.sde_window_start(i) for i in iterations]
 
 
 def test_progressive_window_slides_every_tau_and_rolls_back(toy_model):
@@ -42,7 +42,7 @@ def test_progressive_window_slides_every_tau_and_rolls_back(toy_model):
     assert starts(alg, [0, 24, 25, 49, 50, 124, 125, 149, 150, 175]) == [0, 0, 1, 1, 2, 4, 5, 5, 0, 1]
     for it in (0, 30, 140):
         alg.iteration = it
-        assert window_of(alg.step_plan(16)) == (alg.window_start(it), 4)
+        assert window_of(alg.step_plan(16)) == (alg.sde_window_start(it), 4)
 
 
 def test_progressive_without_rollback_stays_at_the_end(toy_model):
@@ -81,7 +81,7 @@ def test_window_position_survives_resume(toy_model, toy_prompts):
         alg.step(prompts, meta)
     resumed = build("mix_grpo", models.get("toy2d")(), {"window_tau": 2, "group_size": 2})
     resumed.load_state_dict(alg.state_dict())
-    assert resumed.window_start() == alg.window_start() == 1
+    assert resumed.sde_window_start() == alg.sde_window_start() == 1
     a, b = alg.step(prompts, meta), resumed.step(prompts, meta)
     assert a.extra["window_start"] == b.extra["window_start"] == 1
     assert a.reward_mean == b.reward_mean
@@ -327,7 +327,7 @@ def expected_nfe(alg, samples):
     elif alg.name == "mix_grpo":
         steps, trained = T, alg.window_steps()
     elif alg.name in ("mix_grpo_flash", "mix_grpo_flash_star"):
-        last = alg.window_start() + alg.window_steps() - 1
+        last = alg.sde_window_start() + alg.window_steps() - 1
         counted = T - last if cfg.compress_count == "released" else T - 1 - last
         steps, trained = last + max(int(counted * cfg.compress_ratio), 2), alg.window_steps()
     elif alg.name == "flow_grpo_fast":

@@ -64,7 +64,7 @@ def test_bad_grid_is_one_clear_error(toy_model):
 
 # ---- MixGRPO's released window bound ------------------------------------------------------------------------------
 def positions(alg, iterations):
-    return [(alg.window_start(i), alg.window_steps(i)) for i in iterations]
+    return [(alg.sde_window_start(i), alg.window_steps(i)) for i in iterations]
 
 
 def test_released_progressive_window_stops_at_t_minus_3_and_rolls_back(toy_model):

@@ -26,7 +26,7 @@ import torch
 from algorithms.prompt_samplers import register
 from algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig, uniform_order
 from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
-from algorithms.rollout import sample_generators
+from algorithms.plans import iteration_generator
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE
 
@@ -100,7 +100,7 @@ class ReplayPrompts(PromptSampler):
         count = min(share_count(self.share(algorithm), self.groups, iteration), len(stored))
         if count == 0:
             return base
-        gen = sample_generators(self.seed, iteration, OP_GRPO_GROUP_CHOICE, count=1)[0]
+        gen = iteration_generator(self.seed, iteration, OP_GRPO_GROUP_CHOICE)
         chosen = [stored[j] for j in torch.randperm(len(stored), generator=gen)[:count].tolist()]
         keep = self.groups - count
         return PromptDraw(
