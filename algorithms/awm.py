@@ -165,7 +165,6 @@ class AWM(Algorithm):
 
     def __init__(self, model, reward, config=None, seed: int = 0, dist=None):
         super().__init__(model, reward, config, seed, dist=dist)
-        self.config.check_num_steps(self.num_steps)
         self.kl_copy = OldPolicy(model.trainable_parameters())  # the release's "ema" adapter
         self.optimizer_steps = 0
 

@@ -292,6 +292,7 @@ class Algorithm:
             eps=self.config.adam_eps,
         )
         self.num_steps = self.config.num_steps or model.default_num_steps
+        self.config.check_num_steps(self.num_steps)  # the knobs bounded by T, once T is known (the model's default)
         self.shift = model.default_shift if self.config.shift is None else self.config.shift  # sigma-schedule shift
         self.sigmas = sigma_schedule(self.num_steps, self.shift, grid=self.sigma_grid())
         self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)

@@ -75,7 +75,6 @@ class DanceGRPO(Algorithm):
         return max(1, int((self.num_steps - 1) * self.config.timestep_fraction))
 
     def step_plan(self, batch: int) -> StepPlan:
-        self.config.check_num_steps(self.num_steps)
         gen = iteration_generator(self.seed, self.iteration, PURPOSE_TRAIN_SUBSETS)
         train = random_step_subsets(batch, self.num_steps, self.num_steps - 1, self.trained_steps_per_sample(), gen)
         sde = torch.ones(self.num_steps, dtype=torch.bool)

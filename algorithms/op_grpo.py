@@ -103,8 +103,6 @@ class OPGRPOConfig(AlgorithmConfig):
             raise ConfigError(
                 f"algorithm.replay_k must be in [0, group_size - 1] = [0, {self.group_size - 1}], got {self.replay_k}"
             )
-        if self.num_steps is not None:  # else T is the model's: checked at config load and by the algorithm
-            self.check_num_steps(self.num_steps)
         if self.weight_cap is not None and self.weight_cap <= 0:
             raise ConfigError(f"algorithm.weight_cap must be > 0 or null, got {self.weight_cap}")
 
@@ -130,7 +128,6 @@ class OPGRPO(Algorithm):
     def __init__(self, model, reward, config=None, seed: int = 0, dist=None):
         super().__init__(model, reward, config, seed, dist=dist)
         cfg = self.config
-        cfg.check_num_steps(self.num_steps)  # T may be the model's default, known only now (config load checks it too)
         self.buffer = ReplayBuffer(cfg.buffer_capacity, cfg.buffer_decay, cfg.buffer_unique)
         self.dropped_total = 0
 

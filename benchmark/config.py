@@ -176,7 +176,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     """Validate a config mapping completely (names, arguments, values) without building anything heavy: the schema
     here, then the dry run of ``benchmark.experiment.check`` (constructor arguments, sample kinds, T-bounded knobs,
     the algorithm's own checks)."""
-    from benchmark.experiment import check
+    from benchmark.experiment import CHECKED, check, fingerprint
     from benchmark.tracking import check_trackers
 
     reject_nul(data)  # before any value reaches the file system (a NUL there is a ValueError, not an OSError)
@@ -203,6 +203,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     check_source(config.prompts)
     check_trackers(config.train.trackers)
     warn_literal_secrets(to_mapping(config), declared_secrets(config))
+    config.__dict__[CHECKED] = fingerprint(config)  # build() skips a second dry run of an unchanged config
     return config
 
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -32,7 +33,7 @@ from benchmark.argument_ranges import check_ranges
 from benchmark.config import ExperimentConfig
 from benchmark.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
-from flowzoo.schema import check_arguments
+from flowzoo.schema import check_arguments, to_mapping
 from flowzoo.streams import GROUP_OFFSET_LIMIT
 from models.base import FlowModel
 from rewards.base import Reward
@@ -153,10 +154,16 @@ def check_rollout_memory(config: ExperimentConfig, algorithm: Algorithm, world_s
         )
 
 
+class NotOnTheStandIn(NotImplementedError, AttributeError):
+    """An algorithm's dry check read a part of the model the stand-in does not have (``hasattr`` sees it missing)."""
+
+
 class DeclaredDefaults(FlowModel):
     """What an algorithm's constructor and step plan read of a model, without the model: its class's declared T,
-    shift, guidance and sample kind, and one scalar parameter for the optimizer. Anything else is not implemented
-    (the dry check then leaves the algorithm to :func:`build`); the reward is None."""
+    shift, guidance and sample kind, and one scalar parameter for the optimizer. Reading anything else raises
+    :class:`NotOnTheStandIn` (the dry check then leaves the algorithm to :func:`build`, which repeats the checks on
+    the real model); an AttributeError of the algorithm's own code is not that, and fails the check. The reward is
+    None."""
 
     def __init__(self, model_cls: type[FlowModel]):
         super().__init__()
@@ -168,6 +175,9 @@ class DeclaredDefaults(FlowModel):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [self._parameter]
+
+    def __getattr__(self, name: str):  # only for attributes the stand-in was not given
+        raise NotOnTheStandIn(f"the model stand-in has no {name!r}")
 
 
 def prompt_sampler_spec(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> dict[str, Any]:
@@ -191,6 +201,15 @@ def check_prompt_sampler(config: ExperimentConfig, algorithm_config: AlgorithmCo
     prompt_samplers.check(spec, load_prompts(config.prompts)[0], groups)
 
 
+#: where ``benchmark.config.build_config`` records the fingerprint of the config its dry run passed
+CHECKED = "_checked_fingerprint"
+
+
+def fingerprint(config: ExperimentConfig) -> str:
+    """The config's whole content as text: equal fingerprints, equal configs."""
+    return json.dumps(to_mapping(config), sort_keys=True, default=str)
+
+
 def check(config: ExperimentConfig, world_size: int = 1) -> None:
     """The dry run (see the module docstring): every check that needs the model, reward and algorithm classes but
     not their weights. Raises a one-line :class:`ConfigError`; writes and loads nothing."""
@@ -202,15 +221,14 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     kinds = [set(cls.accepts) for cls in reward_classes.values()]
     check_sample_kind(config, sorted(set.intersection(*kinds)), model_cls.sample_kind)
     alg_config = config.algorithm_config()
-    alg_config.check_num_steps(alg_config.num_steps or model_cls.default_num_steps)
     check_world_size(config, alg_config, world_size)
     check_update(config, alg_config)
     check_prompt_sampler(config, alg_config)
     try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
         stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)
         stand_in.make_plan(1)
-    except (NotImplementedError, AttributeError):  # it reads more of the model (or reward) than the stand-in has:
-        pass  # build() runs the same checks on the real objects
+    except NotImplementedError:  # it reads more of the model than the stand-in has (NotOnTheStandIn, or a FlowModel
+        pass  # method): build() runs the same checks on the real objects
 
 
 @dataclass
@@ -232,8 +250,11 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     """Construct the experiment of ``config`` for the data-parallel context ``dist`` (default: one process), with
     every check, before anything is written."""
     dist = SINGLE_PROCESS if dist is None else dist
-    check(config, dist.world_size)  # cheap, and before the model's weights load
     alg_config = config.algorithm_config()
+    if config.__dict__.get(CHECKED) == fingerprint(config):  # checked at load and unchanged since
+        check_world_size(config, alg_config, dist.world_size)
+    else:  # built directly, or changed after loading: the dry run, before the model's weights load
+        check(config, dist.world_size)
     model_cls = models.get(config.model.name)
     threads = config.train.threads or model_cls.preferred_threads
     if threads:

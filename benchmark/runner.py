@@ -124,10 +124,6 @@ class Runner:
         self.progress = progress
         self.dist = from_environment() if dist is None else dist
 
-    def check_world_size(self) -> None:
-        """Refuse a global batch that does not split evenly over the processes (before any work)."""
-        experiment.check_world_size(self.config, self.config.algorithm_config(), self.dist.world_size)
-
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
         """The experiment (``benchmark.experiment.build``: every check, nothing written) and its parts."""
@@ -222,7 +218,6 @@ class Runner:
     def run(self) -> Path:
         cfg = self.config
         run_dir = self.run_dir
-        self.check_world_size()
         if holds_other_config(run_dir, cfg):
             raise ConfigError(f"run directory {run_dir} holds a run of a different config; choose another run_dir")
         if is_finished(run_dir, cfg):
