@@ -197,7 +197,8 @@ class AWM(Algorithm):
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config
         offset, batch = self.dist.local_span(len(traj))
-        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1) if cfg.drop_zero_advantage else None
+        # host indices, as the minibatch permutation they are drawn with
+        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu() if cfg.drop_zero_advantage else None
         generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
         x0_all = at_least_float32(traj.final)
         k = cfg.train_timesteps

@@ -190,7 +190,7 @@ class DiffusionNFT(Algorithm):
         offset, batch = self.dist.local_span(len(traj))
         kept = None
         if cfg.drop_zero_advantage:
-            kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
+            kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()  # host indices, as the permutation
         generators = sample_generators(self.seed, self.iteration, DIFFUSION_NFT_FORWARD, count=batch)
         x0_all = at_least_float32(traj.final)
         k = self.trained_timesteps
