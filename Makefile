@@ -30,7 +30,7 @@ PERF_JSON ?= /tmp/flowzoo-perf.json
 perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fail on a >15% ratio regression
 	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
 	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
-	$(PY) -m benchmark.perf_compare benchmark/perf_baseline.json $(PERF_JSON)
+	$(PY) -m benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
 
 gpu-check: setup  ## Flow-GRPO and OP-GRPO at SD3.5-Medium size on one GPU (random weights, docs/perf.md)
 	$(VENV)/bin/flowzoo perf --gpu-check --device cuda $(PERF_ARGS)
@@ -48,7 +48,7 @@ report-check: setup  ## check the example reports in headless Chromium (images, 
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
 		echo "report-check: could not install chromium from the OS packages (needs root and apt-get)"
-	$(PY) -m benchmark.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
+	$(PY) -m benchmark.analysis.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
 
 clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache

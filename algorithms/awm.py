@@ -155,6 +155,7 @@ class AWMConfig(AlgorithmConfig):
 class AWM(Algorithm):
     """Advantage Weighted Matching: the advantage-weighted flow-matching loss on the policy's own samples."""
 
+    label, colormap = "AWM", "YlOrBr"  # the report's name and colours of this family
     Config = AWMConfig
     likelihood_free = True
     rollout_graph_auto = False

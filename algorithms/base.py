@@ -155,7 +155,7 @@ class AlgorithmConfig:
 
     def check_num_steps(self, num_steps: int) -> None:
         """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);
-        ``benchmark.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
+        ``benchmark.experiments.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
 
 
 #: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
@@ -250,6 +250,11 @@ class Algorithm:
     #: the method family it belongs to (its colour map and panel in the report); @register defaults it to the nearest
     #: registered base class's family, or the algorithm's own name (a family's own method)
     family: ClassVar[str | None] = None
+    #: a family's own method declares its display name and the matplotlib colour map of its family (the report's
+    #: titles and colours; read from the class's own attributes only, so a subclass does not inherit them); a family
+    #: without a colour map is drawn in greys
+    label: ClassVar[str | None] = None
+    colormap: ClassVar[str | None] = None
     #: the algorithm this one ablates (its row goes to that method's ablation table); register_preset sets the base's
     #: name unless told otherwise; None for methods and variants
     ablation_of: ClassVar[str | None] = None
@@ -631,7 +636,7 @@ class Algorithm:
         advantage is not exactly 0 (over all processes)."""
         if not self.config.drop_zero_advantage:
             return None
-        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1)
+        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()  # host indices, as the permutation
         self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(self.dist.local_span(len(advantages))[1], 1))
         return kept
 

@@ -62,6 +62,7 @@ class DanceGRPOConfig(AlgorithmConfig):
 
 @register("dance_grpo")
 class DanceGRPO(Algorithm):
+    label, colormap = "DanceGRPO", "Greens"  # the report's name and colours of this family
     Config = DanceGRPOConfig
     # each sample trains its own random steps: the rollout's kept graphs would cover every sample at nearly every step,
     # a backward over more rows than the recomputed forward + backward of the trained ones saves

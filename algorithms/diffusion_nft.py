@@ -136,6 +136,7 @@ class DiffusionNFTConfig(AlgorithmConfig):
 class DiffusionNFT(Algorithm):
     """DiffusionNFT: implicit positive/negative policies trained on the forward process of ODE samples."""
 
+    label, colormap = "DiffusionNFT", "Reds"  # the report's name and colours of this family
     Config = DiffusionNFTConfig
     likelihood_free = True
     rollout_graph_auto = False

@@ -14,3 +14,5 @@ from algorithms.base import Algorithm
 @register("flow_grpo")
 class FlowGRPO(Algorithm):
     """The base template, registered as ``flow_grpo`` (see the module docstring)."""
+
+    label, colormap = "Flow-GRPO", "Blues"  # the report's name and colours of this family

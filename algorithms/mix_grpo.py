@@ -93,6 +93,7 @@ class MixGRPOConfig(AlgorithmConfig):
 
 @register("mix_grpo")
 class MixGRPO(Algorithm):
+    label, colormap = "MixGRPO", "Oranges"  # the report's name and colours of this family
     Config = MixGRPOConfig
     # the report groups a column's algorithms under one description: Fast draws the start, MixGRPO slides it
     diagnostics = {"window_start": "first denoising step of this iteration's SDE window"}

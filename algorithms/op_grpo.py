@@ -117,6 +117,7 @@ class OPGRPOConfig(AlgorithmConfig):
 class OPGRPO(Algorithm):
     """OP-GRPO (see the module docstring)."""
 
+    label, colormap = "OP-GRPO", "Purples"  # the report's name and colours of this family
     Config = OPGRPOConfig
     rollout_graph_auto = False  # a hybrid batch is sampled in two phases (_hybrid_rollout) that keep no graphs
     diagnostics = {

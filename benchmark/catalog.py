@@ -38,7 +38,7 @@ def _sections():
     import models
     import rewards
     from algorithms import prompt_samplers
-    from benchmark.suite import load_suite, suite_names
+    from benchmark.experiments.suite import load_suite, suite_names
 
     def algorithm_line(name):
         cls = algorithms.get(name)
@@ -90,7 +90,7 @@ def detail(name: str) -> str:
     import models
     import rewards
     from algorithms import prompt_samplers
-    from benchmark.suite import load_suite, suite_names
+    from benchmark.experiments.suite import load_suite, suite_names
 
     if name in algorithms.names():
         cls = algorithms.get(name)

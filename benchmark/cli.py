@@ -24,9 +24,9 @@ from flowzoo.errors import FlowZooError
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from algorithms.distributed import process_group
-    from benchmark.config import load_config
-    from benchmark.runner import holds_other_config, is_finished, train
-    from benchmark.suite import describe_differences
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.runner import holds_other_config, is_finished, train
+    from benchmark.experiments.suite import describe_differences
     from flowzoo.errors import ConfigError
 
     config = load_config(args.config, args.overrides)
@@ -100,7 +100,8 @@ def at_most(high: int):
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmark.suite import load_suite, run_suite, select, write_suite_report
+    from benchmark.analysis.bench_report import write_suite_report
+    from benchmark.experiments.suite import load_suite, run_suite, select
 
     if args.workers is not None and args.workers < 1:
         raise FlowZooError(f"--workers {args.workers}: give at least 1 (default: the number of CPUs)")
@@ -113,7 +114,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         refuse_shipped(args.out, "--out")
     refuse_shipped(args.runs, "--runs")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
-    from benchmark.executors import make_grid
+    from benchmark.experiments.executors import make_grid
 
     executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs), suite.name)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes, executor)
@@ -126,9 +127,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from benchmark.report import write_report
+    from benchmark.analysis.report import write_report
 
-    from benchmark.stats import parse_target
+    from benchmark.analysis.targets import parse_target
 
     target = parse_target(args.target) if args.target else None
     from models.shipped import refuse_shipped
@@ -159,8 +160,8 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_grad_snr(args: argparse.Namespace) -> int:
-    from benchmark.config import load_config
-    from benchmark.grad_snr import measure
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.grad_snr import measure
 
     result = measure(load_config(args.config, args.overrides), args.batches, args.fixed_prompts, not args.quiet)
     print(result.line())
@@ -168,7 +169,7 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from benchmark.recipes import recipe_table
+    from benchmark.experiments.recipes import recipe_table
 
     from models.shipped import refuse_shipped
 
@@ -183,7 +184,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from benchmark.export import export
+    from benchmark.experiments.export import export
 
     out = export(Path(args.run_dir), Path(args.out))
     print(f"LoRA written to {out}")
@@ -193,7 +194,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from benchmark.eval_cmd import evaluate
+    from benchmark.experiments.eval_cmd import evaluate
 
     record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides)
     print(json.dumps(record))
@@ -210,9 +211,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_perf(args) -> int:
-    from benchmark import perf
+    from benchmark.perf.command import command
 
-    return perf.command(args)
+    return command(args)
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -4,7 +4,7 @@ adapter tests so both check the same things."""
 import torch
 
 import algorithms
-from benchmark.perf_pipeline import MeanBrightness  # noqa: F401  (shared with flowzoo perf)
+from benchmark.perf.pipeline import MeanBrightness  # noqa: F401  (shared with flowzoo perf)
 
 
 def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball")) -> None:

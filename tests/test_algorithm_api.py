@@ -15,7 +15,8 @@ import rewards
 from algorithms import register
 from algorithms.base import Algorithm, StepStats
 from algorithms.op_grpo import OPGRPO
-from benchmark import recipes, report
+from benchmark.experiments import recipes
+from benchmark.analysis import report
 from benchmark.cli import main
 from flowzoo.errors import ConfigError
 from tests.test_report import baseline_curve, fast_curve, section, write_run
@@ -248,7 +249,7 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
     shutil.copy(EXAMPLE, copy / "algorithms" / EXAMPLE.name)
     script = """
 import algorithms
-from benchmark import recipes
+from benchmark.experiments import recipes
 from benchmark.cli import main
 cls = algorithms.get("noise_decay_grpo")
 assert cls.family == "flow_grpo", cls.family

@@ -363,7 +363,7 @@ needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers, trans
 
 @pytest.fixture(scope="module")
 def sd3_model(tmp_path_factory):
-    from benchmark.perf_pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
+    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
     from models.sd3 import SD3Model
 
     directory = build_tiny_sd3(tmp_path_factory.mktemp("awm_sd3"), tmp_path_factory.mktemp("awm_tok"))

@@ -18,7 +18,7 @@ from algorithms.losses import approx_kl, gaussian_mean_kl, ppo_clip_loss
 from algorithms.rollout import rollout, sample_generators
 from algorithms.sde import sigma_schedule
 from algorithms.trajectory import StepPlan
-from benchmark.runner import metrics_frame
+from benchmark.experiments.runner import metrics_frame
 from flowzoo.io import atomic_write
 from models.base import Condition, FlowModel
 

@@ -1,8 +1,8 @@
-"""pytest-benchmark: one Flow-GRPO iteration of ours and of the released-style loop of benchmark/perf.py on the
+"""pytest-benchmark: one Flow-GRPO iteration of ours and of the released-style loop of benchmark/perf/measure.py on the
 tiny random SD3 pipeline (batch 8 of one prompt, T = 10, CFG 4.5, the first 9 steps trained, one optimizer step),
 timed as interleaved pairs (ours, reference) so that the ratio survives a noisy machine. Each benchmark's
 ``extra_info`` holds both variants' seconds per round and ``ratio``, the median over pairs of ours / reference,
-which ``make perf`` compares with the committed baseline (benchmark/perf_baseline.json, via benchmark/perf_compare.py).
+which ``make perf`` compares with the committed baseline (benchmark/perf/baseline.json, via benchmark/perf/compare.py).
 
 Skipped by the default ``--benchmark-skip``; ``make perf`` runs it with ``-o addopts="" --benchmark-only``.
 """
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark import perf  # noqa: E402
+from benchmark.perf import measure as perf  # noqa: E402
 from tests.test_fidelity_sd3 import model  # noqa: E402,F401
 from tests.test_models_sd3 import sd3_dir  # noqa: E402,F401
 

@@ -46,8 +46,8 @@ def sandbox(tmp_path_factory):
 def guarded(sandbox, monkeypatch):
     import models.tiny as tiny
     import models.tiny_pretrain as tiny_pretrain
-    from benchmark import perf, perf_gpu
-    from benchmark.runner import Runner
+    from benchmark.perf import measure as perf, gpu as perf_gpu
+    from benchmark.experiments.runner import Runner
 
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", sandbox / "weights")
     monkeypatch.setattr(tiny_pretrain, "build_networks", _stop)

@@ -200,6 +200,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/base.py", "batch.rewards[batch.group == gid].detach().cpu()"):
         "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per group",
     ("algorithms/base.py", "torch.arange(group_offset, group_offset + len(prompts))"): HOST_INDEX + " (group ids)",
+    ("algorithms/base.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
+        HOST_INDEX + " (the kept rows, permuted with the host update generator)",
     ("algorithms/base.py", "torch.randperm(batch, generator=self.update_generator)"): GENERATOR,
     ("algorithms/base.py", "torch.randperm(len(kept), generator=self.update_generator)"): GENERATOR,
     # ---- plans and kernels

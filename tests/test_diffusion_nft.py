@@ -350,7 +350,7 @@ needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers, trans
 
 @pytest.fixture(scope="module")
 def sd3_model(tmp_path_factory):
-    from benchmark.perf_pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
+    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
     from models.sd3 import SD3Model
 
     directory = build_tiny_sd3(tmp_path_factory.mktemp("nft_sd3"), tmp_path_factory.mktemp("nft_tok"))
@@ -395,10 +395,11 @@ def test_runner_resume_after_kill_gives_identical_metrics(tmp_path, monkeypatch,
     import pandas as pd
     import yaml
 
-    from benchmark.checkpoints import seal
+    from benchmark.experiments.checkpoints import seal
     from benchmark.cli import main
-    from benchmark.config import load_config, resolved_dict
-    from benchmark.runner import TIMING_COLUMNS, Runner
+    from benchmark.experiments.config import resolved_dict
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.runner import TIMING_COLUMNS, Runner
 
     config = "benchmark/configs/toy_flow_grpo.yaml"
     fast = ["train.steps=4", "train.prompts_per_step=4", "train.eval_every=2", "train.eval_samples_per_prompt=8",

@@ -15,8 +15,8 @@ import pytest
 
 from algorithms.distributed import SingleProcess
 from benchmark.cli import main
-from benchmark.config import load_config
-from benchmark.runner import TIMING_COLUMNS, Runner
+from benchmark.experiments.loading import load_config
+from benchmark.experiments.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

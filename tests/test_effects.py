@@ -1,4 +1,4 @@
-"""benchmark/effects.py: crossings, Kaplan-Meier restricted means, and effects whose CIs carry the target's
+"""benchmark/analysis/effects.py: crossings, Kaplan-Meier restricted means, and effects whose CIs carry the target's
 uncertainty (coverage by simulation: tests/test_effects_coverage.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmark.effects import (TaskRuns, cost_metric, crossing, effect, gain_target, restricted_mean, value_metric,
+from benchmark.analysis.effects import (TaskRuns, cost_metric, crossing, effect, gain_target, restricted_mean, value_metric,
                                verdict)
 
 STEPS = np.arange(0, 60, 10, dtype=float)

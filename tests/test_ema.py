@@ -15,9 +15,9 @@ import algorithms
 import rewards
 from algorithms.base import Algorithm
 from algorithms.ema import WeightEMA, load_average
-from benchmark.checkpoints import run_identity
+from benchmark.experiments.checkpoints import run_identity
 from benchmark.cli import main
-from benchmark.runner import TIMING_COLUMNS
+from benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_bad_ema_settings_are_refused(toy_model, key, value, message):
 def test_export_writes_the_average_of_a_tiny_run(tmp_path):
     """``flowzoo export`` of a run with the EMA on writes the average, the weights its evaluations used."""
     pytest.importorskip("peft")
-    from benchmark.export import WEIGHTS_NAME
+    from benchmark.experiments.export import WEIGHTS_NAME
     from models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
 
     run, out = tmp_path / "run", tmp_path / "lora"

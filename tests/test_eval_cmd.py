@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmark.cli import main
-from benchmark.eval_cmd import _TagRecorder
+from benchmark.experiments.eval_cmd import _TagRecorder
 from rewards.base import RewardOutput
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""benchmark/experiment.py: the experiment is built in one place and every check runs before a run directory exists;
+"""benchmark/experiments/experiment.py: the experiment is built in one place and every check runs before a run directory exists;
 a fresh run that fails before its first checkpoint leaves no run directory behind."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import yaml
 import algorithms
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import SingleProcess
-from benchmark import experiment
+from benchmark.experiments import experiment
 from benchmark.cli import main
-from benchmark.config import load_config
+from benchmark.experiments.loading import load_config
 from flowzoo.errors import ConfigError
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
@@ -79,18 +79,18 @@ def test_bench_refuses_a_grid_with_one_bad_run_before_any_run_starts(tmp_path, c
 
 def test_the_algorithm_config_is_resolved_once(monkeypatch):
     """Presets are applied once, at load: building the experiment parses no algorithm config again."""
-    import benchmark.config
+    import benchmark.experiments.config
 
     config = load_config(CONFIG, [*SMALL, "algorithm.name=op_grpo_no_correction"])
     calls = []
-    original = benchmark.config.from_mapping
+    original = benchmark.experiments.config.from_mapping
 
     def counting(cls, data, *args, **kwargs):
         if isinstance(cls, type) and issubclass(cls, AlgorithmConfig):
             calls.append(cls)
         return original(cls, data, *args, **kwargs)
 
-    monkeypatch.setattr(benchmark.config, "from_mapping", counting)
+    monkeypatch.setattr(benchmark.experiments.config, "from_mapping", counting)
     built = experiment.build(config)
     assert calls == []
     assert built.algorithm.config.correction == "none" and config.algorithm["correction"] == "none"

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from benchmark.cli import main  # noqa: E402
-from benchmark.export import WEIGHTS_NAME  # noqa: E402
+from benchmark.experiments.export import WEIGHTS_NAME  # noqa: E402
 from models.sd3 import SD3Model  # noqa: E402
 from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402
 
@@ -145,8 +145,8 @@ def test_wan_checkpoint_exports_for_wan_pipeline(tmp_path):
     """A (hand-made, sealed) checkpoint of a wan run: WanPipeline.load_lora_weights gives its LoRA's velocity."""
     from diffusers import WanPipeline
 
-    from benchmark.checkpoints import seal
-    from benchmark.config import load_config
+    from benchmark.experiments.checkpoints import seal
+    from benchmark.experiments.loading import load_config
     from flowzoo.io import atomic_torch_save
     from models.wan import WanModel
     from tests.test_models_wan import FRAMES, HEIGHT, WIDTH, build_tiny_wan

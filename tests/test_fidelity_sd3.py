@@ -1,5 +1,5 @@
 """The update on a tiny random SD3 pipeline against the released training code, transcribed by hand in
-``benchmark/perf_reference.py`` (shared with ``flowzoo perf``; the released files are cited there at each piece).
+``benchmark/perf/reference.py`` (shared with ``flowzoo perf``; the released files are cited there at each piece).
 
 One update's LoRA gradient of every algorithm that trains with CFG is compared with the gradient of the released
 per-timestep loss on the same trajectory and advantages.
@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 import algorithms  # noqa: E402
 import algorithms.base  # noqa: E402
 from models.sd3 import SD3Model  # noqa: E402
-from benchmark.perf_reference import released_gradient, released_pair_loss  # noqa: E402,F401
+from benchmark.perf.reference import released_gradient, released_pair_loss  # noqa: E402,F401
 from tests.adapter_training import MeanBrightness  # noqa: E402
 from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, sd3_dir  # noqa: E402,F401  (sd3_dir: the fixture)
 

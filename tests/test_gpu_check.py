@@ -1,4 +1,4 @@
-"""``flowzoo perf --gpu-check``'s code path (benchmark/perf_gpu.py) with tiny dimensions on the CPU: the random SD3.5-
+"""``flowzoo perf --gpu-check``'s code path (benchmark/perf/gpu.py) with tiny dimensions on the CPU: the random SD3.5-
 Medium-style transformer (dual attention, QK-norm) under the SD3 adapter's code, both Flow-GRPO variants against the
 reference loop with the gradient check holding in float32, and OP-GRPO iterations that replay buffer samples."""
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark import perf_gpu  # noqa: E402
+from benchmark.perf import gpu as perf_gpu  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 
 

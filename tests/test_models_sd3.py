@@ -19,7 +19,7 @@ import models  # noqa: E402
 from models.base import Condition  # noqa: E402
 from models.sd3 import SD3Model  # noqa: E402
 
-from benchmark.perf_pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402,F401  (shared with flowzoo perf)
+from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402,F401  (shared with flowzoo perf)
 PROMPTS = ["a photo of a cat", "two red dogs"]
 TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 

@@ -9,7 +9,7 @@ import algorithms
 import rewards
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.plans import window_plan
-from benchmark.config import build_config
+from benchmark.experiments.loading import build_config
 from flowzoo.errors import ConfigError
 
 

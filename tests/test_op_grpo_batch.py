@@ -12,7 +12,7 @@ import models
 import rewards
 from algorithms.replay import ReplayEntry, admits
 from benchmark.cli import main
-from benchmark.config import load_config
+from benchmark.experiments.loading import load_config
 from algorithms.prompt_samplers.replay_buffer import share_count
 from flowzoo.errors import ConfigError
 from models.toy2d import prompt_set

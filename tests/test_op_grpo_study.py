@@ -1,5 +1,5 @@
 """The OP-GRPO study: the many-condition toy task (models/toy2d.py ``classes``), its prompt source, and the analysis
-(benchmark/study.py: steps to target with censoring, paired effects, minimum detectable effect)."""
+(benchmark/analysis/study.py: steps to target with censoring, paired effects, minimum detectable effect)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 import yaml
 from scipy import stats as sps
 
-from benchmark.prompts import PromptSection, load_prompts
-from benchmark.effects import minimum_detectable_effect
-from benchmark.study import analyze_study, mean_curves
+from benchmark.experiments.prompts import PromptSection, load_prompts
+from benchmark.analysis.effects import minimum_detectable_effect
+from benchmark.analysis.study import analyze_study, mean_curves
 from flowzoo.errors import ConfigError
 from models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
@@ -170,7 +170,7 @@ def test_missing_baseline_or_reference_is_one_line(tmp_path):
 
 
 def test_seed_list_compresses_consecutive_seeds():
-    from benchmark.study import _seed_list
+    from benchmark.analysis.study import _seed_list
 
     assert _seed_list([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
 
@@ -218,7 +218,7 @@ def test_layout_is_checked_against_the_model_and_the_prompt_source():
 
 
 def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
-    from benchmark.suite import expand, load_suite, select
+    from benchmark.experiments.suite import expand, load_suite, select
 
     suite = load_suite("op-grpo-study")
     assert set(suite.seed_sets) == {"exploration", "replication"} and len(suite.seed_sets["replication"]) >= 10
@@ -239,7 +239,7 @@ def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
 
 
 def test_seed_sets_must_be_disjoint(tmp_path):
-    from benchmark.suite import load_suite
+    from benchmark.experiments.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seed_sets": {"a": [0, 1], "b": [1, 2]}}))
@@ -251,7 +251,7 @@ def test_seed_sets_must_be_disjoint(tmp_path):
 
 
 def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
-    from benchmark.suite import load_suite
+    from benchmark.experiments.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "../elsewhere", "tasks": {"t": {}}}))

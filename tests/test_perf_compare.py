@@ -1,9 +1,9 @@
-"""``make perf``'s regression step (benchmark/perf_compare.py): ratios from pytest-benchmark JSON, a rise above 15%
+"""``make perf``'s regression step (benchmark/perf/compare.py): ratios from pytest-benchmark JSON, a rise above 15%
 fails, a missing benchmark fails, a file that is not such JSON is one error line."""
 
 import json
 
-from benchmark import perf_compare
+from benchmark.perf import compare as perf_compare
 
 
 def _write(path, ratios):
@@ -30,6 +30,6 @@ def test_unreadable_json_is_one_error_line(tmp_path, capsys):
 
 
 def test_committed_baseline_is_readable():
-    ratios = perf_compare.ratios("benchmark/perf_baseline.json")
+    ratios = perf_compare.ratios("benchmark/perf/baseline.json")
     assert set(ratios) == {f"test_bench_perf_pair[{v}]" for v in ("defaults", "recompute", "released_two_steps")}
     assert all(0 < r < 5 for r in ratios.values())

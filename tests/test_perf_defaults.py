@@ -7,7 +7,7 @@ import pytest
 import algorithms
 import models
 import rewards
-from benchmark.checkpoints import run_identity
+from benchmark.experiments.checkpoints import run_identity
 from flowzoo.errors import ConfigError
 
 

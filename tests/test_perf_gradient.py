@@ -1,4 +1,4 @@
-"""``flowzoo perf``'s reference-style loop (benchmark/perf.py) trains with the released Flow-GRPO gradient, and our
+"""``flowzoo perf``'s reference-style loop (benchmark/perf/measure.py) trains with the released Flow-GRPO gradient, and our
 ``flow_grpo`` update produces the same gradient on the same rollout whichever way it runs: recompute-free or not,
 CFG batched or split. Also: the reference's optimizer step moves the weights exactly as ours does from the same
 start, and the saved-activation count sees the kept rollout graphs."""
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark import perf  # noqa: E402
+from benchmark.perf import measure as perf  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 from tests.test_fidelity_sd3 import model  # noqa: E402,F401  (the module fixture: tiny SD3, LoRA r4)
 from tests.test_models_sd3 import sd3_dir  # noqa: E402,F401

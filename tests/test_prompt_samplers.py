@@ -19,9 +19,9 @@ from algorithms import prompt_samplers
 from algorithms.prompt_samplers import GroupOutcome
 from algorithms.prompt_samplers.filters import BalancedDifficulty, DynamicSampling
 from algorithms.prompt_samplers.variance import VariancePrioritised, largest_remainder
-from benchmark.checkpoints import run_identity
+from benchmark.experiments.checkpoints import run_identity
 from benchmark.cli import main
-from benchmark.config import load_config
+from benchmark.experiments.loading import load_config
 from flowzoo.errors import ConfigError
 from rewards.base import Reward, RewardOutput
 from tests.value_helpers import TINY, build

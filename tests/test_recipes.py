@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import algorithms
-from benchmark import recipes
+from benchmark.experiments import recipes
 from benchmark.cli import main
-from benchmark.suite import Suite, expand, load_suite
+from benchmark.experiments.suite import Suite, expand, load_suite
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""benchmark.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
+"""benchmark.analysis.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
 
 import html
 import re
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark import report, stats
+from benchmark.analysis import report, stats, targets
 from flowzoo.errors import ConfigError
 
 TRAIN_STEPS = 20
@@ -149,7 +149,7 @@ def _headline(runs, target=None) -> str:
 
 
 def test_relative_target_keeps_the_final_reward_phrase(runs_dir):
-    headline = _headline(runs_dir, stats.Target("relative", 1.0))
+    headline = _headline(runs_dir, targets.Target("relative", 1.0))
     top, details = headline.split(f"## {COSTS_TITLE}")
     toy_a = section(top, "`toy_a`") + section(details, "`toy_a`")
     # target 0.71: op_grpo's smoothed curve reaches it at 15 (0.85), flow_grpo's at 20 in seeds 1, 2 only
@@ -334,9 +334,9 @@ def test_invalid_command_line_target_is_one_line_before_any_output(tmp_path, cap
 
 def test_non_finite_targets_are_refused_in_python_too():
     with pytest.raises(ConfigError, match="not a finite number"):
-        stats.Target("absolute", float("nan"))
+        targets.Target("absolute", float("nan"))
     with pytest.raises(ConfigError, match="task 't'"):
-        stats.as_target({"t": float("inf")})
+        targets.as_target({"t": float("inf")})
 
 
 def test_corrupt_runs_are_skipped_and_listed(tmp_path, caplog):
@@ -387,7 +387,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
 
 
 def test_figures_group_families_and_panels():
-    from benchmark import figures
+    from benchmark.analysis import figures
 
     quick = ["flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star",
              "op_grpo", "op_grpo_no_correction", "op_grpo_naive_is", "op_grpo_no_truncation", "op_grpo_no_decay"]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from benchmark.cli import main
-from benchmark.runner import TIMING_COLUMNS
+from benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.errors import RunError
 from flowzoo.io import exclusive_lock
 

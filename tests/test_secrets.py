@@ -18,8 +18,8 @@ from PIL import Image
 
 import flowzoo.secrets
 from benchmark.cli import main
-from benchmark.report import write_report
-from benchmark.runner import TIMING_COLUMNS
+from benchmark.analysis.report import write_report
+from benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.secrets import (REDACTED, is_secret_name, literal_secrets, redact, warn_literal_secrets,
                              without_secrets)
 from tests.test_rewards_unifiedreward import FakeServer, chat_response
@@ -146,8 +146,8 @@ def test_literal_and_environment_keys_reach_the_judge_and_nothing_else(tmp_path,
         def finish(self):
             pass
 
-    monkeypatch.setattr("benchmark.tracking.check_trackers", lambda names: None)
-    monkeypatch.setattr("benchmark.runner.Trackers", Recorder)
+    monkeypatch.setattr("benchmark.experiments.tracking.check_trackers", lambda names: None)
+    monkeypatch.setattr("benchmark.experiments.runner.Trackers", Recorder)
     runs = tmp_path / "runs"
     literal = write_config(tmp_path / "literal.yaml", judge.base_url, {"api_key": LITERAL_KEY}, trackers=["recorder"])
     assert main(["train", str(literal), f"run_dir={runs / 'literal'}", "--quiet"]) == 0

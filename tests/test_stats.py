@@ -1,4 +1,4 @@
-"""benchmark.stats on hand-made curves whose answers are known."""
+"""benchmark.analysis.stats on hand-made curves whose answers are known."""
 
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from benchmark import aggregate, stats
+from benchmark.analysis import aggregate, loading, stats, targets
 from flowzoo.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def write_run(run_dir, *, task="t", algorithm="a", seed=0, train_steps=3, reward
                   "eval_reward": rewards}).to_csv(run_dir / "metrics.csv", index=False)
 
 
-FINAL = stats.Target("relative", 1.0)  # the baseline's final reward
+FINAL = targets.Target("relative", 1.0)  # the baseline's final reward
 
 
 # ---------------------------------------------------------------------------------------------------- smoothing
@@ -102,35 +102,35 @@ def test_relative_and_absolute_targets():
     ] + [make_run("x0", [0, 1], [0.0, 0.1], algorithm="x")])
     curves = stats.eval_curves(runs, smooth=1)
     finals = stats.final_rewards(curves)
-    assert stats.task_targets(finals, "base", stats.Target("relative", 1.0))["t"] == pytest.approx(0.9)
+    assert targets.task_targets(finals, "base", targets.Target("relative", 1.0))["t"] == pytest.approx(0.9)
     # the default: 90% of the way from the base (step 0: 0.0) to the final mean 0.9
-    bases = stats.base_rewards(curves, "base")
+    bases = targets.base_rewards(curves, "base")
     assert bases == {"t": 0.0}
-    assert stats.task_targets(finals, "base", None, bases)["t"] == pytest.approx(0.81)
-    assert stats.task_targets(finals, "base", stats.Target("gain", 0.5), {"t": 0.5})["t"] == pytest.approx(0.7)
+    assert targets.task_targets(finals, "base", None, bases)["t"] == pytest.approx(0.81)
+    assert targets.task_targets(finals, "base", targets.Target("gain", 0.5), {"t": 0.5})["t"] == pytest.approx(0.7)
     # no gain over the base: no target
-    assert math.isnan(stats.task_targets(finals, "base", None, {"t": 0.95})["t"])
-    assert math.isnan(stats.task_targets(finals, "base")["t"])  # a gain target without base rewards
-    assert stats.task_targets(finals, "base", stats.Target("relative", 0.5))["t"] == pytest.approx(0.45)
-    assert stats.task_targets(finals, "base", 0.3)["t"] == 0.3
-    assert stats.task_targets(finals, "base", {"t": 0.7})["t"] == 0.7
+    assert math.isnan(targets.task_targets(finals, "base", None, {"t": 0.95})["t"])
+    assert math.isnan(targets.task_targets(finals, "base")["t"])  # a gain target without base rewards
+    assert targets.task_targets(finals, "base", targets.Target("relative", 0.5))["t"] == pytest.approx(0.45)
+    assert targets.task_targets(finals, "base", 0.3)["t"] == 0.3
+    assert targets.task_targets(finals, "base", {"t": 0.7})["t"] == 0.7
     with pytest.raises(ConfigError, match="nope"):
-        stats.task_targets(finals, "base", {"nope": 0.7})
+        targets.task_targets(finals, "base", {"nope": 0.7})
     with pytest.raises(ConfigError, match="'zzz'.*'base', 'x'"):
-        stats.check_baseline(runs, "zzz")
+        targets.check_baseline(runs, "zzz")
 
 
 def test_parse_target_from_command_line():
-    assert stats.parse_target(None) == stats.Target("gain", 0.9) == stats.Target()
-    assert stats.parse_target("0.9x") == stats.Target("relative", 0.9)
-    assert stats.parse_target("80%") == stats.Target("relative", 0.8)
-    assert stats.parse_target("0.75") == stats.Target("absolute", 0.75)
-    assert stats.parse_target("-0.5") == stats.Target("absolute", -0.5)
-    assert stats.parse_target("0.8gain") == stats.Target("gain", 0.8)
-    assert stats.parse_target("95%gain") == stats.Target("gain", 0.95)
+    assert targets.parse_target(None) == targets.Target("gain", 0.9) == targets.Target()
+    assert targets.parse_target("0.9x") == targets.Target("relative", 0.9)
+    assert targets.parse_target("80%") == targets.Target("relative", 0.8)
+    assert targets.parse_target("0.75") == targets.Target("absolute", 0.75)
+    assert targets.parse_target("-0.5") == targets.Target("absolute", -0.5)
+    assert targets.parse_target("0.8gain") == targets.Target("gain", 0.8)
+    assert targets.parse_target("95%gain") == targets.Target("gain", 0.95)
     for bad in ("high", "nan", "inf", "-inf", "1e999", "nanx", "0%", "-0.5gain", "%", "gain"):
         with pytest.raises(ConfigError, match=f"target {bad!r} is not valid; use '0.9gain'"):
-            stats.parse_target(bad)
+            targets.parse_target(bad)
 
 
 # -------------------------------------------------------------------------------------------------------------- IQM
@@ -246,8 +246,8 @@ def test_load_runs_finds_nested_runs_and_marks_unfinished(tmp_path):
     write_run(tmp_path / "b_s1", algorithm="b", seed=1, train_steps=10)
     (tmp_path / "not_a_run").mkdir()
     (tmp_path / "not_a_run" / "config.yaml").write_text("task: t\n")  # no metrics.csv: ignored
-    runs = stats.load_runs(tmp_path)
-    summary = stats.run_summary(runs).set_index("run")
+    runs = loading.load_runs(tmp_path)
+    summary = loading.run_summary(runs).set_index("run")
     assert sorted(summary.index) == ["b_s1", "suite/a_s0"]
     assert summary.loc["suite/a_s0", ["algorithm", "seed", "finished", "last_step"]].tolist() == ["a", 0, True, 3]
     assert summary.loc["b_s1", "finished"] == False  # noqa: E712  (3 of 10 steps)
@@ -256,13 +256,13 @@ def test_load_runs_finds_nested_runs_and_marks_unfinished(tmp_path):
 
 def test_load_runs_rejects_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="no runs found"):
-        stats.load_runs(tmp_path)
+        loading.load_runs(tmp_path)
     with pytest.raises(ConfigError, match="does not exist"):
-        stats.load_runs(tmp_path / "missing")
+        loading.load_runs(tmp_path / "missing")
     write_run(tmp_path / "r")
     (tmp_path / "r" / "config.yaml").write_text("task: t\nseed: 0\nalgorithm: {name: a}\n")
     with pytest.raises(ConfigError, match="train.steps"):
-        stats.load_runs(tmp_path)
+        loading.load_runs(tmp_path)
 
 
 def test_load_run_task_mapping_and_relogged_steps(tmp_path):
@@ -273,7 +273,7 @@ def test_load_run_task_mapping_and_relogged_steps(tmp_path):
     metrics = pd.read_csv(tmp_path / "r" / "metrics.csv")
     resumed = metrics.iloc[[2]].assign(eval_reward=0.9)  # step 2 logged again after a resume
     pd.concat([metrics, resumed]).to_csv(tmp_path / "r" / "metrics.csv", index=False)
-    run = stats.load_run(tmp_path / "r", tmp_path)
+    run = loading.load_run(tmp_path / "r", tmp_path)
     assert run["task"].unique().tolist() == ["shapes"]
     assert run["step"].tolist() == [0, 1, 2, 3]
     assert run["eval_reward"].tolist() == pytest.approx([0.1, 0.2, 0.9, 0.4])
@@ -349,7 +349,7 @@ def test_aggregate_table_normalizes_by_the_baseline_gain():
     ])
     curves = stats.eval_curves(runs, smooth=1)
     finals = stats.final_rewards(curves)
-    bases, tops = stats.base_rewards(curves, "base"), stats.baseline_finals(finals, "base")
+    bases, tops = targets.base_rewards(curves, "base"), targets.baseline_finals(finals, "base")
     normalized = stats.normalized_finals(finals, bases, tops).set_index("run")["normalized"]
     # x: (0.5 - 0.2) / 0.6 = 0.5, (0.8 - 0.2) / 0.6 = 1.0 on t1; (0.5 - 0.2) / 0.2 = 1.5 on t2
     assert normalized[["x0", "x1", "x2"]].tolist() == pytest.approx([0.5, 1.0, 1.5])
@@ -366,14 +366,14 @@ def test_aggregate_table_normalizes_by_the_baseline_gain():
 def test_mixed_budgets_and_bad_metrics(tmp_path):
     write_run(tmp_path / "a", seed=0, train_steps=3)
     write_run(tmp_path / "b", seed=1, train_steps=5)
-    runs = stats.load_runs(tmp_path)
+    runs = loading.load_runs(tmp_path)
     with pytest.raises(ConfigError, match=r"task 't', algorithm 'a' mixes run budgets \(train.steps 3: a; "
                                           r"train.steps 5: b\)"):
-        stats.check_budgets(runs)
+        loading.check_budgets(runs)
     (tmp_path / "b" / "metrics.csv").write_bytes(b"\x00\xff\xfe binary \x00" * 50)
     skipped = []
-    runs = stats.load_runs(tmp_path, skipped)
-    stats.check_budgets(runs)  # one budget left
+    runs = loading.load_runs(tmp_path, skipped)
+    loading.check_budgets(runs)  # one budget left
     assert [s.run for s in skipped] == ["b"] and str(tmp_path / "b" / "metrics.csv") in skipped[0].cause
 
 
@@ -386,7 +386,7 @@ def test_report_refuses_copies_and_differing_configs(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "copy_of_a")
     with pytest.raises(ConfigError, match="runs a and copy_of_a are both task 't', algorithm 'a', seed 0: a report "
                                           "counts each run once"):
-        stats.load_runs(tmp_path)
+        loading.load_runs(tmp_path)
     shutil.rmtree(tmp_path / "copy_of_a")
     write_run(tmp_path / "b", seed=1)
     config = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
@@ -394,7 +394,7 @@ def test_report_refuses_copies_and_differing_configs(tmp_path):
     (tmp_path / "b" / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="runs a and b of task 't', algorithm 'a' differ in algorithm.lr: a report "
                                           "pools only seeds of one config"):
-        stats.load_runs(tmp_path)
+        loading.load_runs(tmp_path)
 
 
 def test_a_finished_run_whose_config_was_edited_is_skipped(tmp_path):
@@ -405,11 +405,11 @@ def test_a_finished_run_whose_config_was_edited_is_skipped(tmp_path):
     run = tmp_path / "runs" / "r"
     assert main(["train", "benchmark/configs/toy_flow_grpo.yaml", f"run_dir={run}", "train.steps=2",
                  "train.eval_every=2", "--quiet"]) == 0
-    assert len(stats.load_runs(tmp_path / "runs")) > 0
+    assert len(loading.load_runs(tmp_path / "runs")) > 0
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["algorithm"]["lr"] = 0.5
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     skipped = []
     with pytest.raises(ConfigError, match="no readable runs"):
-        stats.load_runs(tmp_path / "runs", skipped)
+        loading.load_runs(tmp_path / "runs", skipped)
     assert "written by a run of another config than its config.yaml" in skipped[0].cause

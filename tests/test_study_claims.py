@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark.study import analyze_study, main as study_main, wall_clock_ratios
-from benchmark.study_claims import claims_table
-from benchmark.study_timing import cell_configs, main as timing_main, measure
+from benchmark.analysis.study import analyze_study, main as study_main, wall_clock_ratios
+from benchmark.analysis.study_claims import claims_table
+from benchmark.analysis.study_timing import cell_configs, main as timing_main, measure
 from flowzoo.errors import ConfigError
 
 STEPS = [0, 10, 20, 30, 40, 50]
@@ -179,7 +179,7 @@ def test_timing_measures_every_cell_in_every_repeat():
 
 
 def test_trimmed_metrics_give_the_same_study(tmp_path):
-    from benchmark.study import save_trimmed_metrics
+    from benchmark.analysis.study import save_trimmed_metrics
 
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     _study(tmp_path / "runs", fast, [0.0, 0.1, 0.2, 0.3, 0.4, 0.51], 0.4, 10)

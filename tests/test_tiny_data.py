@@ -2,8 +2,8 @@
 
 import torch
 
-from benchmark.config import PromptSection
-from benchmark.prompts import TINY_EVAL_PROMPTS, TINY_TRAIN_PROMPTS, load_prompts
+from benchmark.experiments.config import PromptSection
+from benchmark.experiments.prompts import TINY_EVAL_PROMPTS, TINY_TRAIN_PROMPTS, load_prompts
 from models.tiny_data import (
     GLYPH_HEIGHT, GLYPH_WIDTH, SHAPES_SIZE, image_shape, sample_batch, sample_glyph_text, sample_shapes_scene,
 )

@@ -7,7 +7,7 @@ import sys
 
 from accelerate import tracking
 
-import benchmark.tracking
+import benchmark.experiments.tracking
 from benchmark.cli import main
 
 
@@ -38,5 +38,5 @@ class FakeTracker(tracking.GeneralTracker):
 
 
 tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
-benchmark.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
+benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
 sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,7 @@
 ``metrics.csv`` is always written; ``train.trackers: [tensorboard, wandb, mlflow]`` additionally streams the
 resolved config (secrets already ``***``) and every metrics row to the named trackers, from the main process only,
 and at every evaluation the run's sample grid ``samples/step_N.png`` as an image captioned with its prompts
-(``samples/step_N.json``, written beside it by :func:`benchmark.samples.save_samples`). A tracker whose package is
+(``samples/step_N.json``, written beside it by :func:`benchmark.experiments.samples.save_samples`). A tracker whose package is
 not installed is refused at config load, before any work (``pip install -e '.[trackers]'`` installs the three).
 
 Where each writes (all under ``<run_dir>/trackers/``, nothing over the network unless asked):

@@ -1,12 +1,12 @@
 """``flowzoo perf``: one Flow-GRPO training iteration of ours against a reference-style loop, timed in one process.
 
-Both variants run on the same SD3 adapter (by default a tiny random pipeline, ``benchmark/perf_pipeline.py``, saved
+Both variants run on the same SD3 adapter (by default a tiny random pipeline, ``benchmark/perf/pipeline.py``, saved
 and loaded through the adapter's real ``from_pretrained`` path), interleaved A B A B ..., and the medians are
 compared. The reference iteration shares our rollout and reward code (the released rollout is the same batched-CFG
 SDE sampling under no_grad) and trains as the released Flow-GRPO trainer does: per trained timestep one batched
 transformer call on [uncond; cond] with the unconditional half detached, that timestep's loss backward, gradients
 accumulated over the timesteps, one optimizer step per minibatch (scripts/train_sd3.py:180-195, 872-939 at ac4c86e;
-the transcription is ``benchmark/perf_reference.py``).
+the transcription is ``benchmark/perf/reference.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from benchmark.perf_memory import SavedActivations
-from benchmark.perf_pipeline import MAX_SEQ, RESOLUTION, MeanBrightness, build_tiny_sd3
-from benchmark.perf_reference import released_gradient, released_pair_loss
+from benchmark.perf.memory import SavedActivations
+from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, MeanBrightness, build_tiny_sd3
+from benchmark.perf.reference import released_gradient, released_pair_loss
 from flowzoo.errors import ConfigError
 
 PROMPT = "a photo of a cat"
@@ -243,7 +243,7 @@ def parse_overrides(items) -> dict:
     """``key=value`` algorithm overrides (``algorithm.`` optional), values read as a config's overrides are, and
     checked against Flow-GRPO's config before any model is built."""
     import algorithms
-    from benchmark.config import parse_override
+    from benchmark.experiments.config import parse_override
     from flowzoo.schema import from_mapping
 
     overrides = {}
@@ -256,28 +256,3 @@ def parse_overrides(items) -> dict:
     from_mapping(algorithms.get("flow_grpo").Config, {"group_size": 8, "num_steps": 10, "guidance": GUIDANCE,
                                                       **overrides}, where="algorithm")
     return overrides
-
-
-def command(args) -> int:
-    """``flowzoo perf``: exit 1 when the gradients differ by more than 1e-5 (relative)."""
-    import sys
-
-    from benchmark.argument_ranges import check_device
-
-    for option, value in (("--repeats", args.repeats), ("--prompts", args.prompts), ("--lora-rank", args.lora_rank)):
-        if value < 1:
-            raise ConfigError(f"perf: {option} {value} must be >= 1")
-    check_device(args.device, "perf: --device")
-    overrides = parse_overrides(args.overrides)
-    if args.gpu_check:
-        from benchmark import perf_gpu
-
-        return perf_gpu.main(args.device, overrides, repeats=args.repeats)
-    model = load_model(args.model_path, args.device, args.lora_rank)
-    result = run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
-    print(format_result(result, args.device))
-    rel = result["grad_rel_diff"]
-    if rel is not None and not rel < 1e-5:
-        print(f"flowzoo: error: gradients differ by {rel:.2e} (> 1e-5)", file=sys.stderr)
-        return 1
-    return 0

@@ -7,7 +7,7 @@
 * A config file (with optional ``key=value`` overrides): its untrained model, i.e. the run's step-0 evaluation.
 
 ``--steps N`` sets the ODE steps (``train.eval_num_steps``), ``--samples K`` the samples per held-out prompt
-(``train.eval_samples_per_prompt``). The evaluation is :meth:`benchmark.runner.Runner.evaluate`: deterministic ODE
+(``train.eval_samples_per_prompt``). The evaluation is :meth:`benchmark.experiments.runner.Runner.evaluate`: deterministic ODE
 samples from the fixed noise stream ``train.eval_seed``, scored by the config's reward. The result (one JSON line on
 stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
 ``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag. Nothing is
@@ -73,8 +73,8 @@ def check_out_file(out: Path) -> Path:
 
 def _target(path: Path, overrides: Sequence[str]):
     """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
-    from benchmark.config import load_config
-    from benchmark.runner import load_trained_run
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.runner import load_trained_run
 
     if path.is_dir():
         if overrides:
@@ -91,7 +91,7 @@ def evaluate(
     overrides: Sequence[str] = (),
 ) -> dict:
     """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
-    from benchmark.runner import Runner, finished_summary
+    from benchmark.experiments.runner import Runner, finished_summary
 
     for flag, value in (("--steps", steps), ("--samples", samples)):
         if value is not None and value < 1:

@@ -32,11 +32,10 @@ WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 
 def _load_run(run_dir: Path):
     """The run's config and its last checkpoint's state, or a one-line RunError naming what is missing or wrong."""
-    from benchmark.runner import load_trained_run
+    from benchmark.experiments.runner import load_trained_run
 
     if run_dir.is_dir() and (run_dir / "config.yaml").is_file():
-        from benchmark.config import load_config
-
+        from benchmark.experiments.loading import load_config
         name = load_config(run_dir / "config.yaml").model.name
         if name not in LORA_FORMATS:
             raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers "
@@ -46,9 +45,9 @@ def _load_run(run_dir: Path):
 
 
 def _model_card(run_dir: Path, config, state: dict) -> str:
-    from benchmark.config import resolved_dict
+    from benchmark.experiments.config import resolved_dict
 
-    from benchmark.runner import finished_summary
+    from benchmark.experiments.runner import finished_summary
 
     summary = finished_summary(run_dir, config)  # done.json of this config's run (not of an edited config.yaml's)
     status = "finished run" if summary is not None else "last checkpoint of an unfinished run"

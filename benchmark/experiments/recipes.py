@@ -13,7 +13,7 @@ mix_grpo_flash.yaml); a file may also start from another algorithm's recipe with
 preset (``register_preset``, e.g. an ablation) re-asserts its own keys over its bases' recipe files, so
 ``op_grpo_no_truncation`` keeps ``t_off: null`` wherever op_grpo.yaml sets ``t_off``.
 
-Where a recipe sits among the other layers of a suite run is :func:`benchmark.suite.expand`'s business (docs/recipes.md).
+Where a recipe sits among the other layers of a suite run is :func:`benchmark.experiments.suite.expand`'s business (docs/recipes.md).
 ``recipe_table()`` renders docs/recipes.md; ``flowzoo recipes --out docs/recipes.md`` writes it.
 """
 
@@ -29,10 +29,10 @@ import yaml
 
 import algorithms
 import models
-from benchmark.config import read_yaml
+from benchmark.experiments.config import read_yaml
 from flowzoo.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parent / "hyperparams"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "hyperparams"
 INHERITS = "inherits"
 
 _SCOPE_LINE = re.compile(r"^([A-Za-z0-9_.\-]+):\s*(\{\s*\})?\s*(#.*)?$")

@@ -49,7 +49,7 @@ def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
 
 
 def config_digest(config) -> str:
-    from benchmark.config import declared_secrets, resolved_dict
+    from benchmark.experiments.config import declared_secrets, resolved_dict
 
     identity = run_identity(resolved_dict(config), declared_secrets(config))
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()

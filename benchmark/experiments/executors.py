@@ -1,4 +1,4 @@
-"""Where a bench grid's runs execute: this machine's worker processes (``local``, :func:`benchmark.suite.run_suite`)
+"""Where a bench grid's runs execute: this machine's worker processes (``local``, :func:`benchmark.experiments.suite.run_suite`)
 or one scheduler job per run through submitit (``slurm``; ``submitit-local``: the same jobs as subprocesses of this
 machine, for trying a grid's jobs without a cluster).
 
@@ -115,7 +115,7 @@ class ClusterConfig:
 
 def load_cluster(path: str | Path | None, partition: str | None = None) -> ClusterConfig:
     """The cluster file (or the defaults), checked; ``partition`` from the command line wins over the file's."""
-    from benchmark.config import read_yaml
+    from benchmark.experiments.config import read_yaml
 
     where = f"cluster file {Path(path).name}" if path is not None else "cluster"
     cluster = from_mapping(ClusterConfig, read_yaml(path) if path is not None else {}, where=where)
@@ -175,20 +175,20 @@ class RunJob:
                 "-m", "benchmark", "train", config_file, "--quiet"]
 
     def __call__(self) -> tuple[str, str | None]:
+        from benchmark.experiments.runner import run_quietly
+
         os.chdir(self.cwd)
         run_dir = self.config.resolved_run_dir()
         started = "resumes from its checkpoint.pt" if (run_dir / "checkpoint.pt").is_file() else "starts"
         print(f"flowzoo job: run {run_dir} {started} ({self.resources.num_processes} process(es))", flush=True)
         if self.resources.num_processes == 1:
-            from benchmark.suite import _run_one
-
-            return _run_one(self.config)
+            return run_quietly(self.config)
         return self._launch(run_dir)
 
     def _launch(self, run_dir: Path) -> tuple[str, str | None]:
         import yaml
 
-        from benchmark.runner import is_finished
+        from benchmark.experiments.runner import is_finished
         from flowzoo.schema import to_mapping
 
         # the config as the ranks read it: a private file (0600) on this node, removed when the launch ends

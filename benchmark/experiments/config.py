@@ -1,29 +1,27 @@
 """The experiment config: YAML + a typed schema + ``key=value`` overrides, validated before any work.
 
 A config names a task (model + reward + prompts), an algorithm with its hyper-parameters, a seed and the training
-budget. ``load_config`` returns a fully resolved :class:`ExperimentConfig`; ``resolved_dict`` is what a run directory
-stores as ``config.yaml``. Every problem is a :class:`ConfigError` with a one-line message.
+budget. ``benchmark.experiments.loading.load_config`` returns a fully resolved, checked :class:`ExperimentConfig`;
+``resolved_dict`` is what a run directory stores as ``config.yaml``. Every problem is a :class:`ConfigError` with a one-line message.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import algorithms
 import models
 import rewards
 from algorithms.base import AlgorithmConfig
-from benchmark.prompts import PromptSection, check_source
+from benchmark.experiments.prompts import PromptSection
 from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
-from flowzoo.labels import check_label, check_path_text, reject_nul
+from flowzoo.labels import check_label, check_path_text
 from flowzoo.schema import from_mapping, to_mapping
-from flowzoo.secrets import redact, warn_literal_secrets
-from models.shipped import refuse_shipped
+from flowzoo.secrets import redact
 
 
 @dataclass
@@ -104,18 +102,6 @@ class ExperimentConfig:
         return Path("runs") / self.task / self.algorithm_name / f"s{self.seed}"
 
 
-def _check_reward_weights(weights: Mapping[str, Any]) -> None:
-    """``reward: {name: weight}``: finite numbers, not all 0 (the reward would be a constant)."""
-    if not weights:
-        raise ConfigError("reward: give a reward name or a mapping {name: weight}")
-    for name, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ConfigError(f"reward: the weight of {name!r} must be a finite number, got {weight!r}")
-    if not any(weights.values()):
-        raise ConfigError(f"reward: every weight is 0 ({dict(weights)}), so the reward is a constant; give one a "
-                          f"non-zero weight")
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
     key, sep, raw = text.partition("=")
@@ -170,46 +156,6 @@ def read_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config keys")
     return data
-
-
-def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Validate a config mapping completely (names, arguments, values) without building anything heavy: the schema
-    here, then the dry run of ``benchmark.experiment.check`` (constructor arguments, sample kinds, T-bounded knobs,
-    the algorithm's own checks)."""
-    from benchmark.experiment import CHECKED, check, fingerprint
-    from benchmark.tracking import check_trackers
-
-    reject_nul(data)  # before any value reaches the file system (a NUL there is a ValueError, not an OSError)
-    data = dict(data)
-    algo = data.get("algorithm", {"name": "flow_grpo"})
-    if isinstance(algo, str):
-        algo = {"name": algo}
-    if not isinstance(algo, Mapping) or "name" not in algo:
-        raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
-    data["algorithm"] = dict(algo)
-    config = from_mapping(ExperimentConfig, data)
-    config.algorithm_config()  # resolves the name and every hyper-parameter, once
-    refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there
-    models.get(config.model.name)
-    reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
-    for name in reward_names:
-        rewards.get(name)
-    if isinstance(config.reward, Mapping):
-        _check_reward_weights(config.reward)
-    for name, kwargs in config.reward_args.items():
-        if name not in reward_names:
-            raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
-    check(config)
-    check_source(config.prompts)
-    check_trackers(config.train.trackers)
-    warn_literal_secrets(to_mapping(config), declared_secrets(config))
-    config.__dict__[CHECKED] = fingerprint(config)  # build() skips a second dry run of an unchanged config
-    return config
-
-
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    data = read_yaml(path) if path is not None else {}
-    return build_config(apply_overrides(data, overrides))
 
 
 def declared_secrets(config: ExperimentConfig) -> set[str]:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmark import experiment
-from benchmark.config import ExperimentConfig
-from benchmark.experiment import Experiment
+from benchmark.experiments import experiment
+from benchmark.experiments.config import ExperimentConfig
+from benchmark.experiments.experiment import Experiment
 from flowzoo.errors import ConfigError
 from flowzoo.streams import GRAD_SNR_STEP_OFFSET
 

@@ -1,6 +1,6 @@
 """One place builds an experiment (model, reward, algorithm, prompts) and checks it before anything is written.
 
-* :func:`check` is the dry run every loaded config goes through (``benchmark.config.build_config`` calls it, so
+* :func:`check` is the dry run every loaded config goes through (``benchmark.experiments.loading.build_config`` calls it, so
   ``flowzoo train``, ``bench`` (every run of a grid before the first starts), ``grad-snr`` and evaluation all do):
   model and reward arguments against their constructors' signatures and annotations, the reward's sample kinds
   against the model's, the checks of every knob bounded by T (``AlgorithmConfig.check_num_steps``), and the
@@ -29,9 +29,9 @@ from algorithms import prompt_samplers
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.sde import sigma_schedule
-from benchmark.argument_ranges import check_ranges
-from benchmark.config import ExperimentConfig
-from benchmark.prompts import Prompts, load_prompts
+from benchmark.experiments.argument_ranges import check_ranges
+from benchmark.experiments.config import ExperimentConfig
+from benchmark.experiments.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
 from flowzoo.streams import GROUP_OFFSET_LIMIT
@@ -201,7 +201,7 @@ def check_prompt_sampler(config: ExperimentConfig, algorithm_config: AlgorithmCo
     prompt_samplers.check(spec, load_prompts(config.prompts)[0], groups)
 
 
-#: where ``benchmark.config.build_config`` records the fingerprint of the config its dry run passed
+#: where ``benchmark.experiments.loading.build_config`` records the fingerprint of the config its dry run passed
 CHECKED = "_checked_fingerprint"
 
 

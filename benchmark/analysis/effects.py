@@ -1,17 +1,17 @@
 """Effects between cells of runs, with intervals that carry the target's uncertainty and censoring.
 
 The one place where costs to a target and the differences and ratios between cells are estimated; the report
-(:mod:`benchmark.stats`), the study (:mod:`benchmark.study`) and its claims table (:mod:`benchmark.study_claims`) all
+(:mod:`benchmark.analysis.stats`), the study (:mod:`benchmark.analysis.study`) and its claims table (:mod:`benchmark.analysis.study_claims`) all
 read their numbers from here. Definitions:
 
 * **Runs of a task** (:class:`TaskRuns`): per run its cell (algorithm, or ``algorithm@variant`` for a control), seed,
-  step-0 eval reward (``base``), final reward (smoothed, :mod:`benchmark.stats`), AUC (mean raw eval reward over the
+  step-0 eval reward (``base``), final reward (smoothed, :mod:`benchmark.analysis.stats`), AUC (mean raw eval reward over the
   run's evaluations), and its smoothed eval curve with the cost (steps, NFE, wall-clock) logged at each evaluation.
-* **Target** of a task: computed from the baseline's runs by a :class:`benchmark.stats.Target` (e.g. ``gain`` 0.5:
+* **Target** of a task: computed from the baseline's runs by a :class:`benchmark.analysis.targets.Target` (e.g. ``gain`` 0.5:
   base + 0.5 x (final - base), with base and final the baseline's means over its seeds). It is an estimate, so
   every bootstrap resample re-estimates it from the baseline runs that resample drew.
 * **Time to target** of a run: its cost at its first evaluation whose smoothed reward reaches the target (a relative
-  float tolerance of 1e-9, :data:`benchmark.stats.TARGET_TOLERANCE`). The running maximum of the smoothed curve is
+  float tolerance of 1e-9, :data:`benchmark.analysis.stats.TARGET_TOLERANCE`). The running maximum of the smoothed curve is
   non-decreasing, so the first crossing of any number of targets is one ``searchsorted``. A run that never reaches
   the target is **censored** at its last logged cost: it is known to need more than that, never counted as reaching.
 * **Restricted mean time to target** (RMST) of a cell: the area under the Kaplan-Meier survival curve of its times to
@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from benchmark.aggregate import percentile_interval
+from benchmark.analysis.aggregate import percentile_interval
 
 COSTS = ("step", "nfe", "wall_s")
 TARGET_TOLERANCE = 1e-9
@@ -81,7 +81,7 @@ class TaskRuns:
 
 
 def task_runs(curves: pd.DataFrame, last_rows: pd.DataFrame, cell_column: str = "algorithm") -> dict[str, TaskRuns]:
-    """Per task, its runs from the eval curves (:func:`benchmark.stats.eval_curves`: rows of ``run``, ``task``,
+    """Per task, its runs from the eval curves (:func:`benchmark.analysis.stats.eval_curves`: rows of ``run``, ``task``,
     ``seed``, ``step``, the costs, ``eval_reward``, ``eval_smoothed``) and each run's last logged row (indexed by run:
     the censoring costs). Raises ``ValueError`` when a cell holds two runs of one seed."""
     out = {}

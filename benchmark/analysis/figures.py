@@ -17,7 +17,7 @@ that is not registered is a method of no known family and declares nothing).
   :func:`stats.bootstrap_ci` (``PLOT_BOOTSTRAPS`` resamples, fixed seed; none under 2 seeds) passed as ``errorbar``,
   so figures and tables share one bootstrap (seaborn's own ``("ci", 95)`` resamples in a Python loop: 11 s instead of
   1.3-2.7 s for an 8-algorithm, 10-seed, 41-eval figure). The performance profiles' bands are stratified over tasks,
-  computed in ``benchmark/stats.py``, drawn as they are (``draw_band``).
+  computed in ``benchmark/analysis/stats.py``, drawn as they are (``draw_band``).
 * **Theme**: seaborn's ``THEME`` (white grid, paper fonts), set for each figure only (``themed``), never globally.
 
 Every file is saved as PNG and SVG, atomically and without dates (``save_figure``).
@@ -33,12 +33,9 @@ import numpy as np
 import pandas as pd
 
 import algorithms as registry
-from benchmark import stats
+from benchmark.analysis import stats
 from flowzoo.io import atomic_write
 
-FAMILIES = (("flow_grpo", "Flow-GRPO", "Blues"), ("dance_grpo", "DanceGRPO", "Greens"),
-            ("mix_grpo", "MixGRPO", "Oranges"), ("op_grpo", "OP-GRPO", "Purples"),
-            ("diffusion_nft", "DiffusionNFT", "Reds"), ("awm", "AWM", "YlOrBr"))
 OTHER_COLORMAP = "Greys"
 LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 #: markers of a family's members after its own method (which has none), so that 5 shades of one colour stay apart
@@ -88,9 +85,15 @@ def has_ablations(algorithm: str) -> bool:
     return algorithm in registry.ablations()
 
 
+def declared(algorithm: str, attribute: str) -> str | None:
+    """What the algorithm's class itself declares as ``attribute`` (``label``, ``colormap``), not inherited."""
+    cls = registry.find(algorithm)
+    return None if cls is None else vars(cls).get(attribute)
+
+
 def method_label(algorithm: str) -> str:
-    """A family's display name for its own method ("OP-GRPO"), else the algorithm's name."""
-    return {root: label for root, label, _ in FAMILIES}.get(algorithm, algorithm)
+    """A family's display name for its own method ("OP-GRPO": ``Algorithm.label``), else the algorithm's name."""
+    return declared(algorithm, "label") or algorithm
 
 
 def ablations_title(bases) -> str:
@@ -113,7 +116,7 @@ def styles(algorithms) -> dict[str, tuple]:
     family each member has its own shade, line style and (after the family's own method) marker."""
     import matplotlib
 
-    maps = {root: cmap for root, _, cmap in FAMILIES}
+    maps = {root: declared(root, "colormap") for root in registry.names() if declared(root, "colormap")}
     groups: dict[str | None, list[str]] = {}  # families without a colour map of their own share the greys (None)
     for algorithm in sorted(set(algorithms)):
         root = family(algorithm)
@@ -424,7 +427,7 @@ def plot_point_samples(panels_data: list[dict], limit: float, title: str, stem: 
     {prompt: (xs, ys, values on the grid)} (any of them empty)."""
     from matplotlib.lines import Line2D
 
-    from benchmark.samples import on_border, outside
+    from benchmark.experiments.samples import on_border, outside
 
     import torch
 

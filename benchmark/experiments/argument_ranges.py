@@ -1,6 +1,6 @@
 """Range checks of the model and reward arguments a config passes through ``model.args`` and ``reward_args``.
 
-``benchmark.experiment.check`` (the dry run of every loaded config) checks each argument's type against its
+``benchmark.experiments.experiment.check`` (the dry run of every loaded config) checks each argument's type against its
 constructor's annotation; this module adds the value ranges (sizes >= 1, probabilities and fractions in their
 intervals, scales > 0) and the devices, so that a bad value is one line naming ``model.args.<name>`` before any
 model is built, never a torch error from inside the network (``hidden: -5``, ``layers: 0``) or a network of width 0

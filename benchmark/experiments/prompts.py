@@ -3,7 +3,7 @@
 * ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation;
   ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument;
   ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument.
-* ``files``: local files in Flow-GRPO's formats (``benchmark.prompt_files``): ``prompts.train`` and ``prompts.test``
+* ``files``: local files in Flow-GRPO's formats (``benchmark.experiments.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
   training prompts and 256 held-out evaluation prompts from two fixed seeds.
@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from flowzoo.errors import ConfigError
 
@@ -37,7 +36,7 @@ def check_source(section: PromptSection) -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
     if section.source == "files":
-        from benchmark.prompt_files import resolve_prompt_file
+        from benchmark.experiments.prompt_files import resolve_prompt_file
 
         for split in ("train", "test"):
             path = getattr(section, split)
@@ -73,7 +72,7 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
         data = section.source.removeprefix("tiny_")
         return (tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED),
                 tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED))
-    from benchmark.prompt_files import read_prompts
+    from benchmark.experiments.prompt_files import read_prompts
 
     train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
     for split, prompts, path in (("train", train, section.train), ("test", test, section.test)):

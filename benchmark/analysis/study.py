@@ -1,13 +1,13 @@
 """A study's analysis: paired effects vs a baseline on fixed metrics, verdicts on exploration and held-out seeds.
 
-    python -m benchmark.study RUNS_DIR --out DIR [--suite op-grpo-study] [--baseline flow_grpo] [--also-vs op_grpo]
+    python -m benchmark.analysis.study RUNS_DIR --out DIR [--suite op-grpo-study] [--baseline flow_grpo] [--also-vs op_grpo]
                               [--claims] [--timing timing.csv] [--save-metrics DIR]
 
-Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.stats`) and writes ``DIR/README.md``
+Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes ``DIR/README.md``
 (tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric)
 and ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps). A task named ``<task>@<variant>`` (a control run
 with other keys, e.g. ``toy2d_sep64_sparse@no_reuse``) is the cell ``<algorithm>@<variant>`` of ``<task>``
-(:func:`split_variants`, the one place that reads the form). Every number comes from :mod:`benchmark.effects`, the
+(:func:`split_variants`, the one place that reads the form). Every number comes from :mod:`benchmark.analysis.effects`, the
 report's statistics path:
 
 * **Metrics**, fixed before a study's runs are looked at (:data:`METRICS`): steps and NFE to 50% and to 80% of the
@@ -20,7 +20,7 @@ report's statistics path:
 * **Seed sets**: with ``--suite``, the suite's ``seed_sets`` (e.g. ``exploration`` and ``replication``) are analysed
   apart, each with its own target from its own baseline runs, and together (``all``); without, all seeds form one set.
 * **Wall-clock** (``--timing``): steps ratio x the per-step cost ratio measured interleaved in one process
-  (:mod:`benchmark.study_timing`), never the runs' own ``wall_s`` (which carries the shared machine's load).
+  (:mod:`benchmark.analysis.study_timing`), never the runs' own ``wall_s`` (which carries the shared machine's load).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark import effects
-from benchmark.stats import DEFAULT_SMOOTH, eval_curves, find_run_dirs, load_runs
-from benchmark.study_claims import claims_table, render_claims
+from benchmark.analysis import effects
+from benchmark.analysis.loading import find_run_dirs, load_runs
+from benchmark.analysis.stats import DEFAULT_SMOOTH, eval_curves
+from benchmark.analysis.study_claims import claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
 #: the study's metrics, in report order: (name, effects.Metric)
@@ -75,7 +76,7 @@ def seed_sets_of(suite: str | None, seeds) -> dict[str, list[int]]:
     seeds = sorted(int(s) for s in set(seeds))
     sets: dict[str, list[int]] = {}
     if suite:
-        from benchmark.suite import load_suite
+        from benchmark.experiments.suite import load_suite
 
         for name, listed in load_suite(suite).seed_sets.items():
             sets[name] = [s for s in listed if s in seeds]
@@ -119,7 +120,7 @@ def run_table(runs: pd.DataFrame, data: dict[str, effects.TaskRuns], baseline: s
 def study_effects(data: dict[str, effects.TaskRuns], baseline: str, references: tuple[str, ...],
                   seed_sets: dict[str, list[int]], resamples: int = effects.DEFAULT_RESAMPLES,
                   keep_ratio_draws: bool = False) -> pd.DataFrame:
-    """One row per (seed set, task, reference, cell, metric): paired effects of :func:`benchmark.effects.effect`."""
+    """One row per (seed set, task, reference, cell, metric): paired effects of :func:`benchmark.analysis.effects.effect`."""
     rows = []
     for set_name, seeds in seed_sets.items():
         for task, task_data in data.items():
@@ -148,7 +149,7 @@ def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline:
                       metrics=("steps_to_50", "steps_to_80"), resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
     """Wall-clock-to-target ratios vs ``baseline``: the steps ratio (and its CI) x the per-step cost ratio.
 
-    ``timing`` is :mod:`benchmark.study_timing`'s table (cells ``TASK/ALGORITHM``): in each timing repeat a cell's
+    ``timing`` is :mod:`benchmark.analysis.study_timing`'s table (cells ``TASK/ALGORITHM``): in each timing repeat a cell's
     seconds per step / the baseline's of the same task in that repeat (same process, same moment). The interval
     combines the steps ratio's bootstrap CI with the spread of the cost ratio over repeats: the product's 95%
     interval is the steps CI times the [2.5%, 97.5%] bootstrap interval of the median cost ratio (a conservative
@@ -212,13 +213,13 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              f"cell - reference over the seeds both ran, eval curves smoothed over {smooth} evaluations; 95% "
              "percentile-bootstrap CIs over seeds that re-estimate the target in every resample; MDE = smallest true "
              "difference a paired t-test (two-sided, 0.05) detects with 80% power. Seed sets, each analysed with its "
-             f"own target: {sets}. Definitions: `benchmark/effects.py`, `benchmark/study.py`.", ""]
+             f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", ""]
     if claims is not None and len(claims):
         lines += render_claims(claims)
     if wall is not None and len(wall):
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
-                  "(`python -m benchmark.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
+                  "(`python -m benchmark.analysis.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
                   "own wall-clock is not used: it carries the load of the shared machine. A cell whose runs did not "
                   "all reach the target is marked *lower bound* (its censored runs count at the budget).", "",
                   "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
@@ -345,7 +346,7 @@ def read_timing(path: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.study", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir")
     parser.add_argument("--out", required=True, help="report directory (README.md, runs.csv, effects.csv)")
     parser.add_argument("--baseline", default="flow_grpo")
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                         "replication) are analysed apart")
     parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH)
     parser.add_argument("--resamples", type=int, default=effects.DEFAULT_RESAMPLES)
-    parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.study_timing (CSV) for "
+    parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.analysis.study_timing (CSV) for "
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
     parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table (needs "
                         "--also-vs op_grpo)")

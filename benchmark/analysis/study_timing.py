@@ -1,6 +1,6 @@
 """Per-step training cost of a suite's cells, measured interleaved in one process (for wall-clock-to-target).
 
-    python -m benchmark.study_timing SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
+    python -m benchmark.analysis.study_timing SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
 
 A study's runs are spread over worker processes on a shared machine, so the ``wall_s`` they log moves with the load
 of the moment (it varied ~6x over the OP-GRPO study's grid). Wall-clock-to-target is therefore estimated as
@@ -9,7 +9,7 @@ repeat trains every cell (seed 0 of the suite's config, ``--steps`` steps, no ev
 checkpoints, written into a scratch directory) one after the other in this process, in an order rotated by the
 repeat, and records the run's logged training wall time (``wall_s``, which excludes evaluation) divided by its steps.
 Cells of one repeat share the machine's load of that moment, so the per-repeat **ratio** of a cell's cost to the
-reference cell's (the first of ``--cells``) is the figure to use; :mod:`benchmark.study` combines it with the
+reference cell's (the first of ``--cells``) is the figure to use; :mod:`benchmark.analysis.study` combines it with the
 steps-to-target ratio. Cell names are ``TASK/ALGORITHM`` as in the suite's run directories (a control cell is
 ``toy2d_sep64_sparse@no_reuse/op_grpo``).
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmark.runner import train
-from benchmark.suite import expand, load_suite
+from benchmark.experiments.runner import train
+from benchmark.experiments.suite import expand, load_suite
 from flowzoo.errors import ConfigError, FlowZooError
 
 
@@ -75,7 +75,7 @@ def measure(suite_name: str, cells: list[str], steps: int = 60, repeats: int = 5
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.study_timing", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study_timing", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("suite", help="suite name or YAML path")
     parser.add_argument("--cells", required=True, help="comma-separated TASK/ALGORITHM cells; the first is the "

@@ -8,7 +8,7 @@ weights under autocast, LoRA r32 in float32; the SD3 adapter's own code around i
 It times, on the released shapes (T = 10, CFG 4.5, the first 9 steps trained, KL 0.04), as many samples as the check
 states (``group_size``, default 4, one prompt):
 
-* Flow-GRPO, interleaved against the reference-style loop of ``benchmark/perf.py``: once recomputing the trained steps
+* Flow-GRPO, interleaved against the reference-style loop of ``benchmark/perf/measure.py``: once recomputing the trained steps
   (``reuse_rollout_graph=false``) and once with the defaults (recompute-free where valid); an out-of-memory error is
   reported as such and the check goes on;
 * OP-GRPO: iterations with the buffer filled (half the groups replayed), seconds per iteration and peak memory.
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmark import perf
+from benchmark.perf import measure
 from flowzoo.errors import ConfigError
 from models.base import FlowModel
 from models.diffusers_common import DEFAULT_LORA_TARGETS, resolve_device, resolve_dtype
@@ -93,17 +93,17 @@ def _op_grpo(model, overrides: dict, repeats: int, device: str) -> dict:
     """OP-GRPO iterations on two prompts with half the groups replayed once the buffer holds them (from the second
     iteration on): median seconds per iteration over ``repeats`` such iterations, peak memory."""
     config = {"off_policy_groups": 0.5, "t_off": 5, **overrides}
-    alg = perf.make_algorithm(model, config, name="op_grpo")
+    alg = measure.make_algorithm(model, config, name="op_grpo")
     state = model.trainable_state_dict()
-    prompts = [perf.PROMPT, "two red dogs"]
+    prompts = [measure.PROMPT, "two red dogs"]
     alg.step(prompts)  # fills the buffer, not timed
     seconds, peak, replayed = [], 0.0, []
     for _ in range(repeats):
-        perf._peak_reset(device)
+        measure._peak_reset(device)
         t0 = time.perf_counter()
         stats = alg.step(prompts)
         seconds.append(time.perf_counter() - t0)
-        peak = max(peak, perf._peak(device))
+        peak = max(peak, measure._peak(device))
         replayed.append(stats.extra.get("off_policy_frac", 0.0))
     model.load_trainable_state_dict(state)
     seconds.sort()
@@ -111,12 +111,12 @@ def _op_grpo(model, overrides: dict, repeats: int, device: str) -> dict:
 
 
 def check(model, overrides: dict, repeats: int, device: str) -> list[tuple[str, dict | str]]:
-    """(label, perf.run result or an out-of-memory line) per Flow-GRPO variant, then ("op_grpo", its timing)."""
+    """(label, measure.run result or an out-of-memory line) per Flow-GRPO variant, then ("op_grpo", its timing)."""
     overrides = {"group_size": 4, **overrides}
     out = []
     for label, extra in (("flow_grpo, recompute", {"reuse_rollout_graph": False}), ("flow_grpo, defaults", {})):
         try:
-            out.append((label, perf.run(model, {**overrides, **extra}, repeats=repeats, device=device)))
+            out.append((label, measure.run(model, {**overrides, **extra}, repeats=repeats, device=device)))
         except torch.cuda.OutOfMemoryError as error:
             out.append((label, f"out of GPU memory: {str(error).splitlines()[0]}"))
         if device.startswith("cuda"):
@@ -140,7 +140,7 @@ def report(results: list[tuple[str, dict | str]], device: str, header: str) -> s
         else:
             lines.append(f"{result['ours']['total']:.3f} s/iteration (median; reference loop "
                          f"{result['reference']['total']:.3f})")
-            lines.append(perf.format_result(result, device))
+            lines.append(measure.format_result(result, device))
     return "\n".join(lines)
 
 

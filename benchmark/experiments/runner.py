@@ -4,7 +4,7 @@ A run directory holds ``config.yaml`` (fully resolved), ``metrics.csv`` (one row
 evaluation), ``checkpoint.pt`` (everything a resume needs), ``samples/step_N.png`` and, once finished, ``done.json``.
 Every file is written atomically. A killed run restarts from its last checkpoint and, because all randomness is
 derived from (seed, iteration), produces the same metrics as an uninterrupted run (except wall-clock columns).
-The experiment is built and checked (``benchmark.experiment.build``) before the run directory is created; a fresh
+The experiment is built and checked (``benchmark.experiments.experiment.build``) before the run directory is created; a fresh
 run that fails before its first checkpoint removes what it created, so that a corrected rerun is not refused as a
 run of another config.
 
@@ -19,6 +19,7 @@ import contextlib
 import json
 import shutil
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,14 @@ from tqdm.auto import tqdm
 
 from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
-from benchmark import experiment
-from benchmark.checkpoints import check_seal, config_digest, run_identity, seal
-from benchmark.config import ExperimentConfig, declared_secrets, resolved_dict
-from benchmark.divergence import DivergenceGuard, nonfinite_parameters
-from benchmark.samples import save_samples
-from benchmark.tracking import Trackers
+from benchmark.experiments import experiment
+from benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
+from benchmark.experiments.config import ExperimentConfig, declared_secrets, resolved_dict
+from benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
+from benchmark.experiments.samples import save_samples
+from benchmark.experiments.tracking import Trackers
 from rewards.pool import RewardPool
-from flowzoo.errors import ConfigError, RunError
+from flowzoo.errors import ConfigError, FlowZooError, RunError
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
@@ -126,7 +127,7 @@ class Runner:
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
-        """The experiment (``benchmark.experiment.build``: every check, nothing written) and its parts."""
+        """The experiment (``benchmark.experiments.experiment.build``: every check, nothing written) and its parts."""
         built = experiment.build(self.config, self.dist)
         self.experiment = built
         self.model, self.reward, self.algorithm = built.model, built.reward, built.algorithm
@@ -361,8 +362,7 @@ def load_trained_run(run_dir: Path, no_checkpoint_hint: str) -> tuple[Experiment
     (``flowzoo eval``, ``flowzoo export``). The checkpoint goes through the runner's sealed loader (a corrupt one, or
     one of another config, is refused); a missing directory, config.yaml or checkpoint is a one-line RunError (the
     last one ends with ``no_checkpoint_hint``). Nothing is written."""
-    from benchmark.config import load_config
-
+    from benchmark.experiments.loading import load_config
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     if not (run_dir / "config.yaml").is_file():
@@ -380,3 +380,15 @@ def load_trained_run(run_dir: Path, no_checkpoint_hint: str) -> tuple[Experiment
 def train(config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None) -> Path:
     """One run; ``dist``: the data-parallel context (default: joined from the launcher's environment)."""
     return Runner(config, progress=progress, dist=dist).run()
+
+
+def run_quietly(config: ExperimentConfig) -> tuple[str, str | None]:
+    """Train ``config`` without a progress bar, as a grid's worker or job does: (run directory, None) when it
+    finished, or (run directory, the error: a user error's one line, else the traceback). Other runs go on."""
+    try:
+        train(config, progress=False)
+        return str(config.resolved_run_dir()), None
+    except FlowZooError as error:
+        return str(config.resolved_run_dir()), str(error)
+    except Exception:
+        return str(config.resolved_run_dir()), traceback.format_exc()

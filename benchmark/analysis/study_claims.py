@@ -6,11 +6,11 @@ Claims are quoted from the OP-GRPO paper ("OP-GRPO: Efficient Off-Policy GRPO fo
 Verdicts: **reproduced**, **contradicted**, **inconclusive** (then the CI width says the smallest effect the study
 could have seen), or **not tested**. Every rule is written next to its claim below and in the report, before the
 figure, so the verdict is mechanical; all intervals are 95% bootstrap CIs over seeds that re-estimate the target in
-every resample (:mod:`benchmark.effects`). The rules were fixed before the runs of the separable-task study were
+every resample (:mod:`benchmark.analysis.effects`). The rules were fixed before the runs of the separable-task study were
 looked at. Each claim is judged on each seed set of the study (``exploration``, the held-out ``replication``) apart;
 the row says **replicated** only when both sets give the same verdict (:func:`replication`).
 
-Input: the study's run table and paired effects (:func:`benchmark.study.analyze_study`, with ``op_grpo`` among the
+Input: the study's run table and paired effects (:func:`benchmark.analysis.study.analyze_study`, with ``op_grpo`` among the
 ``also_vs`` references) on the sparse task ``toy2d_sep64_sparse`` and the dense task ``toy2d_sep64_dense``.
 """
 
@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import fisher_exact
 
-from benchmark.stats import bootstrap_ci
+from benchmark.analysis.stats import bootstrap_ci
 
 SPARSE, DENSE = "toy2d_sep64_sparse", "toy2d_sep64_dense"
 #: the cost the steps claims are judged on: steps to 80% of Flow-GRPO's gain, a target its runs cross decisively (the
-#: paper's "reach Flow-GRPO's final reward" puts the target on the baseline's noisy plateau; benchmark/study.py)
+#: paper's "reach Flow-GRPO's final reward" puts the target on the baseline's noisy plateau; benchmark/analysis/study.py)
 STEPS_METRIC = "steps_to_80"
 REPLICATION_SETS = ("exploration", "replication")
 PAPER_STEPS_RATIO = 0.342
@@ -356,7 +356,7 @@ def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str
 def render_claims(claims: pd.DataFrame) -> list[str]:
     sets = [c[len("verdict "):] for c in claims.columns if c.startswith("verdict ")]
     lines = ["## The paper's claims", "",
-             "Each verdict follows the rule in its row, applied mechanically by `benchmark/study_claims.py` on each "
+             "Each verdict follows the rule in its row, applied mechanically by `benchmark/analysis/study_claims.py` on each "
              "seed set apart (each with its own target from its own Flow-GRPO runs); **replicated** only when the "
              "exploration and the held-out replication seeds agree. Sparse task unless the claim says otherwise.", ""]
     if not sets:

@@ -6,7 +6,7 @@ every run) and ``tasks`` (task name -> config keys: model, reward, prompts, trai
 
 A run's algorithm keys, lowest precedence first: the class defaults (with its preset); the suite's shared
 ``algorithm`` block (``defaults.algorithm``, then ``tasks.<task>.algorithm``); the algorithm's own recipe,
-``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style, see :mod:`benchmark.recipes`); the suite's
+``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style, see :mod:`benchmark.experiments.recipes`); the suite's
 per-algorithm block (``defaults.per_algorithm.<algorithm>``, then ``tasks.<task>.per_algorithm.<algorithm>``);
 ``key=value`` overrides from the command line.
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-import tempfile
 import time
-import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,15 +29,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import algorithms
-from benchmark.config import ExperimentConfig, apply_overrides, build_config, read_yaml
-from benchmark.executors import Resources, resolve_resources
-from benchmark.recipes import recipe
-from benchmark.runner import holds_other_config, is_finished, train
-from flowzoo.errors import ConfigError, FlowZooError
+from benchmark.experiments.config import ExperimentConfig, apply_overrides, read_yaml
+from benchmark.experiments.loading import build_config
+from benchmark.experiments.executors import Resources, resolve_resources
+from benchmark.experiments.recipes import recipe
+from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
+from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import from_mapping
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # benchmark/
 SUITES_DIR = PACKAGE_DIR / "suites"
 
 
@@ -54,9 +53,9 @@ class Suite:
     #: algorithms to run only on some tasks: {algorithm: [task, ...]}; others run everywhere
     only_tasks: dict = field(default_factory=dict)
     #: named, disjoint seed sets, e.g. {exploration: [0, ..., 9], replication: [100, ..., 109]}: a study designs on
-    #: the first and states each verdict on every set (benchmark/study.py); ``seeds`` is then their union
+    #: the first and states each verdict on every set (benchmark/analysis/study.py); ``seeds`` is then their union
     seed_sets: dict = field(default_factory=dict)
-    #: what each run's scheduler job asks for (benchmark/executors.py, Resources: gpus, processes, cpus, mem_gb,
+    #: what each run's scheduler job asks for (benchmark/experiments/executors.py, Resources: gpus, processes, cpus, mem_gb,
     #: time_min); a task's own ``resources`` win; unused by the local executor
     resources: dict = field(default_factory=dict)
 
@@ -180,7 +179,7 @@ def _grid(suite: Suite):
         # a task may run a subset of the suite's algorithms and its own seeds (e.g. an expensive tier)
         task_algorithms = task_cfg.pop("algorithms", suite.algorithms)
         task_seeds = task_cfg.pop("seeds", suite.seeds)
-        task_cfg.pop("resources", None)  # what a run's job asks a scheduler for (benchmark/executors.py)
+        task_cfg.pop("resources", None)  # what a run's job asks a scheduler for (benchmark/experiments/executors.py)
         unknown = set(task_algorithms) - set(suite.algorithms)
         if unknown:
             raise ConfigError(f"suite {suite.name}: task {task!r} names algorithms {sorted(unknown)} that the suite "
@@ -224,8 +223,8 @@ def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
     identity (secrets, ``run_dir`` and the thread count aside); empty when config.yaml is no readable config."""
     import yaml
 
-    from benchmark.checkpoints import run_identity
-    from benchmark.config import declared_secrets, resolved_dict
+    from benchmark.experiments.checkpoints import run_identity
+    from benchmark.experiments.config import declared_secrets, resolved_dict
 
     try:
         stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
@@ -250,16 +249,6 @@ def describe_differences(run_dir: Path, config: ExperimentConfig) -> str:
     if not keys:
         return "its config.yaml is not a readable config of this run"
     return f"differs in {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
-
-
-def _run_one(config: ExperimentConfig) -> tuple[str, str | None]:
-    try:
-        train(config, progress=False)
-        return str(config.resolved_run_dir()), None
-    except FlowZooError as error:  # a user error is its one line
-        return str(config.resolved_run_dir()), str(error)
-    except Exception:  # reported by the parent; other runs go on
-        return str(config.resolved_run_dir()), traceback.format_exc()
 
 
 def _cells(suite: Suite) -> list[tuple[str, str]]:
@@ -337,7 +326,7 @@ def run_suite(
 ) -> list[str]:
     """Run every unfinished run of the suite; returns the failures' messages.
 
-    ``executor``: None runs them here in ``workers`` processes; a :class:`benchmark.executors.SubmititGrid` submits
+    ``executor``: None runs them here in ``workers`` processes; a :class:`benchmark.experiments.executors.SubmititGrid` submits
     each as a scheduler job with its task's resources, at most ``workers`` at once (default: no limit on SLURM, the
     number of CPUs for submitit-local). With ``budget_minutes``, no run starts (no job is submitted) after the budget
     is spent; runs left out are listed (and the report says which runs it holds). Runs already started finish, so the
@@ -383,52 +372,20 @@ def run_suite(
             if time.monotonic() > deadline:
                 skipped.append(str(config.resolved_run_dir()))
                 continue
-            record(*_run_one(config))
+            record(*run_quietly(config))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             pending = list(todo)
-            running = {pool.submit(_run_one, pending.pop(0)) for _ in range(min(workers, len(pending)))}
+            running = {pool.submit(run_quietly, pending.pop(0)) for _ in range(min(workers, len(pending)))}
             while running:
                 done, running = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     record(*future.result())
                     if pending and time.monotonic() <= deadline:
-                        running.add(pool.submit(_run_one, pending.pop(0)))
+                        running.add(pool.submit(run_quietly, pending.pop(0)))
             skipped = [str(c.resolved_run_dir()) for c in pending]
     bar.close()
     if skipped:
         print(f"time budget of {budget_minutes} min spent: {len(skipped)} run(s) not started; rerun the same "
               f"command to add them:\n  " + "\n  ".join(skipped))
     return failures
-
-
-def write_suite_report(suite: Suite, runs_dir: Path, out: Path) -> Path:
-    """The report of the runs of this (selected) grid, into ``out``; returns its ``index.md``.
-
-    Runs under ``RUNS/<suite>/`` that the grid does not hold (other algorithms, tasks or seeds of an earlier, wider
-    bench) are left out: the report then reads a temporary view of the selected run directories (links to their
-    files, the same relative paths), so its run names and bytes are those of ``flowzoo report`` on exactly those
-    runs. When every run there is selected, the suite's directory is reported as it is."""
-    from benchmark.report import write_report
-    from benchmark.stats import find_run_dirs
-
-    root = Path(runs_dir) / suite.name
-    selected = {d.resolve(): d for d in grid_run_dirs(suite, runs_dir)}
-    on_disk = find_run_dirs(root) if root.is_dir() else []
-    others = [d for d in on_disk if d.resolve() not in selected]
-    if not others:
-        return write_report(root, out)
-    present = [d for d in on_disk if d.resolve() in selected]
-    print(f"report of the {len(present)} selected run(s); {len(others)} other run(s) under {root} left out")
-    with tempfile.TemporaryDirectory(prefix="flowzoo-selected-runs-") as tmp:
-        view = Path(tmp)
-        for run in present:
-            linked = view / run.relative_to(root)
-            linked.mkdir(parents=True)
-            for entry in run.iterdir():
-                if entry.name != ".lock":
-                    (linked / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-        try:
-            return write_report(view, out)
-        except ConfigError as error:  # name the runs as the user knows them, not the temporary view
-            raise ConfigError(str(error).replace(str(view), f"the selected runs of {root}")) from None

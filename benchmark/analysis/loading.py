@@ -1,0 +1,256 @@
+"""Loading run directories for the analysis: each run's ``config.yaml`` and ``metrics.csv`` (found recursively) as
+rows of one table, with the checks that keep a table to one experiment per (task, algorithm) cell. A run whose files
+cannot be used is skipped with a warning (``SkippedRun``: the run and the cause); the definitions of what is computed
+from the rows are in :mod:`benchmark.analysis.stats`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from flowzoo.errors import ConfigError
+
+
+
+REQUIRED_COLUMNS = ("step", "nfe", "wall_s", "eval_reward")
+
+
+RUN_KEYS = ("run", "task", "algorithm", "seed", "train_steps", "finished")
+
+
+LOG = logging.getLogger("flowzoo.report")
+
+
+def find_run_dirs(runs_dir: str | Path) -> list[Path]:
+    """Every directory under ``runs_dir`` (itself included, any depth) holding both config.yaml and metrics.csv."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise ConfigError(f"runs directory {str(runs_dir)!r} does not exist or is not a directory")
+    found = {p.parent for p in runs_dir.rglob("config.yaml") if (p.parent / "metrics.csv").is_file()}
+    return sorted(found)
+
+
+def _config_value(config: Mapping, dotted_key: str, path: Path):
+    value = config
+    for key in dotted_key.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            raise ConfigError(f"{path}: missing key {dotted_key!r} (need task, seed, algorithm.name, train.steps)")
+        value = value[key]
+    return value
+
+
+def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.DataFrame:
+    """One run as tidy rows: the run keys (``RUN_KEYS``) repeated on every row of its metrics.csv.
+
+    ``run`` is the run directory relative to ``runs_dir`` (POSIX style), unique within a runs directory. Raises
+    ``ConfigError`` naming the file for a config.yaml or metrics.csv that cannot be read or lacks what is needed.
+    """
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(config_path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"{config_path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{config_path}: expected a mapping with task, seed, algorithm.name, train.steps")
+    algorithm, task = config.get("algorithm"), config.get("task")
+    algorithm_name = algorithm if isinstance(algorithm, str) else _config_value(config, "algorithm.name", config_path)
+    task_label = _config_value(config, "task.name" if isinstance(task, Mapping) else "task", config_path)
+    train_steps = _config_int(config, "train.steps", config_path)
+    seed = _config_int(config, "seed", config_path)
+
+    identity = cell_identity(config)
+    check_done_matches_config(run_dir)
+    metrics = read_metrics(run_dir / "metrics.csv")
+    # a resumed run may log a step twice: the later row is the one that continued
+    metrics = metrics.drop_duplicates("step", keep="last").sort_values("step", kind="stable").reset_index(drop=True)
+
+    last_step = metrics["step"].max() if len(metrics) else -1
+    keys = {
+        "run": run_dir.relative_to(runs_dir).as_posix() if runs_dir is not None else run_dir.name,
+        "task": str(task_label),
+        "algorithm": str(algorithm_name),
+        "seed": seed,
+        "train_steps": train_steps,
+        "finished": bool(last_step >= train_steps),
+    }
+    for position, (key, value) in enumerate(keys.items()):
+        metrics.insert(position, key, [value] * len(metrics))
+    metrics.attrs["identity"] = identity
+    return metrics
+
+
+def check_done_matches_config(run_dir: Path) -> None:
+    """A finished run is bound to its config as train's skip, eval and export bind it: when ``done.json`` carries the
+    digest of the config that wrote it and the run's ``config.yaml`` loads here, the two must agree, else
+    ``ConfigError`` (the run is skipped with that cause: its metrics belong to another config). A done.json without
+    a digest (written before digests), or a config that does not load on this machine (e.g. prompt files elsewhere),
+    is not checked."""
+    try:
+        summary = json.loads((run_dir / "done.json").read_text())
+    except (OSError, ValueError):
+        return
+    digest = summary.get("config_digest") if isinstance(summary, dict) else None
+    if not isinstance(digest, str):
+        return
+    from benchmark.experiments.checkpoints import config_digest
+    from benchmark.experiments.loading import load_config
+    from flowzoo.errors import FlowZooError
+
+    try:
+        config = load_config(run_dir / "config.yaml")
+    except FlowZooError:
+        return
+    if config_digest(config) != digest:
+        raise ConfigError(f"{run_dir / 'done.json'}: written by a run of another config than its config.yaml (edited "
+                          "after the run?); its metrics are not this config's")
+
+
+def cell_identity(config: Mapping) -> dict:
+    """What a run computes apart from its seed (:func:`benchmark.experiments.checkpoints.run_identity` without ``seed``): runs
+    of one (task, algorithm) cell must agree on it to be pooled as seeds of one experiment. ``train.steps`` is left
+    to :func:`check_budgets`."""
+    from benchmark.experiments.checkpoints import run_identity
+
+    identity = run_identity(dict(config), set())
+    identity.pop("seed", None)
+    if isinstance(identity.get("train"), dict):  # budgets: check_budgets names them run by run
+        identity["train"] = {k: v for k, v in identity["train"].items() if k != "steps"}
+    return identity
+
+
+def _differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys where two nested mappings differ."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return [d for key in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no detail"
+
+
+def _config_int(config: Mapping, dotted_key: str, path: Path) -> int:
+    value = _config_value(config, dotted_key, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{path}: {dotted_key} is {value!r}, not an integer")
+    return int(value)
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics.csv with its required columns numeric; ``ConfigError`` naming the file otherwise (empty,
+    binary, not CSV, a required column missing or holding text)."""
+    try:
+        metrics = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
+        raise ConfigError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+    for column in REQUIRED_COLUMNS:
+        values = pd.to_numeric(metrics[column], errors="coerce")
+        if (values.isna() & metrics[column].notna()).any():
+            raise ConfigError(f"{path}: column {column!r} holds values that are not numbers")
+        metrics[column] = values
+    if metrics["step"].isna().any():
+        raise ConfigError(f"{path}: rows without a step")
+    infinite = [c for c in REQUIRED_COLUMNS if np.isinf(metrics[c].to_numpy(float)).any()]
+    if infinite:
+        raise ConfigError(f"{path}: infinite values in {infinite}")
+    return metrics
+
+
+@dataclass(frozen=True)
+class SkippedRun:
+    """A run directory the report could not use, and why (one line)."""
+
+    run: str
+    cause: str
+
+
+def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> pd.DataFrame:
+    """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent.
+
+    A run whose config.yaml or metrics.csv cannot be used is left out with a warning naming the file; when
+    ``skipped`` is a list, a :class:`SkippedRun` is appended to it for each. ``ConfigError`` when no run is usable.
+    """
+    run_dirs = find_run_dirs(runs_dir)
+    if not run_dirs:
+        raise ConfigError(
+            f"no runs found in {str(runs_dir)!r}: expected directories holding config.yaml and metrics.csv"
+        )
+    frames, left_out = [], []
+    for run_dir in run_dirs:
+        try:
+            frames.append(load_run(run_dir, runs_dir))
+        except ConfigError as error:
+            left_out.append(SkippedRun(run_dir.relative_to(runs_dir).as_posix(), str(error)))
+            LOG.warning("skipped run %s", error)
+    if skipped is not None:
+        skipped.extend(left_out)
+    if not frames:
+        raise ConfigError(f"no readable runs in {str(runs_dir)!r}: all {len(left_out)} were skipped "
+                          f"(first: {left_out[0].cause})")
+    check_one_experiment_per_cell(frames)
+    frames = [f for f in frames if len(f)] or frames[:1]
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def check_one_experiment_per_cell(frames: list[pd.DataFrame]) -> None:
+    """Refuse to pool runs that are not seeds of one experiment: two runs of one (task, algorithm, seed) (a copied run
+    directory would count one seed twice), or runs of one (task, algorithm) whose configs differ in anything but the
+    seed. ``ConfigError`` naming the runs and, for differing configs, the keys."""
+    by_seed: dict[tuple, str] = {}
+    by_cell: dict[tuple, tuple[str, dict]] = {}
+    for frame in frames:
+        if not len(frame):
+            continue
+        first = frame.iloc[0]
+        run, cell = str(first["run"]), (str(first["task"]), str(first["algorithm"]))
+        seed_key = (*cell, int(first["seed"]))
+        if seed_key in by_seed:
+            raise ConfigError(f"runs {by_seed[seed_key]} and {run} are both task {cell[0]!r}, algorithm {cell[1]!r}, "
+                              f"seed {seed_key[2]}: a report counts each run once; move one out of the runs directory")
+        by_seed[seed_key] = run
+        identity = frame.attrs.get("identity")
+        if identity is None:
+            continue
+        if cell in by_cell and by_cell[cell][1] != identity:
+            other, keys = by_cell[cell][0], _differences(by_cell[cell][1], identity)
+            raise ConfigError(f"runs {other} and {run} of task {cell[0]!r}, algorithm {cell[1]!r} differ in "
+                              f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}: a report pools only seeds of "
+                              "one config; move the others out of the runs directory")
+        by_cell.setdefault(cell, (run, identity))
+
+
+def check_budgets(runs: pd.DataFrame) -> None:
+    """Runs of one (task, algorithm) must share ``train.steps``: their costs and final rewards would otherwise be
+    averaged over different budgets. ``ConfigError`` naming the cell and the runs of each budget."""
+    cells = runs.groupby(["task", "algorithm"], sort=True)
+    for (task, algorithm), group in cells:
+        budgets = group.groupby("train_steps", sort=True)["run"].unique()
+        if len(budgets) > 1:
+            listed = "; ".join(f"train.steps {steps}: {', '.join(sorted(r))}" for steps, r in budgets.items())
+            raise ConfigError(
+                f"task {task!r}, algorithm {algorithm!r} mixes run budgets ({listed}); a report compares runs of one "
+                "budget: move the others out of the runs directory"
+            )
+
+
+def run_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: the run keys, ``last_step`` (largest logged step) and ``n_evals``."""
+    grouped = runs.groupby("run", sort=True)
+    summary = grouped[list(RUN_KEYS[1:])].first()
+    summary["last_step"] = grouped["step"].max()
+    summary["n_evals"] = grouped["eval_reward"].count()
+    return summary.reset_index()

@@ -1,0 +1,71 @@
+"""Loading a config: the schema (``benchmark.experiments.config``), then the dry run of every check
+(``benchmark.experiments.experiment.check``). ``load_config`` returns a fully resolved, checked
+:class:`ExperimentConfig`; every problem is a :class:`ConfigError` with a one-line message."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import models
+import rewards
+from benchmark.experiments.config import (
+    ExperimentConfig, apply_overrides, declared_secrets, read_yaml,
+)
+from benchmark.experiments import experiment, tracking
+from benchmark.experiments.prompts import check_source
+from flowzoo.errors import ConfigError
+from flowzoo.labels import reject_nul
+from flowzoo.schema import from_mapping, to_mapping
+from flowzoo.secrets import warn_literal_secrets
+from models.shipped import refuse_shipped
+
+
+def _check_reward_weights(weights: Mapping[str, Any]) -> None:
+    """``reward: {name: weight}``: finite numbers, not all 0 (the reward would be a constant)."""
+    if not weights:
+        raise ConfigError("reward: give a reward name or a mapping {name: weight}")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"reward: the weight of {name!r} must be a finite number, got {weight!r}")
+    if not any(weights.values()):
+        raise ConfigError(f"reward: every weight is 0 ({dict(weights)}), so the reward is a constant; give one a "
+                          f"non-zero weight")
+
+
+def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate a config mapping completely (names, arguments, values) without building anything heavy: the schema
+    here, then the dry run of ``benchmark.experiments.experiment.check`` (constructor arguments, sample kinds, T-bounded knobs,
+    the algorithm's own checks)."""
+    reject_nul(data)  # before any value reaches the file system (a NUL there is a ValueError, not an OSError)
+    data = dict(data)
+    algo = data.get("algorithm", {"name": "flow_grpo"})
+    if isinstance(algo, str):
+        algo = {"name": algo}
+    if not isinstance(algo, Mapping) or "name" not in algo:
+        raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
+    data["algorithm"] = dict(algo)
+    config = from_mapping(ExperimentConfig, data)
+    config.algorithm_config()  # resolves the name and every hyper-parameter, once
+    refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there
+    models.get(config.model.name)
+    reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
+    for name in reward_names:
+        rewards.get(name)
+    if isinstance(config.reward, Mapping):
+        _check_reward_weights(config.reward)
+    for name, kwargs in config.reward_args.items():
+        if name not in reward_names:
+            raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
+    experiment.check(config)
+    check_source(config.prompts)
+    tracking.check_trackers(config.train.trackers)
+    warn_literal_secrets(to_mapping(config), declared_secrets(config))
+    config.__dict__[experiment.CHECKED] = experiment.fingerprint(config)  # build() skips a second dry run of an unchanged config
+    return config
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    data = read_yaml(path) if path is not None else {}
+    return build_config(apply_overrides(data, overrides))

@@ -1,0 +1,30 @@
+"""``flowzoo perf``: the timing of one Flow-GRPO iteration against the released-style loop (``measure``), or with
+``--gpu-check`` the GPU path's check (``gpu``)."""
+
+from __future__ import annotations
+
+import sys
+
+from benchmark.experiments.argument_ranges import check_device
+from benchmark.perf import gpu
+from benchmark.perf.measure import format_result, load_model, parse_overrides, run
+from flowzoo.errors import ConfigError
+
+
+def command(args) -> int:
+    """Exit 1 when the gradients differ by more than 1e-5 (relative)."""
+    for option, value in (("--repeats", args.repeats), ("--prompts", args.prompts), ("--lora-rank", args.lora_rank)):
+        if value < 1:
+            raise ConfigError(f"perf: {option} {value} must be >= 1")
+    check_device(args.device, "perf: --device")
+    overrides = parse_overrides(args.overrides)
+    if args.gpu_check:
+        return gpu.main(args.device, overrides, repeats=args.repeats)
+    model = load_model(args.model_path, args.device, args.lora_rank)
+    result = run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
+    print(format_result(result, args.device))
+    rel = result["grad_rel_diff"]
+    if rel is not None and not rel < 1e-5:
+        print(f"flowzoo: error: gradients differ by {rel:.2e} (> 1e-5)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,100 @@
+"""Dependencies point one way (README, Layout): ``benchmark -> algorithms -> models, rewards -> flowzoo``, and inside
+``benchmark`` the command line over ``analysis`` and ``perf`` over ``experiments``; no module imports another that
+imports it back, function-level imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("algorithms", "models", "rewards", "benchmark", "flowzoo")
+#: layer -> the layers it must never import (module-name prefixes)
+FORBIDDEN = {
+    "flowzoo": ("algorithms", "models", "rewards", "benchmark"),
+    "models": ("algorithms", "benchmark"),
+    "rewards": ("algorithms", "benchmark"),
+    "algorithms": ("benchmark",),
+    "benchmark.experiments": ("benchmark.analysis", "benchmark.perf", "benchmark.cli", "benchmark.catalog"),
+    "benchmark.analysis": ("benchmark.perf", "benchmark.cli", "benchmark.catalog"),
+    "benchmark.perf": ("benchmark.analysis", "benchmark.cli", "benchmark.catalog"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (``from a.b import c`` gives ``a.b`` and, when
+    ``a.b.c`` is a module, ``a.b.c``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts]
+    modules = {module_name(p): p for p in files}
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def layer(name: str) -> str | None:
+    return max((key for key in FORBIDDEN if name == key or name.startswith(key + ".")), key=len, default=None)
+
+
+def test_no_layer_imports_one_above_it():
+    bad = []
+    for name, deps in graph().items():
+        key = layer(name)
+        for dep in deps:
+            if key and any(dep == f or dep.startswith(f + ".") for f in FORBIDDEN[key]):
+                bad.append(f"{name} imports {dep}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycles_between_modules():
+    edges = graph()
+    # a package's __init__ importing its own modules (the registries) is how they register: not a cycle
+    edges = {name: {d for d in deps if not d.startswith(name + ".")} for name, deps in edges.items()}
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(path[path.index(dep):] + [dep]) if dep in path else f"{node} -> {dep}")
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[node] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checks_catch_a_layer_violation_and_a_cycle(monkeypatch):
+    import tests.test_layering as this
+
+    fake = {"benchmark.experiments.a": {"benchmark.analysis.b"}, "benchmark.analysis.b": {"benchmark.experiments.a"}}
+
+    monkeypatch.setattr(this, "graph", lambda: fake)
+    try:
+        this.test_no_layer_imports_one_above_it()
+    except AssertionError as error:
+        assert "benchmark.experiments.a imports benchmark.analysis.b" in str(error)
+    else:
+        raise AssertionError("the layer check missed experiments -> analysis")
+    try:
+        this.test_no_import_cycles_between_modules()
+    except AssertionError as error:
+        assert "benchmark.analysis.b -> benchmark.experiments.a -> benchmark.analysis.b" in str(error)
+    else:
+        raise AssertionError("the cycle check missed a two-module cycle")
