@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from flowzoo.errors import ConfigError
+from flowzoo.errors import ConfigError, RunError
 
 
 
@@ -148,25 +148,25 @@ def _config_int(config: Mapping, dotted_key: str, path: Path) -> int:
 
 
 def read_metrics(path: Path) -> pd.DataFrame:
-    """A run's metrics.csv with its required columns numeric; ``ConfigError`` naming the file otherwise (empty,
+    """A run's metrics.csv with its required columns numeric; ``RunError`` naming the file otherwise (a run's file, not a config) (empty,
     binary, not CSV, a required column missing or holding text)."""
     try:
         metrics = pd.read_csv(path)
     except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
-        raise ConfigError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
+        raise RunError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
     if missing:
-        raise ConfigError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+        raise RunError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
     for column in REQUIRED_COLUMNS:
         values = pd.to_numeric(metrics[column], errors="coerce")
         if (values.isna() & metrics[column].notna()).any():
-            raise ConfigError(f"{path}: column {column!r} holds values that are not numbers")
+            raise RunError(f"{path}: column {column!r} holds values that are not numbers")
         metrics[column] = values
     if metrics["step"].isna().any():
-        raise ConfigError(f"{path}: rows without a step")
+        raise RunError(f"{path}: rows without a step")
     infinite = [c for c in REQUIRED_COLUMNS if np.isinf(metrics[c].to_numpy(float)).any()]
     if infinite:
-        raise ConfigError(f"{path}: infinite values in {infinite}")
+        raise RunError(f"{path}: infinite values in {infinite}")
     return metrics
 
 
@@ -193,7 +193,7 @@ def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> 
     for run_dir in run_dirs:
         try:
             frames.append(load_run(run_dir, runs_dir))
-        except ConfigError as error:
+        except (ConfigError, RunError) as error:  # the run's config or its metrics file
             left_out.append(SkippedRun(run_dir.relative_to(runs_dir).as_posix(), str(error)))
             LOG.warning("skipped run %s", error)
     if skipped is not None:
