@@ -153,10 +153,9 @@ class FlowModel:
         batch = x.shape[0]
         if sigma.dim() == 0:
             sigma = sigma.expand(batch)
+        self.nfe += self.cfg_factor(g) * batch
         if g == 1.0:
-            self.nfe += batch
             return self.predict(x, sigma, cond)
-        self.nfe += 2 * batch
         detach_uncond = cfg_grad == "cond" and torch.is_grad_enabled()
         split = cfg_batch == "split" or (cfg_batch == "auto" and self.split_cfg_pays())
         if detach_uncond and split:
@@ -178,6 +177,7 @@ class FlowModel:
         return False
 
     def cfg_factor(self, guidance: float | None = None) -> int:
+        """Network evaluations per sample of one ``velocity`` call: 2 with classifier-free guidance, else 1."""
         g = self.default_guidance if guidance is None else float(guidance)
         return 1 if g == 1.0 else 2
 
