@@ -199,7 +199,7 @@ class AWM(Algorithm):
         cfg = self.config
         offset, batch = self.dist.local_span(len(traj))
         # host indices, as the minibatch permutation they are drawn with
-        kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu() if cfg.drop_zero_advantage else None
+        kept = self.trained_rows(advantages)
         generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
         x0_all = at_least_float32(traj.final)
         k = cfg.train_timesteps
@@ -267,8 +267,6 @@ class AWM(Algorithm):
         sums = self.dist.sum(sums)
         pairs = max(sums["pairs"], 1)
         self.log("kl_copy", sums["kl_copy"] / pairs)
-        if kept is not None:
-            self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(batch, 1))
         return {"clip_frac": sums["clipped"] / pairs, "approx_kl": sums["approx_kl"] / pairs, "kl": sums["kl"] / pairs,
                 "ratio_mean": sums["ratio"] / pairs, "loss": sums["loss"] / pairs,
                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}

@@ -189,9 +189,7 @@ class DiffusionNFT(Algorithm):
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config
         offset, batch = self.dist.local_span(len(traj))
-        kept = None
-        if cfg.drop_zero_advantage:
-            kept = torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()  # host indices, as the permutation
+        kept = self.trained_rows(advantages)
         generators = sample_generators(self.seed, self.iteration, DIFFUSION_NFT_FORWARD, count=batch)
         x0_all = at_least_float32(traj.final)
         k = self.trained_timesteps
@@ -238,8 +236,6 @@ class DiffusionNFT(Algorithm):
         n = max(sums["pairs"], 1)
         self.log("old_deviation", sums["old_deviation"] / n)
         self.log("nft_r_mean", sums["r"] / n)
-        if kept is not None:
-            self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(batch, 1))
         # no importance ratio and no clipping: the PPO columns hold their on-policy values
         return {"clip_frac": 0.0, "approx_kl": 0.0, "kl": sums["kl"] / n, "ratio_mean": 1.0,
                 "loss": sums["loss"] / n, "grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}

@@ -257,8 +257,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/diffusion_nft.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
         GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
     ("algorithms/diffusion_nft.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
-    ("algorithms/diffusion_nft.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
-        HOST_INDEX + " (the kept rows, permuted with the host update generator)",
     ("algorithms/diffusion_nft.py", "w.detach().cpu()"): CHECKPOINT,
     ("algorithms/awm.py", "torch.zeros(0, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
     ("algorithms/awm.py", "torch.zeros(1, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
@@ -273,8 +271,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/awm.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
         GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
     ("algorithms/awm.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
-    ("algorithms/awm.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
-        HOST_INDEX + " (the kept rows, permuted with the host update generator)",
     # ---- state and collectives
     ("algorithms/ema.py", "t.detach().cpu()"): CHECKPOINT,
     ("algorithms/distributed.py", "tensor.detach().cpu()"): COLLECTIVE,
