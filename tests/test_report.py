@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import torch
 import pandas as pd
 import pytest
 import yaml
@@ -505,3 +506,19 @@ def test_rescored_samples_equal_the_runs_logged_evaluation(tmp_path):
         rewards = scorer.score(np.array(sidecar["points"], dtype=float), sidecar["prompts"])
         assert len(rewards) == 4 * 3
         assert rewards.mean() == pytest.approx(metrics.loc[step, "eval_reward"], rel=1e-5, abs=1e-6)
+        recorded = np.array(sidecar["rewards"], dtype=float)  # the evaluation's own per-sample rewards
+        assert recorded == pytest.approx(rewards, abs=1e-5)
+
+
+def test_image_grids_list_each_sample_s_reward_or_say_none_was_recorded(tmp_path):
+    from benchmark.experiments.samples import save_samples
+
+    images = torch.rand(3, 3, 8, 8)
+    old, new = tmp_path / "old.png", tmp_path / "new.png"
+    save_samples(images, "image", old, ["a cat", "a dog", "two cats"])
+    save_samples(images, "image", new, ["a cat", "a dog", "two cats"], rewards=[0.5, 1.0, 0.25])
+    assert report.grid_sidecar(new)["rewards"] == [0.5, 1.0, 0.25]
+    lines = "\n".join(report._grid_rewards({"flow_grpo": (0, {10: new}, tmp_path)}, ["flow_grpo"], [10]))
+    assert "| `flow_grpo` (seed 0) | 10 | 1: 0.500, 2: 1.000, 3: 0.250 |" in lines
+    lines = "\n".join(report._grid_rewards({"flow_grpo": (0, {10: old}, tmp_path)}, ["flow_grpo"], [10]))
+    assert "recorded no per-sample reward" in lines

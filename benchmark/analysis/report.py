@@ -729,14 +729,31 @@ def _grid_table(task: str, chosen: dict, algorithms: list[str], steps: list[int]
     if prompts and (first or {}).get("kind") != "points":
         lines += ["Prompts of the grids' samples, row by row (every grid of a task samples the same held-out "
                   "prompts with the same noise): " + "; ".join(f"{i + 1}: {p}" for i, p in enumerate(prompts))
-                  + ". The runs record no per-sample reward for image grids; the evaluation's mean is "
-                  "`eval_reward` in metrics.csv.", ""]
+                  + ".", ""]
+        lines += _grid_rewards(chosen, algorithms, steps)
     elif not prompts:
         lines += ["These grids were saved without their prompts (runs older than the grids' JSON sidecars).", ""]
     else:
         lines += ["These toy-tier grids are shown as saved: their rewards could not be re-scored (see the warning "
                   "on stderr).", ""]
     return lines
+
+
+def _grid_rewards(chosen: dict, algorithms: list[str], steps: list[int]) -> list[str]:
+    """Each shown grid's per-sample rewards (from its sidecar), in the prompts' order; a note when the runs did not
+    record them (grids saved before rewards were)."""
+    rows = []
+    for algorithm in algorithms:
+        seed, grids, _ = chosen[algorithm]
+        for step in steps:
+            rewards = (grid_sidecar(grids[step]) or {}).get("rewards")
+            if rewards is None:
+                return ["The runs recorded no per-sample reward for these grids (saved before rewards were); the "
+                        "evaluation's mean is `eval_reward` in metrics.csv.", ""]
+            shown = ", ".join(f"{i + 1}: {fmt_number(float(r))}" for i, r in enumerate(rewards))
+            rows.append([f"`{algorithm}` (seed {seed})", str(step), shown])
+    return ["Each grid sample's reward, in the prompts' order:", ""] + markdown_table(
+        ["algorithm", "step", "reward by sample"], rows) + [""]
 
 
 def samples_section(analysis: stats.Analysis, runs_dir: Path, out_dir: Path) -> list[str]:

@@ -176,7 +176,8 @@ class Runner:
         if cfg.train.save_samples:
             samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
             if self.dist.is_main:
-                save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts)
+                save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
+                             rewards=scores.tolist())
         return result
 
     # ---- the loop -------------------------------------------------------------------------------------------

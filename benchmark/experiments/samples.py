@@ -58,11 +58,15 @@ def on_border(points: torch.Tensor, limit: float) -> torch.Tensor:
     return points / scale
 
 
-def save_samples(samples: torch.Tensor, kind: str, path: str | Path, labels: list[str] | None = None) -> None:
-    """Write a PNG of ``samples`` (as ``FlowModel.decode`` returns them) and its JSON sidecar, each atomically."""
+def save_samples(samples: torch.Tensor, kind: str, path: str | Path, labels: list[str] | None = None,
+                 rewards: list[float] | None = None) -> None:
+    """Write a PNG of ``samples`` (as ``FlowModel.decode`` returns them) and its JSON sidecar, each atomically; the
+    sidecar holds each sample's prompt (``labels``) and, when given, its reward (``rewards``, in sample order)."""
     path = Path(path)
     buffer = io.BytesIO()
     sidecar: dict = {"kind": kind, "prompts": list(labels) if labels is not None else None}
+    if rewards is not None:
+        sidecar["rewards"] = [round(float(r), 5) if math.isfinite(r) else str(r) for r in rewards]
     if kind == "points":
         import matplotlib
 
@@ -100,5 +104,7 @@ def save_samples(samples: torch.Tensor, kind: str, path: str | Path, labels: lis
         sidecar.update(columns=columns, shown=len(images))
         if labels is not None:
             sidecar["prompts"] = list(labels)[:MAX_GRID]
+        if rewards is not None:
+            sidecar["rewards"] = sidecar["rewards"][:MAX_GRID]
     atomic_write(path, lambda f: f.write(buffer.getvalue()), mode="wb")
     atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar) + "\n")
