@@ -282,10 +282,7 @@ class Algorithm:
                  dist: SingleProcess | None = None):
         if dist is not None:  # the runner's data-parallel context: known here, so __init__ may depend on it
             self.dist = dist
-        if isinstance(config, AlgorithmConfig):
-            self.config = config
-        else:
-            self.config = from_mapping(self.Config, {**self.preset, **(config or {})}, where="algorithm")
+        self.config = config if isinstance(config, AlgorithmConfig) else self.typed_config(config)
         self.model = model
         self.reward = reward
         self.seed = seed
@@ -338,6 +335,12 @@ class Algorithm:
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         pass
+
+    @classmethod
+    def typed_config(cls, params: dict[str, Any] | None = None) -> AlgorithmConfig:
+        """The class's typed config: its preset under ``params`` (the one place a preset is applied; unknown keys and
+        bad values are one-line ConfigErrors naming ``algorithm.<key>``)."""
+        return from_mapping(cls.Config, {**cls.preset, **(params or {})}, where="algorithm")
 
     # ---- prompts --------------------------------------------------------------------------------------------
     @classmethod

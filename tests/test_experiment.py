@@ -78,19 +78,20 @@ def test_bench_refuses_a_grid_with_one_bad_run_before_any_run_starts(tmp_path, c
 
 
 def test_the_algorithm_config_is_resolved_once(monkeypatch):
-    """Presets are applied once, at load: building the experiment parses no algorithm config again."""
-    import benchmark.experiments.config
+    """Presets are applied once, at load (Algorithm.typed_config): building the experiment parses no algorithm config
+    again."""
+    import algorithms.base
 
     config = load_config(CONFIG, [*SMALL, "algorithm.name=op_grpo_no_correction"])
     calls = []
-    original = benchmark.experiments.config.from_mapping
+    original = algorithms.base.from_mapping
 
     def counting(cls, data, *args, **kwargs):
         if isinstance(cls, type) and issubclass(cls, AlgorithmConfig):
             calls.append(cls)
         return original(cls, data, *args, **kwargs)
 
-    monkeypatch.setattr(benchmark.experiments.config, "from_mapping", counting)
+    monkeypatch.setattr(algorithms.base, "from_mapping", counting)
     built = experiment.build(config)
     assert calls == []
     assert built.algorithm.config.correction == "none" and config.algorithm["correction"] == "none"

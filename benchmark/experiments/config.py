@@ -20,7 +20,7 @@ from benchmark.experiments.prompts import PromptSection
 from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label, check_path_text
-from flowzoo.schema import from_mapping, to_mapping
+from flowzoo.schema import to_mapping
 from flowzoo.secrets import redact
 
 
@@ -84,16 +84,22 @@ class ExperimentConfig:
     def algorithm_name(self) -> str:
         return self.algorithm["name"]
 
+    def resolve_algorithm(self) -> None:
+        """Type the ``algorithm`` section once (``Algorithm.typed_config``: the class's preset under its keys) and
+        write every key back, as config.yaml holds it. ``load_config`` calls it; so does :meth:`algorithm_config`
+        for a config built or changed without it."""
+        typed = algorithms.get(self.algorithm_name).typed_config(
+            {k: v for k, v in self.algorithm.items() if k != "name"})
+        self.algorithm = {"name": self.algorithm_name, **to_mapping(typed)}
+        self.__dict__["_typed_algorithm"] = (copy.deepcopy(self.algorithm), typed)
+
     def algorithm_config(self) -> AlgorithmConfig:
-        """The typed algorithm config: the class's preset under the config's keys, resolved once at load (again only
-        if ``algorithm`` was changed since); a copy each time, so that an algorithm may keep and change its own."""
+        """The typed algorithm config resolved at load: a copy each time, so that an algorithm may keep and change
+        its own (resolved again only if ``algorithm`` was changed since)."""
         resolved = self.__dict__.get("_typed_algorithm")
         if resolved is None or resolved[0] != self.algorithm:
-            cls = algorithms.get(self.algorithm_name)
-            params = {k: v for k, v in self.algorithm.items() if k != "name"}
-            typed = from_mapping(cls.Config, {**cls.preset, **params}, where="algorithm")
-            self.algorithm = {"name": self.algorithm_name, **to_mapping(typed)}  # every key, as config.yaml holds it
-            resolved = self._typed_algorithm = (copy.deepcopy(self.algorithm), typed)
+            self.resolve_algorithm()
+            resolved = self.__dict__["_typed_algorithm"]
         return copy.deepcopy(resolved[1])
 
     def resolved_run_dir(self) -> Path:

@@ -47,7 +47,7 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
         raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
     data["algorithm"] = dict(algo)
     config = from_mapping(ExperimentConfig, data)
-    config.algorithm_config()  # resolves the name and every hyper-parameter, once
+    config.resolve_algorithm()  # the name and every hyper-parameter, typed once
     refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there
     models.get(config.model.name)
     reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
