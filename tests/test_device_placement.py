@@ -50,7 +50,7 @@ CONSTRUCTORS = frozenset({
 })
 
 def _runner_path() -> str:
-    """The runner's file (``benchmark/runner.py``, or wherever a reorganisation of ``benchmark/`` puts it)."""
+    """The runner's file (``benchmark/experiments/runner.py``, or wherever a reorganisation of ``benchmark/`` puts it)."""
     for path in sorted((ROOT / "benchmark").glob("**/runner.py")):
         if "class Runner" in path.read_text():
             return path.relative_to(ROOT).as_posix()

@@ -522,3 +522,10 @@ def test_image_grids_list_each_sample_s_reward_or_say_none_was_recorded(tmp_path
     assert "| `flow_grpo` (seed 0) | 10 | 1: 0.500, 2: 1.000, 3: 0.250 |" in lines
     lines = "\n".join(report._grid_rewards({"flow_grpo": (0, {10: old}, tmp_path)}, ["flow_grpo"], [10]))
     assert "recorded no per-sample reward" in lines
+
+
+def test_ablation_columns_are_the_ablated_methods_declared_diagnostics():
+    columns = report.ablation_columns(["op_grpo", "op_grpo_no_correction", "op_grpo_naive_is"])
+    assert set(columns) == {"clip_frac_on", "clip_frac_off"}  # OP-GRPO's declaration; per-step columns left out
+    assert "11.8%" in columns["clip_frac_off"]
+    assert report.ablation_columns(["flow_grpo"]) == {}

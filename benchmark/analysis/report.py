@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from algorithms.base import CLIP_FRAC_OFF
 from benchmark.analysis import figures, stats, targets
 from benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text
@@ -455,12 +454,24 @@ def final_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     return lines
 
 
-def _clip_off_mean(analysis: stats.Analysis, task: str, algorithm: str) -> str:
-    if CLIP_FRAC_OFF not in analysis.runs.columns:
+def _diagnostic_mean(analysis: stats.Analysis, task: str, algorithm: str, column: str) -> str:
+    """A logged column of a cell averaged over training, then over seeds ("n/a" where it was not logged)."""
+    if column not in analysis.runs.columns:
         return "n/a"
     runs = analysis.runs[(analysis.runs["task"] == task) & (analysis.runs["algorithm"] == algorithm)]
-    per_seed = runs.groupby("run")[CLIP_FRAC_OFF].mean().dropna()
+    per_seed = runs.groupby("run")[column].mean().dropna()
     return fmt_number(float(per_seed.mean())) if len(per_seed) else "n/a"
+
+
+def ablation_columns(shown) -> dict[str, str]:
+    """{column: description} of the per-step diagnostics the ablated methods declare (``Algorithm.diagnostics``;
+    per-denoising-step columns ``..._t{k}`` left to the diagnostics section)."""
+    columns: dict[str, str] = {}
+    for base in sorted({figures.ablation_of(a) or a for a in shown}):
+        for column, description in figures.diagnostics(base).items():
+            if "{k}" not in column:
+                columns.setdefault(column, description)
+    return columns
 
 
 def ablation_rows(algorithms) -> list[str]:
@@ -483,10 +494,13 @@ def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     if finals.empty:
         return lines + ["No runs of ablations (algorithms that declare `ablation_of`) or of the methods they ablate.",
                         ""]
+    columns = ablation_columns(shown)
+    declared = "; ".join(f"`{c}`: {d}" for c, d in columns.items())
     lines += ["Final reward and steps-to-target ratio vs the baseline for each method with registered ablations and "
-              "each ablation (`ablation_of`); off-policy clip fraction averaged over training, then over seeds.", ""]
+              "each ablation (`ablation_of`)" + (f"; the diagnostics the methods declare, averaged over training, "
+                                                 f"then over seeds ({declared})" if columns else "") + ".", ""]
     headers = ["variant", "seeds", "final reward [95% CI]", "steps vs baseline [95% CI]", "seeds reaching",
-               "off-policy clip fraction"]
+               *(f"`{c}`" for c in columns)]
     efficiency = analysis.efficiency.set_index(["task", "algorithm"]) if len(analysis.efficiency) else None
     for task, table in finals.groupby("task", sort=True):
         rows = []
@@ -497,9 +511,9 @@ def ablation_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
             reaching = "n/a" if eff is None else f"{eff['reached']}/{eff['n']}"
             rows.append([_algorithm_cell(r), _seeds_cell(r),
                          f"{fmt_number(r['mean'])} {fmt_ci(r['mean_lo'], r['mean_hi'], n=r['n'])}", steps, reaching,
-                         _clip_off_mean(analysis, task, r["algorithm"])])
+                         *(_diagnostic_mean(analysis, task, r["algorithm"], c) for c in columns)])
         lines += task_table(out_dir, task, "ablation", headers, rows, f"{title} on {task}.")
-        lines += indistinct_note(headers, rows, [2, 3, 4, 5], what="variants")
+        lines += indistinct_note(headers, rows, list(range(2, len(headers))), what="variants")
     return lines
 
 
