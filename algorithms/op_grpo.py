@@ -144,16 +144,9 @@ class OPGRPO(Algorithm):
         return self.t_off < self.num_steps
 
     def _compatible(self, entry: ReplayEntry, plan: StepPlan) -> bool:
-        """Whether an entry was sampled on the current plan's grid and kernel (else it cannot be replayed); the
-        plan's tensors are compared where the entry's are (the buffer keeps its entries on the host)."""
-        host = entry.sigmas.device
-        return (
-            entry.kind == plan.kind
-            and entry.noise_level == plan.noise_level
-            and entry.latents.shape[0] >= self.t_off + 1
-            and torch.equal(entry.sigmas, plan.sigmas.to(host))
-            and torch.equal(entry.sde, plan.sde.to(host))
-        )
+        """Whether an entry was sampled on the current plan's grid and kernel, with the states a reuse up to t_off
+        needs (else it cannot be replayed)."""
+        return entry.plan is not None and entry.plan.same_grid(plan) and entry.latents.shape[0] >= self.t_off + 1
 
     def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
         """The entries a group of ``prompt`` replays: up to k distinct compatible ones, repeated up to k when
@@ -446,12 +439,11 @@ class OPGRPO(Algorithm):
                 # the buffer keeps host copies (accelerator memory stays the batch's); _replay_inputs moves them back
                 latents=traj.latents[best, :keep].detach().to("cpu", copy=True),
                 log_probs=traj.log_probs[best].detach().to("cpu", copy=True),
-                sigmas=traj.sigmas.detach().to("cpu", copy=True),
-                sde=traj.sde.detach().to("cpu", copy=True),
                 reward=float(traj.rewards[best]),
                 version=self.iteration,
-                kind=traj.kind,
-                noise_level=traj.noise_level,
+                plan=dataclasses.replace(traj.plan, sigmas=traj.sigmas.detach().to("cpu", copy=True),
+                                         sde=traj.sde.detach().to("cpu", copy=True),
+                                         train=traj.train[best: best + 1].detach().to("cpu", copy=True)),
                 guidance=traj.guidance,
             )))
         return found

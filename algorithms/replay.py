@@ -24,8 +24,8 @@ Rules (the papers give the rules, not the numbers; every number here is a docume
   The stored ``reward`` is never changed; only the ranking score decays (OP-GRPO re-rewards a reused sample anyway).
 
 An entry holds what a reuse needs: the recorded latents (only the first ``t_off + 1`` when the reuse truncates at
-``t_off``), the behaviour log-probabilities pi_off of every step, the sigmas / SDE mask / kernel they were sampled
-with, the reward, the policy version (training iteration) that produced it, the prompt and its metadata. The text
+``t_off``), the behaviour log-probabilities pi_off of every step, the plan they were sampled under (its grid: sigmas,
+SDE mask, kernel, noise level), the reward, the policy version (training iteration) that produced it, the prompt and its metadata. The text
 condition is not stored: an entry is only reused in a group of its own prompt, whose condition the rollout encodes
 anyway. Tensors are kept on the CPU.
 """
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
+
+from algorithms.trajectory import StepPlan
 
 Outcome = Literal["inserted", "replaced", "rejected"]
 Admission = Literal["above_group_mean", "any"]
@@ -63,19 +65,32 @@ class ReplayEntry:
     metadata: dict
     latents: torch.Tensor  # [L, ...] the recorded states 0 .. L-1 (L = T + 1, or t_off + 1 when truncating)
     log_probs: torch.Tensor  # [T] behaviour log-probs pi_off of each transition (0 on ODE steps)
-    sigmas: torch.Tensor  # [T + 1]
-    sde: torch.Tensor  # [T] bool
     reward: float
     version: int  # the training iteration whose parameters sampled it
-    kind: str = "flow_grpo"
-    noise_level: float = 0.7
+    #: the grid it was sampled on (sigmas, SDE steps, kernel, noise level; its ``train`` row is unused): a reuse
+    #: needs the same grid (``StepPlan.same_grid``); None for an entry that holds a prompt and a reward only
+    plan: StepPlan | None = None
     guidance: float | None = None
     age: int = 0  # training steps since insertion (drives the decay)
     serial: int = 0  # insertion counter (tie-break, bookkeeping)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.latents, self.log_probs, self.sigmas, self.sde))
+        held = [self.latents, self.log_probs] + ([self.plan.sigmas, self.plan.sde] if self.plan is not None else [])
+        return sum(t.numel() * t.element_size() for t in held)
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> "ReplayEntry":
+        """An entry as ``ReplayBuffer.state_dict`` stored it; entries of checkpoints written before entries held their
+        plan (``sigmas``, ``sde``, ``kind``, ``noise_level`` fields) load as the same grid."""
+        state = dict(state)
+        if "sigmas" in state:
+            sigmas, sde = state.pop("sigmas"), state.pop("sde")
+            kind, noise_level = state.pop("kind", "flow_grpo"), state.pop("noise_level", 0.7)
+            state["plan"] = StepPlan(sigmas, sde, torch.zeros(1, len(sde), dtype=torch.bool), kind, noise_level)
+        elif isinstance(state.get("plan"), dict):
+            state["plan"] = StepPlan(**state["plan"])
+        return ReplayEntry(**state)
 
 
 class ReplayBuffer:
@@ -176,6 +191,6 @@ class ReplayBuffer:
         built with, so a resumed run may change them; entries beyond a smaller capacity are evicted weakest-first."""
         self.serial = int(state["serial"])
         self.counts = dict(state["counts"])
-        self.entries = [ReplayEntry(**e) for e in state["entries"]]
+        self.entries = [ReplayEntry.from_state(e) for e in state["entries"]]
         while len(self.entries) > self.capacity:
             self.entries.pop(self._weakest())

@@ -61,6 +61,12 @@ class StepPlan:
     def num_steps(self) -> int:
         return self.sde.shape[0]
 
+    def same_grid(self, other: "StepPlan") -> bool:
+        """Whether ``other`` samples on this plan's grid: the same sigmas and SDE steps (compared on the host), the
+        same kernel and noise level (a stored trajectory can be replayed only on its own grid)."""
+        return (self.kind == other.kind and self.noise_level == other.noise_level
+                and torch.equal(self.sigmas.cpu(), other.sigmas.cpu()) and torch.equal(self.sde.cpu(), other.sde.cpu()))
+
 
 class RolloutInputs(NamedTuple):
     """What a rollout of a batch starts from: its samples' prompts, metadata, condition, initial latents, noise
@@ -96,12 +102,14 @@ class Trajectory:
     ``latents[:, t]`` is the state at ``sigmas[t]``: index 0 is the initial noise, index T the final sample.
     ``log_probs[:, t]`` is the behaviour policy's log-density of the transition t -> t+1 (0 on ODE steps).
     ``group`` gives each sample's group id (samples of one prompt); advantages are relative within a group.
-    ``decode`` (from the plan) says which state the reward decodes, :attr:`rewarded`: the final sample, or
-    ``prediction`` [B, ...], the last step's data prediction x_{T-1} - sigma_{T-1} v recorded by the rollout.
+    ``plan`` is the plan it was sampled under, its ``train`` rows those of this batch's samples; ``sigmas``, ``sde``,
+    ``train``, ``kind``, ``noise_level``, ``reduction`` and ``decode`` read it. ``decode`` says which state the reward
+    decodes, :attr:`rewarded`: the final sample, or ``prediction`` [B, ...], the last step's data prediction
+    x_{T-1} - sigma_{T-1} v recorded by the rollout.
 
     Placement: ``latents``, ``log_probs``, ``cond``, ``prediction``, ``samples``, ``rewards``, ``reward_components``
-    and ``log_weight`` are on the model's device (the math); ``sigmas``, ``sde``, ``train`` (the plan's), ``group`` and
-    ``off_policy`` are host-side (CPU) bookkeeping, which index device tensors as they are.
+    and ``log_weight`` are on the model's device (the math); the plan, ``group`` and ``off_policy`` are host-side (CPU)
+    bookkeeping, which index device tensors as they are.
     """
 
     prompts: list[str]
@@ -109,15 +117,9 @@ class Trajectory:
     cond: Condition
     latents: torch.Tensor
     log_probs: torch.Tensor
-    sigmas: torch.Tensor
-    sde: torch.Tensor
-    train: torch.Tensor
+    plan: StepPlan
     group: torch.Tensor
-    kind: str = "flow_grpo"
-    noise_level: float = 0.7
     guidance: float | None = None
-    reduction: str = "mean"
-    decode: str = "sample"
     #: the last step's data prediction, recorded when ``decode`` is ``prediction``
     prediction: torch.Tensor | None = None
     #: filled after decoding and scoring
@@ -136,11 +138,37 @@ class Trajectory:
         log_probs: torch.Tensor, group: torch.Tensor, guidance: float | None, **fields,
     ) -> "Trajectory":
         """A batch recorded under ``plan`` (its sigmas, masks, kernel and reduction)."""
-        return cls(
-            prompts=prompts, metadata=metadata, cond=cond, latents=latents, log_probs=log_probs, sigmas=plan.sigmas,
-            sde=plan.sde, train=plan.train, group=group, kind=plan.kind, noise_level=plan.noise_level,
-            guidance=guidance, reduction=plan.reduction, decode=plan.decode, **fields,
-        )
+        return cls(prompts=prompts, metadata=metadata, cond=cond, latents=latents, log_probs=log_probs, plan=plan,
+                   group=group, guidance=guidance, **fields)
+
+    # ---- the plan's fields ----------------------------------------------------------------------------------------
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self.plan.sigmas
+
+    @property
+    def sde(self) -> torch.Tensor:
+        return self.plan.sde
+
+    @property
+    def train(self) -> torch.Tensor:
+        return self.plan.train
+
+    @property
+    def kind(self) -> str:
+        return self.plan.kind
+
+    @property
+    def noise_level(self) -> float:
+        return self.plan.noise_level
+
+    @property
+    def reduction(self) -> str:
+        return self.plan.reduction
+
+    @property
+    def decode(self) -> str:
+        return self.plan.decode
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
@@ -174,8 +202,7 @@ class Trajectory:
         """The sub-batch of the given sample indices (a host index: it selects the host-side fields too)."""
         idx = torch.as_tensor(idx, dtype=torch.long, device="cpu")
         items = idx.tolist()
-        per_sample = {"latents", "log_probs", "train", "group", "samples", "rewards", "off_policy", "log_weight",
-                      "prediction"}
+        per_sample = {"latents", "log_probs", "group", "samples", "rewards", "off_policy", "log_weight", "prediction"}
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -183,6 +210,8 @@ class Trajectory:
                 value = [value[i] for i in items]
             elif f.name == "cond":
                 value = value.index(idx)
+            elif f.name == "plan":
+                value = dataclasses.replace(value, train=value.train[idx])
             elif f.name == "reward_components":
                 value = {k: v[idx] for k, v in value.items()}
             elif f.name in per_sample and value is not None:
@@ -197,10 +226,9 @@ class Trajectory:
         """Concatenate batches that share sigmas, SDE mask and kernel (e.g. fresh and replayed samples)."""
         first = parts[0]
         for p in parts[1:]:
-            same = torch.equal(p.sigmas, first.sigmas) and torch.equal(p.sde, first.sde)
-            if not same or (p.kind, p.reduction, p.decode) != (first.kind, first.reduction, first.decode):
-                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps, kernels, "
-                                 "log-prob reductions or decoded states")
+            if not first.plan.same_grid(p.plan) or (p.reduction, p.decode) != (first.reduction, first.decode):
+                raise ValueError("cannot concatenate trajectories with different sigmas, SDE steps, kernels, noise "
+                                 "levels, log-prob reductions or decoded states")
 
         def cat_opt(name: str):
             values = [getattr(p, name) for p in parts]
@@ -213,15 +241,9 @@ class Trajectory:
             cond=Condition.cat([p.cond for p in parts]),
             latents=torch.cat([p.latents for p in parts]),
             log_probs=torch.cat([p.log_probs for p in parts]),
-            sigmas=first.sigmas,
-            sde=first.sde,
-            train=torch.cat([p.train for p in parts]),
+            plan=dataclasses.replace(first.plan, train=torch.cat([p.train for p in parts])),
             group=torch.cat([p.group for p in parts]),
-            kind=first.kind,
-            noise_level=first.noise_level,
             guidance=first.guidance,
-            reduction=first.reduction,
-            decode=first.decode,
             prediction=cat_opt("prediction"),
             samples=cat_opt("samples"),
             rewards=cat_opt("rewards"),

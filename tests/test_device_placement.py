@@ -240,13 +240,17 @@ ALLOWED: dict[tuple[str, str], str] = {
         LOGGING + " (per-step |log-ratio| sums)",
     ("algorithms/op_grpo.py", "ok.sum(0).float().cpu()"): LOGGING + " (per-step |log-ratio| counts)",
     ("algorithms/op_grpo.py", "traj.latents[best, :keep].detach().to('cpu', copy=True)"): BUFFER,
+    ("algorithms/op_grpo.py", "traj.train[best:best + 1].detach().to('cpu', copy=True)"): BUFFER + " (the entry's plan row)",
+    ("algorithms/replay.py", "torch.zeros(1, len(sde), dtype=torch.bool)"): HOST_PLAN + " (an old entry's grid)",
+    ("algorithms/trajectory.py", "self.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/trajectory.py", "other.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/trajectory.py", "self.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/trajectory.py", "other.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
     ("algorithms/op_grpo.py", "traj.log_probs[best].detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/op_grpo.py", "traj.sigmas.detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/op_grpo.py", "traj.sde.detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/prompt_samplers/replay_buffer.py", "torch.randperm(len(stored), generator=gen)"): GENERATOR,
     ("algorithms/prompt_samplers/replay_buffer.py", "torch.zeros(0)"):
-        "the sampler's own prompt list stores no trajectory: empty host placeholders, never replayed",
-    ("algorithms/prompt_samplers/replay_buffer.py", "torch.zeros(0, dtype=torch.bool)"):
         "the sampler's own prompt list stores no trajectory: empty host placeholders, never replayed",
     # ---- the decoupled methods' forward-process draws
     ("algorithms/diffusion_nft.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,

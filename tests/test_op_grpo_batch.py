@@ -60,8 +60,7 @@ def _simulate(alg, prompts, groups_per_step, steps, success=0.03, seed=0):
             if admits(best, group_rewards, alg.config.buffer_admission, alg.config.buffer_min_reward):
                 alg.buffer.offer(ReplayEntry(
                     prompt=name, metadata=dict(meta[i]), latents=torch.zeros(alg.t_off + 1, 2),
-                    log_probs=torch.zeros(alg.num_steps), sigmas=plan.sigmas.clone(), sde=plan.sde.clone(),
-                    reward=best, version=step, kind=plan.kind, noise_level=plan.noise_level))
+                    log_probs=torch.zeros(alg.num_steps), reward=best, version=step, plan=plan))
     return fractions, counts
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from algorithms.replay import ReplayBuffer, ReplayEntry
+from algorithms.trajectory import StepPlan
 
 
 def entry(prompt: str, reward: float, tag: float = 0.0, steps: int = 4) -> ReplayEntry:
@@ -16,10 +17,10 @@ def entry(prompt: str, reward: float, tag: float = 0.0, steps: int = 4) -> Repla
         metadata={"tag": tag},
         latents=torch.full((steps + 1, 2), tag),
         log_probs=torch.full((steps,), tag),
-        sigmas=torch.linspace(1, 0, steps + 1),
-        sde=torch.ones(steps, dtype=torch.bool),
         reward=reward,
         version=0,
+        plan=StepPlan(torch.linspace(1, 0, steps + 1), torch.ones(steps, dtype=torch.bool),
+                      torch.zeros(1, steps, dtype=torch.bool)),
     )
 
 
@@ -155,3 +156,23 @@ def test_invalid_settings():
         ReplayBuffer(capacity=1, decay=0.0)
     with pytest.raises(ValueError):
         ReplayBuffer(capacity=1, decay=1.5)
+
+
+def test_entries_of_checkpoints_written_before_entries_held_their_plan_load_on_the_same_grid():
+    buf = ReplayBuffer(4)
+    buf.offer(entry("a", 1.0, steps=4))
+    state = buf.state_dict()
+    old = dict(state, entries=[])
+    for e in state["entries"]:  # the former layout: the grid's fields on the entry itself
+        e = dict(e)
+        plan = e.pop("plan")
+        old["entries"].append({**e, "sigmas": plan["sigmas"], "sde": plan["sde"], "kind": plan["kind"],
+                               "noise_level": plan["noise_level"]})
+    again, current = ReplayBuffer(4), ReplayBuffer(4)
+    again.load_state_dict(old)
+    current.load_state_dict(state)
+    assert again.entries[0].plan.same_grid(current.entries[0].plan)
+    assert again.entries[0].nbytes() == current.entries[0].nbytes() == buf.entries[0].nbytes()
+    other = entry("b", 1.0, steps=4).plan
+    other.noise_level = 0.3
+    assert not again.entries[0].plan.same_grid(other)  # another noise level is another grid

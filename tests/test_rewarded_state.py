@@ -90,4 +90,6 @@ def test_select_and_cat_keep_each_samples_prediction(toy_model, toy_prompts):
     torch.testing.assert_close(joined.rewarded, traj.prediction)
     other = build("flow_grpo", toy_model).collect(*toy_prompts)
     with pytest.raises(ValueError, match="decoded states"):
-        type(traj).cat([traj, dataclasses.replace(other, sigmas=traj.sigmas, sde=traj.sde, kind=traj.kind)])
+        same_grid = dataclasses.replace(other.plan, sigmas=traj.sigmas, sde=traj.sde, kind=traj.kind,
+                                        noise_level=traj.noise_level)
+        type(traj).cat([traj, dataclasses.replace(other, plan=same_grid)])

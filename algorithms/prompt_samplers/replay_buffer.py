@@ -119,8 +119,7 @@ class ReplayPrompts(PromptSampler):
             if admits(best, outcome.rewards, self.config.admission, self.config.min_reward):
                 metadata = {} if outcome.index is None else dict(self.pool[outcome.index][1])
                 self.own.offer(ReplayEntry(prompt=outcome.prompt, metadata=metadata, latents=torch.zeros(0),
-                                           log_probs=torch.zeros(0), sigmas=torch.zeros(0),
-                                           sde=torch.zeros(0, dtype=torch.bool), reward=best, version=0))
+                                           log_probs=torch.zeros(0), reward=best, version=0))
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": self.own.state_dict()}
