@@ -265,18 +265,19 @@ def test_load_runs_rejects_bad_input(tmp_path):
         loading.load_runs(tmp_path)
 
 
-def test_load_run_task_mapping_and_relogged_steps(tmp_path):
+def test_load_run_keeps_relogged_steps_last_and_refuses_a_task_that_is_not_a_name(tmp_path):
     write_run(tmp_path / "r", rewards=(0.1, 0.2, 0.3, 0.4))
-    config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
-    config["task"] = {"name": "shapes", "reward": "count"}
-    (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(config))
     metrics = pd.read_csv(tmp_path / "r" / "metrics.csv")
     resumed = metrics.iloc[[2]].assign(eval_reward=0.9)  # step 2 logged again after a resume
     pd.concat([metrics, resumed]).to_csv(tmp_path / "r" / "metrics.csv", index=False)
     run = loading.load_run(tmp_path / "r", tmp_path)
-    assert run["task"].unique().tolist() == ["shapes"]
     assert run["step"].tolist() == [0, 1, 2, 3]
     assert run["eval_reward"].tolist() == pytest.approx([0.1, 0.2, 0.9, 0.4])
+    config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    config["task"] = {"name": "shapes", "reward": "count"}  # a form no run writes: refused, not guessed at
+    (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="task and algorithm.name must be names"):
+        loading.load_run(tmp_path / "r", tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ across tasks (rliable)

@@ -61,9 +61,11 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
         raise ConfigError(f"{config_path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"{config_path}: expected a mapping with task, seed, algorithm.name, train.steps")
-    algorithm, task = config.get("algorithm"), config.get("task")
-    algorithm_name = algorithm if isinstance(algorithm, str) else _config_value(config, "algorithm.name", config_path)
-    task_label = _config_value(config, "task.name" if isinstance(task, Mapping) else "task", config_path)
+    algorithm_name = _config_value(config, "algorithm.name", config_path)  # as every run's config.yaml holds it
+    task_label = _config_value(config, "task", config_path)
+    if not isinstance(task_label, str) or not isinstance(algorithm_name, str):
+        raise ConfigError(f"{config_path}: task and algorithm.name must be names, got {task_label!r} and "
+                          f"{algorithm_name!r}")
     train_steps = _config_int(config, "train.steps", config_path)
     seed = _config_int(config, "seed", config_path)
 
