@@ -129,6 +129,8 @@ class OPGRPO(Algorithm):
     def __init__(self, model, reward, config=None, seed: int = 0, dist=None):
         super().__init__(model, reward, config, seed, dist=dist)
         cfg = self.config
+        if cfg.t_off == self.num_steps:  # "reuse all T transitions": one spelling inside, null (no truncation)
+            cfg.t_off = None
         self.buffer = ReplayBuffer(cfg.buffer_capacity, cfg.buffer_decay, cfg.buffer_unique)
         self.dropped_total = 0
 
