@@ -41,6 +41,7 @@ from algorithms.diffusion_nft import OldPolicy
 from algorithms.distributed import GatheredBatch
 from algorithms.advantages import StdMode
 from algorithms.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from algorithms.plans import forward_draws
 from algorithms.rollout import sample_generators
 from algorithms.sde import time_shift
 from algorithms.trajectory import StepPlan, Trajectory
@@ -188,12 +189,8 @@ class AWM(Algorithm):
     def forward_draws(self, generators: list[torch.Generator], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sample's K training times [n, K] and noises [n, K, ...] from its own generator."""
         cfg, k = self.config, self.config.train_timesteps
-        times, noise = [], []
-        for gen in generators:
-            times.append(draw_times(cfg.time_type, k, self.num_steps, cfg.timestep_fraction, self.sigmas,
-                                    cfg.time_shift, gen))
-            noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
-        return torch.stack(times), torch.stack(noise).to(device=like.device, dtype=like.dtype)
+        return forward_draws(generators, k, like, lambda gen: draw_times(
+            cfg.time_type, k, self.num_steps, cfg.timestep_fraction, self.sigmas, cfg.time_shift, gen))
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config

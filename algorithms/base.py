@@ -413,13 +413,15 @@ class Algorithm:
     @staticmethod
     def _outcomes(batch: GatheredBatch, draw: PromptDraw | None, base: int = 0) -> list[tuple[int, GroupOutcome]]:
         """(group id, outcome) of every group of the global ``batch`` whose id ``base + i`` is position i of
-        ``draw`` (prompts given directly have no pool index), in group order."""
+        ``draw`` (none for prompts given directly), in group order."""
+        if draw is None:
+            return []
+        rewards, group = batch.rewards.detach().cpu(), batch.group.cpu()  # the sampler's bookkeeping: once, on the host
         found = []
-        for gid in batch.group.unique().tolist():
-            rewards = batch.rewards[batch.group == gid].detach().cpu()
+        for gid in group.unique().tolist():
             i = gid - base
-            if draw is not None and 0 <= i < len(draw):
-                found.append((gid, GroupOutcome(draw.indices[i], draw.prompts[i], rewards)))
+            if 0 <= i < len(draw):
+                found.append((gid, GroupOutcome(draw.indices[i], draw.prompts[i], rewards[group == gid])))
         return found
 
     # ---- diagnostics ----------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.advantages import StdMode
 from algorithms.distributed import GatheredBatch
 from algorithms.losses import nft_loss
+from algorithms.plans import forward_draws
 from algorithms.rollout import sample_generators
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
@@ -180,11 +181,7 @@ class DiffusionNFT(Algorithm):
         drawn from the sample's own generator (one draw per sample per epoch): on the host (the generators are CPU
         ones), the noise then moved onto ``like``'s device and dtype."""
         k = self.trained_timesteps
-        steps, noise = [], []
-        for gen in generators:
-            steps.append(torch.randperm(self.num_steps, generator=gen)[:k])
-            noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
-        return torch.stack(steps), torch.stack(noise).to(device=like.device, dtype=like.dtype)
+        return forward_draws(generators, k, like, lambda gen: torch.randperm(self.num_steps, generator=gen)[:k])
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         cfg = self.config

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 
 from algorithms.rollout import sample_generators
@@ -76,3 +78,15 @@ def compressed_tail_sigmas(
     tail = time_shift(torch.linspace(float(start), 0.0, points, dtype=torch.float64), shift).to(sigmas.dtype)
     tail[0] = sigmas[last + 1]  # exact, so the window's steps see the original sigmas
     return torch.cat([sigmas[: last + 1], tail])
+
+
+def forward_draws(generators: Sequence[torch.Generator], k: int, like: torch.Tensor,
+                  draw: Callable[[torch.Generator], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoupled methods' forward-process draws: for each sample, from its own (host) generator, ``draw(gen)``
+    (its K training steps or times) then its K noises; stacked [n, K] and [n, K, ...], the noise moved onto
+    ``like``'s device and dtype (DiffusionNFT, AWM)."""
+    picked, noise = [], []
+    for gen in generators:
+        picked.append(draw(gen))
+        noise.append(torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32))
+    return torch.stack(picked), torch.stack(noise).to(device=like.device, dtype=like.dtype)

@@ -1,6 +1,9 @@
 """One or two training iterations of an algorithm on a (tiny random) diffusers adapter: shared by the SD3 and Wan
 adapter tests so both check the same things."""
 
+import importlib.util
+
+import pytest
 import torch
 
 import algorithms
@@ -24,3 +27,25 @@ def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball"))
     if algorithm.startswith("op_grpo"):
         second = alg.step(list(prompts))  # the buffer now holds one trajectory per prompt
         assert second.extra["off_policy_frac"] > 0 and torch.isfinite(torch.tensor(second.loss))
+
+
+#: the diffusers adapters' tests need these packages (skipped with the reason otherwise)
+needs_diffusers = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("diffusers", "transformers", "peft")),
+    reason="diffusers, transformers and peft are needed")
+
+
+def random_lora_sd3(tmp_path_factory, tag: str):
+    """A tiny random SD3 pipeline loaded through the adapter, its LoRA weights random (seed 11), so the policy
+    differs from the reference."""
+    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
+    from models.sd3 import SD3Model
+
+    directory = build_tiny_sd3(tmp_path_factory.mktemp(f"{tag}_sd3"), tmp_path_factory.mktemp(f"{tag}_tok"))
+    model = SD3Model(path=directory, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=4, lora_alpha=8,
+                     device="cpu")
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.trainable_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model

@@ -6,7 +6,6 @@ parametrized over algorithms)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 
@@ -22,6 +21,7 @@ from algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo
 from algorithms.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
+from tests.adapter_training import needs_diffusers, random_lora_sd3
 
 TOY = {"group_size": 4, "lr": 1e-3, "kl_beta": 0.0}
 RELEASED_WEIGHTING = {"uniform": "Uniform", "t": "t", "t_squared": "t**2", "huber": "huber", "ghuber": "ghuber"}
@@ -357,23 +357,11 @@ def test_old_policy_class_is_shared_with_diffusion_nft():
 
 
 # ---- the diffusers adapters ------------------------------------------------------------------------------------
-diffusers_missing = any(importlib.util.find_spec(m) is None for m in ("diffusers", "transformers", "peft"))
-needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers, transformers and peft are needed")
 
 
 @pytest.fixture(scope="module")
 def sd3_model(tmp_path_factory):
-    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
-    from models.sd3 import SD3Model
-
-    directory = build_tiny_sd3(tmp_path_factory.mktemp("awm_sd3"), tmp_path_factory.mktemp("awm_tok"))
-    model = SD3Model(path=directory, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=4, lora_alpha=8,
-                     device="cpu")
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
+    return random_lora_sd3(tmp_path_factory, "awm")
 
 
 @needs_diffusers
@@ -388,13 +376,3 @@ def test_sd3_update_gradient_is_the_released_gradient(sd3_model):
     assert float(released.norm()) > 0
     assert float((ours - released).norm() / released.norm()) < 1e-5
     assert stats.nfe_training == 3 * 4 * 3  # current, reference and copy at 3 times, 4 samples
-
-
-def test_micro_batches_change_memory_not_the_update(toy_prompts):
-    grads = []
-    for micro in (None, 3):
-        alg = build(models.get("toy2d")(), {"kl_beta": 0.04, "micro_batch": micro, "max_grad_norm": 0.0})
-        params = alg.model.trainable_parameters()
-        alg.optimizer.step = lambda: grads.append(torch.cat([p.grad.flatten() for p in params]))
-        alg.step(*toy_prompts)
-    assert float((grads[0] - grads[1]).norm() / grads[0].norm()) < 1e-5

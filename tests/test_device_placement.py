@@ -197,8 +197,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         LOGGING + " (UpdateTally's clip counts, built from Python floats)",
     ("algorithms/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/base.py", "batch.rewards[batch.group == gid].detach().cpu()"):
-        "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per group",
+    ("algorithms/base.py", "batch.rewards.detach().cpu()"):
+        "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per step",
+    ("algorithms/base.py", "batch.group.cpu()"): HOST_INDEX + " (group ids of the sampler's outcomes)",
     ("algorithms/base.py", "torch.arange(group_offset, group_offset + len(prompts))"): HOST_INDEX + " (group ids)",
     ("algorithms/base.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
         HOST_INDEX + " (the kept rows, permuted with the host update generator)",
@@ -258,7 +259,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/diffusion_nft.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/diffusion_nft.py", "torch.randperm(self.num_steps, generator=gen)"):
         GENERATOR + " (indices into the host sigma grid)",
-    ("algorithms/diffusion_nft.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
+    ("algorithms/plans.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
         GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
     ("algorithms/diffusion_nft.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
     ("algorithms/diffusion_nft.py", "w.detach().cpu()"): CHECKPOINT,
@@ -272,8 +273,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/awm.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/awm.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/awm.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/awm.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
-        GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
     ("algorithms/awm.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
     # ---- state and collectives
     ("algorithms/ema.py", "t.detach().cpu()"): CHECKPOINT,
@@ -416,8 +415,7 @@ FLOAT32_BY_CONTRACT: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("algorithms/awm.py", "draw_times"): (frozenset({"linspace", "rand"}),
                                           "AWM's training times are drawn in float32 from the sample's CPU generator, "
                                           "as the release draws them"),
-    ("algorithms/awm.py", "AWM.forward_draws"): (frozenset({"randn"}), NOISE),
-    ("algorithms/diffusion_nft.py", "DiffusionNFT.forward_draws"): (frozenset({"randn"}), NOISE),
+    ("algorithms/plans.py", "forward_draws"): (frozenset({"randn"}), NOISE),
     ("models/base.py", "FlowModel.initial_noise"): (frozenset({"randn"}), NOISE),
     ("models/toy2d.py", "Toy2DModel.decode"): (frozenset({"float"}), REWARD),
     ("models/diffusers_common.py", "DiffusersFlowModel._to_unit_range"): (frozenset({"float"}), REWARD),

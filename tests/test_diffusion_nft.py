@@ -5,7 +5,6 @@ sd3 / wan adapters: tests/test_models_sd3.py and test_models_wan.py, parametrize
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 
@@ -20,6 +19,7 @@ from algorithms.losses import nft_loss, nft_optimality
 from algorithms.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
+from tests.adapter_training import needs_diffusers, random_lora_sd3
 
 TOY = {"group_size": 4, "lr": 1e-3, "kl_beta": 0.0}
 
@@ -344,23 +344,11 @@ def test_cli_trains_and_logs_the_diagnostics(tmp_path):
 
 
 # ---- the diffusers adapters (tiny random SD3 and Wan pipelines) ----------------------------------------------
-diffusers_missing = any(importlib.util.find_spec(m) is None for m in ("diffusers", "transformers", "peft"))
-needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers, transformers and peft are needed")
 
 
 @pytest.fixture(scope="module")
 def sd3_model(tmp_path_factory):
-    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
-    from models.sd3 import SD3Model
-
-    directory = build_tiny_sd3(tmp_path_factory.mktemp("nft_sd3"), tmp_path_factory.mktemp("nft_tok"))
-    model = SD3Model(path=directory, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=4, lora_alpha=8,
-                     device="cpu")
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():  # random LoRA weights: the policy differs from the reference
-        for p in model.trainable_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
+    return random_lora_sd3(tmp_path_factory, "nft")
 
 
 @needs_diffusers
@@ -377,11 +365,15 @@ def test_sd3_update_gradient_is_the_released_gradient(sd3_model):
     assert stats.nfe_training == 3 * 4 * 3  # current, old and reference at int(4 * .99) = 3 timesteps, 4 samples
 
 
-def test_micro_batches_change_memory_not_the_update(toy_prompts):
+@pytest.mark.parametrize("algorithm", ["diffusion_nft", "awm"])
+def test_micro_batches_change_memory_not_the_update(toy_prompts, algorithm):
     """``micro_batch`` splits the forwards; the gradient is the same sum (to float rounding)."""
+    from tests import test_awm
+
+    make = build if algorithm == "diffusion_nft" else test_awm.build  # each with its toy recipe
     grads = []
     for micro in (None, 3):
-        alg = build(models.get("toy2d")(), {"kl_beta": 0.04, "micro_batch": micro, "max_grad_norm": 0.0})
+        alg = make(models.get("toy2d")(), {"kl_beta": 0.04, "micro_batch": micro, "max_grad_norm": 0.0})
         params = alg.model.trainable_parameters()
         alg.optimizer.step = lambda: grads.append(torch.cat([p.grad.flatten() for p in params]))
         alg.step(*toy_prompts)

@@ -127,5 +127,5 @@ class PromptSampler:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned; a stateless sampler has nothing to restore."""
 
