@@ -12,7 +12,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar, Iterator, Literal, Sequence, get_args
 
 import torch
 
@@ -28,6 +28,19 @@ AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 DEFAULT_LORA_TARGETS = (
     "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
 )
+
+
+#: how transformer calls made without autograd run (model arg ``no_grad_path``; :class:`PlainTransformer`):
+#: ``peft`` through the peft-adapted transformer (the gradient path), ``merged`` through a peft-free copy whose
+#: weights are the base weights plus the LoRA delta, ``compiled`` through that copy under ``torch.compile``
+NoGradPath = Literal["peft", "merged", "compiled"]
+NO_GRAD_PATHS: tuple[str, ...] = get_args(NoGradPath)
+
+
+def check_no_grad_path(value: str, model: str) -> str:
+    if value not in NO_GRAD_PATHS:
+        raise ConfigError(f"model {model!r}: unknown no_grad_path {value!r}; valid: {', '.join(NO_GRAD_PATHS)}")
+    return value
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -76,6 +89,62 @@ def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str)
                 f"model {model!r}: component {name!r} in {str(root)!r} is incomplete: no config file in {str(folder)!r}"
             )
     return root
+
+
+class PlainTransformer:
+    """A peft-free copy of a LoRA-adapted diffusers transformer, for calls made without autograd.
+
+    Its weights are the peft model's base weights with each active adapter's delta merged in (``W + scaling B A``,
+    peft's ``get_delta_weight``), or the plain base weights while the adapters are disabled (the reference). They are
+    recomputed from the peft model whenever one of its parameters' version counters moved (every in-place write
+    bumps it: optimizer steps, ``copy_`` in load_trainable_state_dict and in the EMA / old-policy swaps) or the
+    adapters were switched; the peft model's weights are only read, never merged into in place (unmerging drifts).
+    A refresh copies every weight once (cheap for the tiny tier, ~2x the transformer's memory and a full copy per
+    optimizer step for SD3/Wan, which is why they keep the peft path). ``compile``: the copy runs under
+    ``torch.compile(dynamic=dynamic)``.
+    """
+
+    def __init__(self, transformer: torch.nn.Module, compile: bool = False, dynamic: bool | None = False) -> None:
+        self.source = transformer
+        base = {k.replace(".base_layer.", "."): v for k, v in transformer.state_dict().items() if "lora_" not in k}
+        weight = next(iter(base.values()))
+        self.module = type(transformer).from_config(transformer.config)
+        self.module.load_state_dict(base)
+        self.module.requires_grad_(False).eval().to(device=weight.device, dtype=weight.dtype)
+        plain = dict(self.module.named_parameters())
+        # (copy's parameter, source parameter) for every weight; (copy's weight, peft layer) for every LoRA layer
+        self.pairs = [(plain[k.replace(".base_layer.", ".")], p) for k, p in transformer.named_parameters()
+                      if "lora_" not in k]
+        modules = dict(self.module.named_modules())
+        self.lora = [(modules[name].weight, layer) for name, layer in transformer.named_modules()
+                     if hasattr(layer, "get_delta_weight")]
+        self.sources = list(transformer.parameters())
+        self.key: tuple | None = None
+        self.refreshes = 0
+        self.call = torch.compile(self.module, dynamic=dynamic) if compile else self.module
+
+    def _key(self) -> tuple:
+        layer = self.lora[0][1] if self.lora else None
+        disabled = bool(layer is not None and layer.disable_adapters)
+        active = tuple(layer.active_adapters) if layer is not None else ()
+        return (disabled, active, tuple(p._version for p in self.sources))
+
+    @torch.no_grad()
+    def refresh(self) -> torch.nn.Module:
+        """The module to call, its weights brought up to date with the peft model first if that changed."""
+        key = self._key()
+        if key != self.key:
+            for mine, theirs in self.pairs:
+                mine.copy_(theirs)
+            if not key[0]:
+                for weight, layer in self.lora:
+                    if layer.merged:
+                        raise RuntimeError("PlainTransformer: the peft model's adapter is merged in place")
+                    for adapter in layer.active_adapters:
+                        weight.add_(layer.get_delta_weight(adapter).to(weight.dtype))
+            self.key = key
+            self.refreshes += 1
+        return self.call
 
 
 class DiffusersFlowModel(FlowModel):
@@ -192,6 +261,22 @@ class DiffusersFlowModel(FlowModel):
             self.transformer.enable_adapters()
             for p, flag in zip(params, flags):  # peft toggles requires_grad; restore what it was
                 p.requires_grad_(flag)
+
+    # ---- the no-grad path ----------------------------------------------------------------------------------
+    #: how calls made without autograd run (:data:`NoGradPath`); the adapters that offer the choice set it per
+    #: instance, the default is the peft transformer (sd3 / wan: merging a billion-parameter copy every step does not pay)
+    no_grad_path: str = "peft"
+    #: ``torch.compile``'s ``dynamic`` for ``no_grad_path: compiled``
+    compile_dynamic: bool | None = False
+
+    def network(self) -> torch.nn.Module:
+        """The transformer a call made now runs: the peft one with autograd on or under ``no_grad_path: peft``,
+        else the up-to-date :class:`PlainTransformer` (merged weights, or base weights inside ``reference()``)."""
+        if self.no_grad_path == "peft" or torch.is_grad_enabled():
+            return self.transformer
+        if getattr(self, "_plain", None) is None:
+            self._plain = PlainTransformer(self.transformer, self.no_grad_path == "compiled", self.compile_dynamic)
+        return self._plain.refresh()
 
     # ---- conditioning -------------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

@@ -10,6 +10,10 @@ images (``models/tiny_data.py``; choices in docs/tiny.md).
 * RL trains a peft LoRA on SD3.5's projection names (``DEFAULT_LORA_TARGETS``); the reference policy is the same
   transformer with the adapter disabled. LoRA, reference, the prompt-embedding cache and ``predict`` are
   ``DiffusersFlowModel``'s: only loading differs (a shipped safetensors file instead of a pipeline directory).
+* ``no_grad_path`` (default ``merged``): calls made without autograd (rollout steps, evaluation, the detached CFG
+  branch) run a peft-free copy of the transformer whose weights are base + LoRA, refreshed when the LoRA moved
+  (``PlainTransformer``); ``peft`` is the previous path, ``compiled`` the copy under torch.compile (docs/tiny.md,
+  Speed). Calls with autograd always run the peft transformer.
 
 Weights: ``models/weights/tiny_<data>.safetensors`` (transformer + text encoder, the architecture in the file's
 metadata; written by ``models/tiny_pretrain.py``). ``weights=None`` builds a randomly initialised model of ``arch``
@@ -30,7 +34,8 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
 from models import register
 from models.base import Condition, FlowModel
-from models.diffusers_common import DEFAULT_LORA_TARGETS, DiffusersFlowModel, resolve_device
+from models.diffusers_common import (DEFAULT_LORA_TARGETS, DiffusersFlowModel, NoGradPath, check_no_grad_path,
+                                     resolve_device)
 from models.tiny_data import DATASETS, image_shape
 from models.tiny_text import WordTokenizer, build_text_encoder
 
@@ -183,6 +188,7 @@ class TinyModel(DiffusersFlowModel):
         device: str | None = "cpu",
         cache_size: int = 4096,
         dtype: str = "float32",
+        no_grad_path: NoGradPath = "merged",
     ) -> None:
         FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
         if data not in DATASETS:
@@ -191,6 +197,7 @@ class TinyModel(DiffusersFlowModel):
             raise ConfigError(f"tiny: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if int(lora_rank) <= 0:
             raise ConfigError(f"lora_rank must be a positive integer, got {lora_rank!r}")
+        self.no_grad_path = check_no_grad_path(no_grad_path, "tiny")  # docs/tiny.md, Speed
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]  # the networks' dtype (float64: the dtype test); the shipped weights are float32
         self.num_train_timesteps = 1000
@@ -230,7 +237,7 @@ class TinyModel(DiffusersFlowModel):
         return text_embeddings(self.tokenizer, self.text_encoder, prompts)
 
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
-        return transformer_velocity(self.transformer, x, timestep, cond.tensors)
+        return transformer_velocity(self.network(), x, timestep, cond.tensors)
 
     def decode(self, x0: torch.Tensor) -> torch.Tensor:
         """Pixel space: [-1, 1] -> [0, 1]."""
