@@ -16,7 +16,8 @@ color_attr), ``include`` [{class, count, color?, position?: [relation, index of 
 
 ``score`` is the fraction of checks satisfied (count, colour and position of each include, each exclude) -- a dense
 training signal; a colour or position check whose object was not found counts as failed -- and component
-``strict_accuracy`` is GenEval's 0/1 "all satisfied".
+``strict_accuracy`` is GenEval's 0/1 "all satisfied"; argument ``score: strict`` makes the 0/1 the score (a sparse
+reward) and logs the partial credit as component ``partial_score``.
 
 Pluggable parts, so the checks can be tested without a model:
 
@@ -211,6 +212,18 @@ class TransformersDetector:
         ]
 
 
+#: what a GenEval reward returns as its score: the fraction of checks passed (GenEval's partial credit, the default)
+#: or 1 only when every check passes (GenEval's strict accuracy: a sparse binary reward; ours for the tiny tier's
+#: sparse task, docs/tiny.md). The other is logged as a component either way.
+SCORE_KINDS = ("partial", "strict")
+
+
+def check_score_kind(score: str, reward: str) -> str:
+    if score not in SCORE_KINDS:
+        raise ConfigError(f"{reward} reward: unknown score {score!r}; valid: {', '.join(SCORE_KINDS)}")
+    return score
+
+
 @register("geneval")
 class GenEval(Reward):
     accepts = ("image",)
@@ -225,7 +238,9 @@ class GenEval(Reward):
         device: str = "cpu",
         detector: Callable[[torch.Tensor], list[list[Detection]]] | None = None,
         color_of: Callable[[torch.Tensor, Detection], str] = dominant_color,
+        score: str = "partial",
     ):
+        self.score_kind = check_score_kind(score, self.name)
         if detector is None:
             detector = TransformersDetector(local_weights(self.name, path, "FLOWZOO_GENEVAL_DETECTOR_PATH"), device)
         self.detector = detector
@@ -252,4 +267,6 @@ class GenEval(Reward):
             dtype=torch.float32,
         )
         strict = torch.tensor([float(r.strict) for r in results], dtype=torch.float32)
+        if self.score_kind == "strict":
+            return RewardOutput(strict, {"strict_accuracy": strict, "partial_score": partial})
         return RewardOutput(partial, {"strict_accuracy": strict})

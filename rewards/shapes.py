@@ -18,7 +18,8 @@ colour (``color_of``). Position uses GenEval's centre rule on the component boxe
 
 Score: GenEval's partial credit (fraction of count / colour / position / exclude checks passed), except that an
 image with no object scores 0 -- GenEval would credit the "no third circle" exclude check of a counting prompt to
-an empty canvas. ``strict_accuracy`` is GenEval's all-checks-passed.
+an empty canvas. ``strict_accuracy`` is GenEval's all-checks-passed; with ``score: strict`` it is the score
+(a sparse 0/1 reward) and the partial credit is the component ``partial_score``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from models.tiny_data import PALETTE
 from rewards import register
-from rewards.geneval import Detection, GenEval
+from rewards.geneval import Detection, GenEval, check_score_kind
 
 SQUARE_MIN_FILL = 0.86
 CIRCLE_FILL = (0.66, 0.86)
@@ -121,6 +122,7 @@ class ShapesGenEval(GenEval):
     metadata_hint = "use the tiny_shapes prompt source"
 
     def __init__(self, color_tolerance: float = 0.35, min_area: float = 0.015, max_extent: float = 0.6,
-                 max_aspect: float = 1.6):
+                 max_aspect: float = 1.6, score: str = "partial"):
+        self.score_kind = check_score_kind(score, self.name)
         self.detector = ColourSegmentationDetector(color_tolerance, min_area, max_extent, max_aspect)
         self.color_of = detection_color

@@ -72,6 +72,24 @@ def test_half_frame_field_is_not_an_object():
     assert score([field], "colors", [ShapeObject("square", "red", (0, 0, 12, 12))]) == (0.0, 0.0)
 
 
+def test_strict_score_is_all_checks_passed_and_logs_the_partial_credit():
+    # "two red circles" with one drawn (partial 1/3) and with both drawn (1)
+    prompt, meta = shapes_prompt_and_metadata("counting", [RED_CIRCLE, RED_CIRCLE_2])
+    images = torch.stack([render_shapes([RED_CIRCLE]), render_shapes([RED_CIRCLE, RED_CIRCLE_2])])
+    strict = rewards.get("shapes_geneval")(score="strict")(images, [prompt] * 2, [meta] * 2)
+    assert strict.score.tolist() == [0.0, 1.0]
+    assert strict.components["partial_score"].tolist() == pytest.approx([1 / 3, 1.0])
+    assert strict.components["strict_accuracy"].tolist() == [0.0, 1.0]
+    partial = rewards.get("shapes_geneval")()(images, [prompt] * 2, [meta] * 2)
+    assert partial.score.tolist() == pytest.approx([1 / 3, 1.0]) and "partial_score" not in partial.components
+
+
+@pytest.mark.parametrize("name", ["shapes_geneval", "geneval"])
+def test_unknown_score_kind_is_named(name):
+    with pytest.raises(ConfigError, match=f"{name} reward: unknown score 'exact'; valid: partial, strict"):
+        rewards.get(name)(score="exact", detector=lambda images: []) if name == "geneval" else rewards.get(name)(score="exact")
+
+
 def test_metadata_without_include_is_an_error():
     with pytest.raises(ConfigError, match="include"):
         ShapesGenEval()(torch.zeros(1, 3, 32, 32), ["a red circle"], [{}])

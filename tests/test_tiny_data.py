@@ -1,5 +1,6 @@
 """The tiny tier's synthetic data: deterministic by seed, prompts that match their scenes, the prompt sources."""
 
+import pytest
 import torch
 
 from benchmark.experiments.config import PromptSection
@@ -7,6 +8,7 @@ from benchmark.experiments.prompts import TINY_EVAL_PROMPTS, TINY_TRAIN_PROMPTS,
 from models.tiny_data import (
     GLYPH_HEIGHT, GLYPH_WIDTH, SHAPES_SIZE, image_shape, sample_batch, sample_glyph_text, sample_shapes_scene,
 )
+from flowzoo.errors import ConfigError
 from rewards.shapes import ShapesGenEval
 
 
@@ -64,3 +66,25 @@ def test_tiny_prompt_sources():
     assert load_prompts(PromptSection(source="tiny_shapes"))[1] == test
     _, glyph_test = load_prompts(PromptSection(source="tiny_glyphs"))
     assert glyph_test[0][0].startswith('the text "')
+
+
+def test_tiny_prompt_tags_keep_only_those_tags_in_both_lists():
+    train, test = load_prompts(PromptSection(source="tiny_shapes", tags=["counting"]))
+    full_train, full_test = load_prompts(PromptSection(source="tiny_shapes"))
+    assert train == [(p, m) for p, m in full_train if m["tag"] == "counting"]
+    assert test == [(p, m) for p, m in full_test if m["tag"] == "counting"]
+    assert len({p for p, _ in train}) == 12 and all(p.startswith("two ") for p, _ in test)
+    both, _ = load_prompts(PromptSection(source="tiny_shapes", tags=["counting", "position"]))
+    assert {m["tag"] for _, m in both} == {"counting", "position"}
+
+
+@pytest.mark.parametrize("section,message", [
+    (PromptSection(source="tiny_shapes", tags=["cunting"]), "unknown tag 'cunting'; valid: colors, counting"),
+    (PromptSection(source="tiny_shapes", tags="counting"), "must be a non-empty list"),
+    (PromptSection(source="tiny_shapes", tags=[]), "must be a non-empty list"),
+    (PromptSection(source="tiny_glyphs", tags=["counting"]), "only used by the 'tiny_shapes' source"),
+    (PromptSection(source="toy2d", tags=["counting"]), "only used by the 'tiny_shapes' source"),
+])
+def test_tiny_prompt_tags_bad_values_are_named(section, message):
+    with pytest.raises(ConfigError, match=message):
+        load_prompts(section)

@@ -36,7 +36,7 @@ import pandas as pd
 from benchmark.analysis import effects
 from benchmark.analysis.loading import find_run_dirs, load_runs
 from benchmark.analysis.stats import DEFAULT_SMOOTH, eval_curves
-from benchmark.analysis.study_claims import claims_table, render_claims
+from benchmark.analysis.study_claims import claims_of, claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
 #: the study's metrics, in report order: (name, effects.Metric)
@@ -69,6 +69,15 @@ def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
     out["algorithm"] = out["algorithm"].astype(str).where(variant == "", out["algorithm"].astype(str) + VARIANT_SEP
                                                            + variant)
     return out
+
+
+def suite_name(suite: str | None) -> str | None:
+    """The name of ``suite`` (a name or a YAML path), None without one."""
+    if not suite:
+        return None
+    from benchmark.experiments.suite import load_suite
+
+    return load_suite(suite).name
 
 
 def seed_sets_of(suite: str | None, seeds) -> dict[str, list[int]]:
@@ -356,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=effects.DEFAULT_RESAMPLES)
     parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.analysis.study_timing (CSV) for "
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
-    parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table (needs "
+    parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table of the "
+                        "--suite (op-grpo-study, tiny-counting-study; the toy study's without --suite; needs "
                         "--also-vs op_grpo)")
     parser.add_argument("--save-metrics", default=None, metavar="DIR", help="also copy every run's config.yaml "
                         "and its metrics.csv trimmed to the columns the study reads into DIR (a committable "
@@ -371,12 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
         timing = read_timing(args.timing) if args.timing else None
+        claim_set = claims_of(suite_name(args.suite)) if args.claims else None
         table, effect_rows, seed_sets, runs = analyze_study(args.runs_dir, args.baseline, also_vs, args.suite,
                                                             args.smooth, args.resamples)
     except FlowZooError as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
-    claims = claims_table(table, effect_rows, seed_sets) if args.claims else None
+    claims = claims_table(table, effect_rows, seed_sets, claim_set) if args.claims else None
     wall = wall_clock_ratios(effect_rows, timing, args.baseline) if timing is not None else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

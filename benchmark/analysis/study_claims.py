@@ -11,7 +11,9 @@ looked at. Each claim is judged on each seed set of the study (``exploration``, 
 the row says **replicated** only when both sets give the same verdict (:func:`replication`).
 
 Input: the study's run table and paired effects (:func:`benchmark.analysis.study.analyze_study`, with ``op_grpo`` among the
-``also_vs`` references) on the sparse task ``toy2d_sep64_sparse`` and the dense task ``toy2d_sep64_dense``.
+``also_vs`` references) on the sparse task ``toy2d_sep64_sparse`` and the dense task ``toy2d_sep64_dense`` (suite
+``op-grpo-study``), or on the tiny tier's sparse counting task (suite ``tiny-counting-study``, a subset of the same
+rules: :data:`CLAIM_SETS`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pandas as pd
 from scipy.stats import fisher_exact
 
 from benchmark.analysis.stats import bootstrap_ci
+from flowzoo.errors import ConfigError
 
 SPARSE, DENSE = "toy2d_sep64_sparse", "toy2d_sep64_dense"
 #: the cost the steps claims are judged on: steps to 80% of Flow-GRPO's gain, a target its runs cross decisively (the
@@ -301,7 +304,8 @@ def _proportion_claim(effects: pd.DataFrame) -> dict:
     return _row(claim, rule, measured, "inconclusive (no proportion differs)")
 
 
-def _claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def _toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+    """The toy study's claims (suite ``op-grpo-study``)."""
     return [
         _steps_claim(effects, SPARSE, "sparse binary reward, 64 conditions"),
         _steps_claim(effects, DENSE, "dense reward, same 64 conditions"),
@@ -322,6 +326,38 @@ def _claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     ]
 
 
+#: the image-tier study's task (suite ``tiny-counting-study``): the tiny tier's 12 counting prompts, strict GenEval
+#: reward, 4 sampling steps (docs/tiny.md, "The sparse counting task")
+TINY_SPARSE = "tiny_counting_sparse"
+
+
+def _tiny_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+    """The image-tier study's claims (suite ``tiny-counting-study``): the toy rules, on the tiny sparse task; fixed
+    with the suite before any of its runs."""
+    label = "tiny text-to-image, strict counting"
+    return [
+        _steps_claim(effects, TINY_SPARSE, label),
+        _reuse_on_top_claim(effects, TINY_SPARSE, label),
+        *(_curriculum_claim(effects, cell, TINY_SPARSE, label)
+          for cell in ("flow_grpo@buffer_prompts", "flow_grpo@dynamic")),
+        _filter_cost_claim(effects, "flow_grpo@dynamic", TINY_SPARSE, label),
+        _decoupled_claim(effects, "diffusion_nft", TINY_SPARSE, label),
+    ]
+
+
+#: suite name -> its claims; a study analysed without a suite gets the toy study's
+CLAIM_SETS = {"op-grpo-study": _toy_claims, "tiny-counting-study": _tiny_claims}
+
+
+def claims_of(suite: str | None):
+    """The claim set of ``suite`` (a name); ConfigError naming the suites that have one."""
+    if suite is None:
+        return _toy_claims
+    if suite not in CLAIM_SETS:
+        raise ConfigError(f"--claims: suite {suite!r} has no claim set; suites with one: {', '.join(CLAIM_SETS)}")
+    return CLAIM_SETS[suite]
+
+
 def replication(verdicts: list[str]) -> str:
     """'replicated: V' when every seed set's verdict has the same first word V, else 'not replicated'."""
     heads = {v.split(" ")[0] for v in verdicts}
@@ -330,18 +366,18 @@ def replication(verdicts: list[str]) -> str:
     return f"replicated: {heads.pop()}" if len(heads) == 1 else "not replicated"
 
 
-def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[int]] | None = None
-                 ) -> pd.DataFrame:
+def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[int]] | None = None,
+                 claims=_toy_claims) -> pd.DataFrame:
     """One row per claim: claim, rule, and per seed set ``measured <set>`` and ``verdict <set>``; with both
     ``exploration`` and ``replication`` sets, ``replication`` says whether their verdicts agree. Without seed sets
     (an effects table of one set), the columns are ``measured`` and ``verdict``."""
     if "seed_set" not in effects or not seed_sets:
-        return pd.DataFrame(_claims(table, effects))
+        return pd.DataFrame(claims(table, effects))
     names = [name for name in seed_sets if name in set(effects["seed_set"])]
     per_set = {}
     for name in names:
         seeds = set(seed_sets[name])
-        per_set[name] = _claims(table[table["seed"].isin(seeds)], effects[effects["seed_set"] == name])
+        per_set[name] = claims(table[table["seed"].isin(seeds)], effects[effects["seed_set"] == name])
     rows = []
     for i, first in enumerate(per_set[names[0]]):
         row = {"claim": first["claim"], "rule": first["rule"]}

@@ -33,12 +33,14 @@ def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
     """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``;
-    without the algorithm's ``EXECUTION_KEYS``; and without ``SWITCHED_KEYS`` whose switch is off."""
+    without an unset ``train.prompt_sampler`` or ``prompts.tags``; without the algorithm's ``EXECUTION_KEYS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
         resolved["train"] = {k: v for k, v in resolved["train"].items()
                              if k != "threads" and not (k == "prompt_sampler" and v is None)}
+    if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
+        resolved["prompts"] = {k: v for k, v in resolved["prompts"].items() if not (k == "tags" and v is None)}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
         algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
         for group in SWITCHED_KEYS:

@@ -6,7 +6,8 @@
 * ``files``: local files in Flow-GRPO's formats (``benchmark.experiments.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
-  training prompts and 256 held-out evaluation prompts from two fixed seeds.
+  training prompts and 256 held-out evaluation prompts from two fixed seeds. ``tags`` (``tiny_shapes`` only) keeps
+  the prompts of those GenEval tags in both lists (e.g. ``[counting]``: the 12 counting prompts, repeats kept).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ class PromptSection:
     test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
     classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
     layout: str | None = None  # the "toy2d" many-condition layout (models.toy2d.LAYOUTS); None = "overlapping"
+    tags: list[str] | None = None  # "tiny_shapes": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS)
 
 
 def check_source(section: PromptSection) -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
     if section.source == "files":
+        if section.tags is not None:
+            raise ConfigError("prompts.tags is only used by the 'tiny_shapes' source, not 'files'")
         from benchmark.experiments.prompt_files import resolve_prompt_file
 
         for split in ("train", "test"):
@@ -47,6 +51,8 @@ def check_source(section: PromptSection) -> None:
         for key in ("classes", "layout"):
             if getattr(section, key) is not None and section.source != "toy2d":
                 raise ConfigError(f"prompts.{key} is only used by the 'toy2d' source, not {section.source!r}")
+        if section.tags is not None:
+            _check_tags(section)
         if section.source == "toy2d":
             from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, check_classes, check_many_layout
 
@@ -55,6 +61,19 @@ def check_source(section: PromptSection) -> None:
         for split in ("train", "test"):
             if getattr(section, split) is not None:
                 raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
+
+
+def _check_tags(section: PromptSection) -> None:
+    from models.tiny_data import TAG_WEIGHTS
+
+    if section.source != "tiny_shapes":
+        raise ConfigError(f"prompts.tags is only used by the 'tiny_shapes' source, not {section.source!r}")
+    tags = section.tags
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple)) or not tags:
+        raise ConfigError(f"prompts.tags must be a non-empty list of tags ({', '.join(TAG_WEIGHTS)}), got {tags!r}")
+    unknown = [t for t in tags if t not in TAG_WEIGHTS]
+    if unknown:
+        raise ConfigError(f"prompts.tags: unknown tag {unknown[0]!r}; valid: {', '.join(TAG_WEIGHTS)}")
 
 
 def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
@@ -70,8 +89,12 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
         from models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
 
         data = section.source.removeprefix("tiny_")
-        return (tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED),
-                tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED))
+        train = tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED)
+        test = tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED)
+        if section.tags is not None:
+            keep = set(section.tags)
+            train, test = ([(p, m) for p, m in prompts if m.get("tag") in keep] for prompts in (train, test))
+        return train, test
     from benchmark.experiments.prompt_files import read_prompts
 
     train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
