@@ -111,3 +111,15 @@ def test_gradient_calls_take_the_peft_path():
 def test_bad_no_grad_path_is_refused():
     with pytest.raises(ConfigError, match="no_grad_path 'fast'.*peft, merged, compiled"):
         models.get("tiny")(weights=None, no_grad_path="fast")
+
+
+def test_no_grad_path_is_not_part_of_a_runs_identity():
+    """Same samples to float rounding: a run made with another no_grad_path (or before it existed) is the same run."""
+    from benchmark.experiments.checkpoints import run_identity
+
+    before = {"model": {"name": "tiny", "args": {"data": "shapes"}}, "train": {"steps": 2}}
+    for path in ("peft", "merged", "compiled"):
+        assert run_identity({**before, "model": {"name": "tiny", "args": {"data": "shapes", "no_grad_path": path}}},
+                            set()) == run_identity(before, set())
+    other_data = {**before, "model": {"name": "tiny", "args": {"data": "glyphs"}}}
+    assert run_identity(other_data, set()) != run_identity(before, set())

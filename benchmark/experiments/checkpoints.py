@@ -24,6 +24,9 @@ from flowzoo.secrets import without_secrets
 #: algorithm keys that choose how an iteration is computed, not what it computes (gradients equal to float rounding,
 #: tests/test_perf_gradient.py): a run made with other values, or before they existed, is the same run
 EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
+#: model args that choose how the network is evaluated, not what it computes (the tiny tier's ``no_grad_path``: the
+#: same samples to float rounding, tests/test_tiny_fast_path.py): a run made with another value is the same run
+MODEL_EXECUTION_ARGS = ("no_grad_path",)
 #: algorithm keys that belong to a run's identity only when their switch (the first) is on: a run with the switch
 #: off is the run it was before the keys existed (the weight EMA, algorithm.ema)
 SWITCHED_KEYS = (("ema", "ema_decay", "ema_every"),)
@@ -33,7 +36,8 @@ def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
     """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``;
-    without an unset ``train.prompt_sampler`` or ``prompts.tags``; without the algorithm's ``EXECUTION_KEYS``; and without ``SWITCHED_KEYS`` whose switch is off."""
+    without an unset ``train.prompt_sampler`` or ``prompts.tags``; without the algorithm's ``EXECUTION_KEYS`` and the
+    model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
@@ -41,6 +45,9 @@ def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
                              if k != "threads" and not (k == "prompt_sampler" and v is None)}
     if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
         resolved["prompts"] = {k: v for k, v in resolved["prompts"].items() if not (k == "tags" and v is None)}
+    model = resolved.get("model")
+    if isinstance(model, dict) and isinstance(model.get("args"), dict):  # how the network runs, not what it computes
+        resolved["model"] = {**model, "args": {k: v for k, v in model["args"].items() if k not in MODEL_EXECUTION_ARGS}}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
         algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
         for group in SWITCHED_KEYS:
