@@ -114,3 +114,17 @@ def test_per_tag_means():
     untagged = _TagRecorder(_Scores())
     untagged(torch.ones(1, 2), ["a"], [{}])
     assert untagged.by_tag() == {}
+
+
+def test_interval_is_the_prompt_clustered_standard_error():
+    recorder = _TagRecorder(_Scores())
+    # scores (row sums): prompt a 2, 2 (listed twice), prompt b 0.5, 1 -> mean 1.375, cluster sums of deviations
+    # +1.25 and -1.25: se = sqrt(2 / 1 * (1.25^2 + 1.25^2)) / 4 = 0.625
+    recorder(torch.tensor([[1.0, 1.0], [0.0, 0.5]]), ["a", "b"], [{}, {}])
+    recorder(torch.tensor([[1.0, 1.0], [0.5, 0.5]]), ["a", "b"], [{}, {}])
+    out = recorder.interval()
+    assert out["eval_reward_se"] == pytest.approx(0.625)
+    assert out["eval_reward_ci95"] == pytest.approx([1.375 - 1.96 * 0.625, 1.375 + 1.96 * 0.625])
+    one_prompt = _TagRecorder(_Scores())
+    one_prompt(torch.ones(2, 2), ["a", "a"], [{}, {}])
+    assert all(v != v for v in one_prompt.interval()["eval_reward_ci95"])  # NaN: no spread between prompts to use

@@ -88,3 +88,21 @@ def test_tiny_prompt_tags_keep_only_those_tags_in_both_lists():
 def test_tiny_prompt_tags_bad_values_are_named(section, message):
     with pytest.raises(ConfigError, match=message):
         load_prompts(section)
+
+
+def test_the_sparse_counting_config_is_the_studys_flow_grpo_run(tmp_path):
+    """benchmark/configs/tiny_counting_sparse.yaml (train, eval) and the tiny-counting-study suite's Flow-GRPO runs
+    are the same runs: equal identities seed by seed."""
+    from pathlib import Path
+
+    from benchmark.experiments.checkpoints import config_digest
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.suite import expand, load_suite
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [c for c in expand(load_suite("tiny-counting-study"), tmp_path)
+            if c.task == "tiny_counting_sparse" and c.algorithm_name == "flow_grpo"]
+    assert len(runs) == 20
+    for run in runs[:2] + runs[-1:]:
+        config = load_config(root / "benchmark" / "configs" / "tiny_counting_sparse.yaml", [f"seed={run.seed}"])
+        assert config_digest(config) == config_digest(run)

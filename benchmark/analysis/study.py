@@ -35,7 +35,7 @@ import pandas as pd
 
 from benchmark.analysis import effects
 from benchmark.analysis.loading import find_run_dirs, load_runs
-from benchmark.analysis.stats import DEFAULT_SMOOTH, eval_curves
+from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import claims_of, claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
 
@@ -243,8 +243,10 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
         lines.append("")
     for task, rows in table.groupby("task"):
         seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
-        lines += [f"## {task}", "", f"Runs: {seeds}. Columns at the all-seeds targets.", "",
-                  "| cell | seeds | base | final reward | AUC | steps to 50% (reached) | steps to 80% (reached) "
+        lines += [f"## {task}", "", f"Runs: {seeds}. Columns at the all-seeds targets; base: the step-0 evaluation (mean over "
+                  "seeds); final reward: mean over seeds of each run's last evaluations, with a 95% percentile "
+                  "bootstrap CI over seeds.", "",
+                  "| cell | seeds | base | final reward (95% CI) | AUC | steps to 50% (reached) | steps to 80% (reached) "
                   f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) "
                   "| log w std / ESS | unstable |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -260,9 +262,10 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
                        if "log_weight_std" in runs and runs["log_weight_std"].notna().any() else "-")
             unstable = int(((~runs["finished"].astype(bool)) | runs["collapsed"].astype(bool)).sum())
             n = len(runs)
+            final_low, final_high = bootstrap_ci(runs["final_reward"].to_numpy(float))
             lines.append(
-                f"| {algorithm} | {n} | {runs['base'].mean():.4f} | {runs['final_reward'].mean():.4f} +- "
-                f"{runs['final_reward'].std():.4f} | {runs['auc'].mean():.4f} | {runs['steps_to_50'].mean():.1f} "
+                f"| {algorithm} | {n} | {runs['base'].mean():.4f} | {runs['final_reward'].mean():.4f} "
+                f"[{_fmt(final_low, 4)}, {_fmt(final_high, 4)}] | {runs['auc'].mean():.4f} | {runs['steps_to_50'].mean():.1f} "
                 f"({int(runs['reached_steps_to_50'].sum())}/{n}) | {runs['steps_to_80'].mean():.1f} "
                 f"({int(runs['reached_steps_to_80'].sum())}/{n}) | {zero} | {off} | {clip} | {weights} "
                 f"| {unstable}/{n} |")

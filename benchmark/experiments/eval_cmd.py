@@ -10,7 +10,9 @@
 (``train.eval_samples_per_prompt``). The evaluation is :meth:`benchmark.experiments.runner.Runner.evaluate`: deterministic ODE
 samples from the fixed noise stream ``train.eval_seed``, scored by the config's reward. The result (one JSON line on
 stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
-``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag. Nothing is
+``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag, and
+``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its normal 95% interval
+(the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). Nothing is
 written into the run directory.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections import defaultdict
@@ -35,6 +38,7 @@ class _TagRecorder:
     def __init__(self, reward):
         self.reward = reward
         self.batches: list[tuple[object, list[dict]]] = []
+        self.prompts: list[str] = []
 
     def __getattr__(self, name):
         return getattr(self.reward, name)
@@ -42,7 +46,26 @@ class _TagRecorder:
     def __call__(self, samples, prompts, metadata):
         out = self.reward(samples, prompts, metadata)
         self.batches.append((out, list(metadata or [{} for _ in prompts])))
+        self.prompts += list(prompts)
         return out
+
+    def interval(self, z: float = 1.96) -> dict[str, float]:
+        """The mean score's standard error clustered by prompt text, and its normal 95% interval.
+
+        Samples of one prompt (its repeats in the prompt list and its samples per prompt) are correlated, so the
+        standard error treats each distinct prompt as one cluster: the cluster-robust (Liang-Zeger sandwich)
+        variance of a mean, ``C / (C - 1) * sum_c (sum_{i in c} (s_i - mean))^2 / N^2`` over C prompts and N
+        samples. NaN with fewer than two distinct prompts."""
+        scores = [float(v) for out, _ in self.batches for v in out.score.tolist()]
+        clusters = len(set(self.prompts))
+        if not scores or clusters < 2:
+            return {"eval_reward_se": math.nan, "eval_reward_ci95": [math.nan, math.nan]}
+        mean = sum(scores) / len(scores)
+        sums: dict[str, float] = defaultdict(float)
+        for prompt, score in zip(self.prompts, scores):
+            sums[prompt] += score - mean
+        se = math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(self.prompts)
+        return {"eval_reward_se": se, "eval_reward_ci95": [mean - z * se, mean + z * se]}
 
     def by_tag(self) -> dict[str, dict[str, float]]:
         """{tag: {"eval_reward": mean score, "eval/<component>": mean}} when the samples carry two or more tags."""
@@ -129,6 +152,7 @@ def evaluate(
         "prompts": len(runner.eval_prompts),
         "samples_per_prompt": train.eval_samples_per_prompt,
         **result,
+        **recorder.interval(),
         "eval_s": round(time.perf_counter() - t0, 2),
     }
     by_tag = recorder.by_tag()
