@@ -236,3 +236,29 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path):
     with pytest.raises(ConfigError, match="suite 'quick' has no claim set; suites with one: op-grpo-study, "
                                           "tiny-counting-study"):
         claims_of("quick")
+
+
+def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_path):
+    """On a seed set where Flow-GRPO ends below its base, the target is undefined: every run is censored at the
+    budget and the ratio of 1 compares nothing, so the claims say 'not tested (no target)', the effects table 'no
+    target', and the wall-clock table leaves the set out."""
+    from benchmark.analysis.effects import NO_TARGET
+    from benchmark.analysis.study import verdict as effect_verdict
+    from benchmark.analysis.study_claims import claims_of
+
+    task = "tiny_counting_sparse"
+    for seed in range(6):
+        wobble = 0.001 * seed
+        _write(tmp_path, task, "flow_grpo", seed, [0.2, 0.2, 0.1, 0.1, 0.1, 0.1 + wobble])
+        _write(tmp_path, task, "op_grpo", seed, [0.2, 0.3, 0.5, 0.5, 0.5, 0.5 + wobble])
+    table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=300)
+    verdicts = claims_table(table, effects, seed_sets, claims_of("tiny-counting-study")).set_index("claim")
+    row = verdicts.loc[next(c for c in verdicts.index if c.startswith("OP-GRPO needs 34.2%"))]
+    assert row["verdict all"] == "not tested (no target)" and "no target" in row["measured all"]
+    steps = effects[(effects["metric"] == "steps_to_80") & (effects["reference"] == "flow_grpo")].iloc[0]
+    assert effect_verdict(steps) == NO_TARGET
+    final = effects[(effects["metric"] == "final_reward") & (effects["reference"] == "flow_grpo")].iloc[0]
+    assert effect_verdict(final) == "better"  # values need no target
+    timing = pd.DataFrame({"repeat": [0, 0], "cell": [f"{task}/flow_grpo", f"{task}/op_grpo"],
+                           "s_per_step": [1.0, 1.2]})
+    assert wall_clock_ratios(effects, timing, "flow_grpo").empty

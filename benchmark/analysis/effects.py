@@ -289,8 +289,16 @@ def effect(data: TaskRuns, cell: str, reference: str, metric: Metric, baseline: 
     return row
 
 
-def verdict(row: Mapping, higher_is_better: bool) -> str:
-    """Plain words for one effect: which side its CI excludes 0 on, else 'no detectable difference (MDE ...)'."""
+#: the verdict of a cost whose target is undefined: the baseline's mean final reward does not exceed its base
+NO_TARGET = "no target (the baseline did not improve on the base model)"
+
+
+def verdict(row: Mapping, higher_is_better: bool, is_cost: bool = False) -> str:
+    """Plain words for one effect: which side its CI excludes 0 on, else 'no detectable difference (MDE ...)'; for a
+    cost to a target that is undefined in these seeds (:func:`gain_target`), :data:`NO_TARGET`: every run is then
+    censored at the budget, and the ratio of 1 that results compares nothing."""
+    if is_cost and not math.isfinite(float(row.get("target", math.nan))):
+        return NO_TARGET
     low, high = row["ci_low"], row["ci_high"]
     if not (math.isfinite(low) and math.isfinite(high)):
         return "n<2"

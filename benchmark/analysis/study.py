@@ -151,7 +151,7 @@ def study_effects(data: dict[str, effects.TaskRuns], baseline: str, references: 
 
 def verdict(row: pd.Series) -> str:
     metric = next((m for m in METRICS if m.name == row["metric"]), None)
-    return effects.verdict(row, metric.higher_is_better if metric else False)
+    return effects.verdict(row, metric.higher_is_better if metric else False, bool(metric and metric.is_cost))
 
 
 def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline: str,
@@ -167,6 +167,8 @@ def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline:
     rng = np.random.default_rng(seed)
     vs_baseline = effect_rows[(effect_rows["reference"] == baseline) & effect_rows["metric"].isin(metrics)]
     for _, e in vs_baseline.iterrows():
+        if "target" in e and not math.isfinite(float(e["target"])):  # no target in this seed set: nothing to scale
+            continue
         base_cost = timing[timing["cell"] == f"{e['task']}/{baseline}"].set_index("repeat")["s_per_step"]
         name, _, variant = str(e["algorithm"]).partition(VARIANT_SEP)
         cell = f"{e['task']}{VARIANT_SEP}{variant}/{name}" if variant else f"{e['task']}/{name}"

@@ -78,6 +78,9 @@ def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: 
     e = _effect(effects, task, reference, algorithm, metric)
     if e is None:
         return _row(claim, rule, "no runs", "not tested")
+    if not math.isfinite(float(e["target"])):  # every run censored at the budget: a ratio of 1 that compares nothing
+        return _row(claim, rule, "no target: Flow-GRPO's mean final reward does not exceed the base model's in these "
+                    "seeds", "not tested (no target)")
     unit = metric.split("_")[0]
     measured = (f"ratio {e['ratio']:.2f} {_ci(e['ratio_low'], e['ratio_high'])} ({e['algorithm_mean']:.0f} vs "
                 f"{e['reference_mean']:.0f} {unit}, reached {int(e['reached'])}/{int(e['n'])} vs "
