@@ -101,11 +101,11 @@ class PlainTransformer:
     adapters were switched; the peft model's weights are only read, never merged into in place (unmerging drifts).
     A refresh copies every weight once (cheap for the tiny tier, ~2x the transformer's memory and a full copy per
     optimizer step for SD3/Wan, which is why they keep the peft path). ``compile``: the copy runs under
-    ``torch.compile(dynamic=dynamic)``.
+    ``torch.compile(dynamic=False)``, one graph per batch shape (a dynamic-shape compile was measured no faster than
+    the uncompiled copy, docs/tiny.md "Speed").
     """
 
-    def __init__(self, transformer: torch.nn.Module, compile: bool = False, dynamic: bool | None = False) -> None:
-        self.source = transformer
+    def __init__(self, transformer: torch.nn.Module, compile: bool = False) -> None:
         base = {k.replace(".base_layer.", "."): v for k, v in transformer.state_dict().items() if "lora_" not in k}
         weight = next(iter(base.values()))
         self.module = type(transformer).from_config(transformer.config)
@@ -121,7 +121,7 @@ class PlainTransformer:
         self.sources = list(transformer.parameters())
         self.key: tuple | None = None
         self.refreshes = 0
-        self.call = torch.compile(self.module, dynamic=dynamic) if compile else self.module
+        self.call = torch.compile(self.module, dynamic=False) if compile else self.module
 
     def _key(self) -> tuple:
         layer = self.lora[0][1] if self.lora else None
@@ -266,8 +266,6 @@ class DiffusersFlowModel(FlowModel):
     #: how calls made without autograd run (:data:`NoGradPath`); the adapters that offer the choice set it per
     #: instance, the default is the peft transformer (sd3 / wan: merging a billion-parameter copy every step does not pay)
     no_grad_path: str = "peft"
-    #: ``torch.compile``'s ``dynamic`` for ``no_grad_path: compiled``
-    compile_dynamic: bool | None = False
 
     def network(self) -> torch.nn.Module:
         """The transformer a call made now runs: the peft one with autograd on or under ``no_grad_path: peft``,
@@ -275,7 +273,7 @@ class DiffusersFlowModel(FlowModel):
         if self.no_grad_path == "peft" or torch.is_grad_enabled():
             return self.transformer
         if getattr(self, "_plain", None) is None:
-            self._plain = PlainTransformer(self.transformer, self.no_grad_path == "compiled", self.compile_dynamic)
+            self._plain = PlainTransformer(self.transformer, self.no_grad_path == "compiled")
         return self._plain.refresh()
 
     # ---- conditioning -------------------------------------------------------------------------------------

@@ -330,7 +330,7 @@ def _toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
 
 
 #: the image-tier study's task (suite ``tiny-counting-study``): the tiny tier's 12 counting prompts, strict GenEval
-#: reward, 4 sampling steps (docs/tiny.md, "The sparse counting task")
+#: reward, 5 sampling steps (docs/tiny.md, "The sparse counting task")
 TINY_SPARSE = "tiny_counting_sparse"
 
 

@@ -37,9 +37,9 @@ class PromptSection:
 def check_source(section: PromptSection) -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
+    if section.tags is not None:
+        _check_tags(section)
     if section.source == "files":
-        if section.tags is not None:
-            raise ConfigError("prompts.tags is only used by the 'tiny_shapes' source, not 'files'")
         from benchmark.experiments.prompt_files import resolve_prompt_file
 
         for split in ("train", "test"):
@@ -51,8 +51,6 @@ def check_source(section: PromptSection) -> None:
         for key in ("classes", "layout"):
             if getattr(section, key) is not None and section.source != "toy2d":
                 raise ConfigError(f"prompts.{key} is only used by the 'toy2d' source, not {section.source!r}")
-        if section.tags is not None:
-            _check_tags(section)
         if section.source == "toy2d":
             from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, check_classes, check_many_layout
 
