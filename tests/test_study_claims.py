@@ -212,12 +212,15 @@ def test_decoupled_claims_follow_the_several_fold_rule(tmp_path):
                               "fewer steps (dense)") == "not tested"
 
 
-def test_tiny_study_claims_read_the_tiny_task(tmp_path):
-    """The tiny-counting-study claim set judges the same rules on ``tiny_counting_sparse``: OP-GRPO at step 20 vs
-    Flow-GRPO's 50 and the buffer-prompt control at 50 (reuse saves on top); the toy claims are not in it."""
+@pytest.mark.parametrize("suite, task, label", [
+    ("tiny-counting-study", "tiny_counting_sparse", "(tiny text-to-image, strict counting)"),
+    ("tiny-rare-counting-study", "tiny_counting_rare", "(tiny text-to-image, strict counting, rare prompts)"),
+])
+def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
+    """Each tiny study's claim set judges the same rules on its own task: OP-GRPO at step 20 vs Flow-GRPO's 50 and the
+    buffer-prompt control at 50 (reuse saves on top); the toy claims are not in it."""
     from benchmark.analysis.study_claims import claims_of
 
-    task = "tiny_counting_sparse"
     for seed in range(6):
         wobble = 0.001 * seed
         _write(tmp_path, task, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
@@ -225,8 +228,7 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path):
         _write(tmp_path, f"{task}@buffer_prompts", "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo", "flow_grpo@buffer_prompts"),
                                                  resamples=500)
-    verdicts = claims_table(table, effects, seed_sets, claims_of("tiny-counting-study")).set_index("claim")["verdict all"]
-    label = "(tiny text-to-image, strict counting)"
+    verdicts = claims_table(table, effects, seed_sets, claims_of(suite)).set_index("claim")["verdict all"]
     assert _verdict(verdicts, f"OP-GRPO needs 34.2% of Flow-GRPO's steps to reach its final performance {label}"
                     ).startswith("contradicted (saves steps")
     assert _verdict(verdicts, f"OP-GRPO's off-policy reuse saves steps on top of its choice of prompts {label}"
@@ -234,7 +236,7 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path):
     assert _verdict(verdicts, "DAPO's dynamic sampling, needs no more steps") == "not tested"
     assert not any("sparse binary reward" in claim or "video" in claim for claim in verdicts.index)
     with pytest.raises(ConfigError, match="suite 'quick' has no claim set; suites with one: op-grpo-study, "
-                                          "tiny-counting-study"):
+                                          "tiny-counting-study, tiny-rare-counting-study"):
         claims_of("quick")
 
 

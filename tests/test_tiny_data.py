@@ -90,9 +90,11 @@ def test_tiny_prompt_tags_bad_values_are_named(section, message):
         load_prompts(section)
 
 
-def test_the_sparse_counting_config_is_the_studys_flow_grpo_run(tmp_path):
-    """benchmark/configs/tiny_counting_sparse.yaml (train, eval) and the tiny-counting-study suite's Flow-GRPO runs
-    are the same runs: equal identities seed by seed."""
+@pytest.mark.parametrize("suite, task", [("tiny-counting-study", "tiny_counting_sparse"),
+                                         ("tiny-rare-counting-study", "tiny_counting_rare")])
+def test_the_counting_configs_are_their_studys_flow_grpo_runs(tmp_path, suite, task):
+    """benchmark/configs/<task>.yaml (train, eval) and its study suite's Flow-GRPO runs are the same runs: equal
+    identities seed by seed."""
     from pathlib import Path
 
     from benchmark.experiments.checkpoints import config_digest
@@ -100,9 +102,23 @@ def test_the_sparse_counting_config_is_the_studys_flow_grpo_run(tmp_path):
     from benchmark.experiments.suite import expand, load_suite
 
     root = Path(__file__).resolve().parents[1]
-    runs = [c for c in expand(load_suite("tiny-counting-study"), tmp_path)
-            if c.task == "tiny_counting_sparse" and c.algorithm_name == "flow_grpo"]
+    runs = [c for c in expand(load_suite(suite), tmp_path) if c.task == task and c.algorithm_name == "flow_grpo"]
     assert len(runs) == 20
     for run in runs[:2] + runs[-1:]:
-        config = load_config(root / "benchmark" / "configs" / "tiny_counting_sparse.yaml", [f"seed={run.seed}"])
+        config = load_config(root / "benchmark" / "configs" / f"{task}.yaml", [f"seed={run.seed}"])
         assert config_digest(config) == config_digest(run)
+
+
+def test_the_rare_counting_prompts_are_tiny_shapes_counting_prompts():
+    """benchmark/prompts/tiny_counting_rare.jsonl holds 4 distinct counting prompts of the tiny_shapes source with
+    the generator's metadata word for word, so the strict reward checks what the tier's own prompts would ask."""
+    from pathlib import Path
+
+    from benchmark.experiments.prompt_files import read_prompts
+
+    root = Path(__file__).resolve().parents[1]
+    rare = read_prompts(root / "benchmark" / "prompts" / "tiny_counting_rare.jsonl")
+    counting = dict(load_prompts(PromptSection(source="tiny_shapes", tags=["counting"]))[0])
+    assert [p for p, _ in rare] == ["two blue circles", "two blue squares", "two green circles", "two red squares"]
+    for prompt, metadata in rare:
+        assert metadata == counting[prompt]
