@@ -162,3 +162,11 @@ def to_mapping(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_mapping(v) for v in obj]
     return obj
+
+
+def differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two nested mappings differ (a key missing on one side differs from any value but None)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return [d for key in sorted(set(a) | set(b), key=str)
+                for d in differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]

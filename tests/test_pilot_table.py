@@ -56,3 +56,13 @@ def test_cli_writes_the_rows_and_names_bad_input(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty"), "--reference", str(REFERENCE)]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_differing_keys_names_nested_and_one_sided_keys():
+    from flowzoo.schema import differing_keys
+
+    a = {"algorithm": {"lr": 1e-3, "kl": 0.0}, "train": {"steps": 100}, "seed": 0}
+    b = {"algorithm": {"lr": 3e-3, "kl": 0.0}, "train": {"steps": 100, "extra": 1}, "seed": 0}
+    assert differing_keys(a, b) == ["algorithm.lr", "train.extra"]
+    assert differing_keys(a, a) == []
+    assert differing_keys({"x": {"y": 1}}, {"x": 2}) == ["x"]

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from flowzoo.errors import ConfigError, RunError
+from flowzoo.schema import differing_keys
 
 
 
@@ -129,14 +130,6 @@ def cell_identity(config: Mapping) -> dict:
     return identity
 
 
-def _differences(a, b, prefix: str = "") -> list[str]:
-    """Dotted keys where two nested mappings differ."""
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return [d for key in sorted(set(a) | set(b), key=str)
-                for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "no detail"
@@ -228,7 +221,7 @@ def check_one_experiment_per_cell(frames: list[pd.DataFrame]) -> None:
         if identity is None:
             continue
         if cell in by_cell and by_cell[cell][1] != identity:
-            other, keys = by_cell[cell][0], _differences(by_cell[cell][1], identity)
+            other, keys = by_cell[cell][0], differing_keys(by_cell[cell][1], identity)
             raise ConfigError(f"runs {other} and {run} of task {cell[0]!r}, algorithm {cell[1]!r} differ in "
                               f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}: a report pools only seeds of "
                               "one config; move the others out of the runs directory")

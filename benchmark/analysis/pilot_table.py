@@ -21,10 +21,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from benchmark.analysis.loading import _differences, find_run_dirs, read_metrics
+from benchmark.analysis.loading import find_run_dirs, read_metrics
 from benchmark.analysis.report import markdown_table
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.io import atomic_write_text
+from flowzoo.schema import differing_keys
 
 #: training steps averaged at each end of a run for the training-reward trend
 TREND_STEPS = 20
@@ -49,7 +50,7 @@ def _value(mapping: dict, dotted: str):
 def variant_label(config: dict, reference: dict) -> str:
     """``key=value, ...`` for every dotted key where ``config`` computes something other than ``reference``."""
     ours, theirs = _identity(config), _identity(reference)
-    keys = _differences(ours, theirs)
+    keys = differing_keys(ours, theirs)
     return ", ".join(f"{key}={_value(ours, key)}" for key in keys) or "(reference)"
 
 

@@ -36,7 +36,7 @@ from benchmark.experiments.recipes import recipe
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
-from flowzoo.schema import from_mapping
+from flowzoo.schema import differing_keys, from_mapping
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # benchmark/
 SUITES_DIR = PACKAGE_DIR / "suites"
@@ -233,14 +233,7 @@ def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
     if not isinstance(stored, dict):
         return []
     secrets = declared_secrets(config)
-    return _differences(run_identity(stored, secrets), run_identity(resolved_dict(config), secrets))
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for key in sorted(set(a) | set(b), key=str) for d in _differences(a.get(key), b.get(key),
-                                                                                    f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+    return differing_keys(run_identity(stored, secrets), run_identity(resolved_dict(config), secrets))
 
 
 def describe_differences(run_dir: Path, config: ExperimentConfig) -> str:
