@@ -64,11 +64,13 @@ def pilot_rows(runs_dir: str | Path, reference: str | Path, last: int = 3) -> pd
     runs = find_run_dirs(runs_dir)
     if not runs:
         raise ConfigError(f"no run directories (config.yaml + metrics.csv) under {str(runs_dir)!r}")
-    rows = []
+    rows, references = [], {}  # the reference resolved once per seed
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text()) or {}
         seed = config.get("seed")
-        ref = resolved_dict(load_config(reference, [f"seed={seed}"]))
+        if seed not in references:
+            references[seed] = resolved_dict(load_config(reference, [f"seed={seed}"]))
+        ref = references[seed]
         metrics = read_metrics(run / "metrics.csv")
         evals = metrics.dropna(subset=["eval_reward"]).sort_values("step")
         train = metrics.dropna(subset=["reward_mean"]) if "reward_mean" in metrics else metrics.iloc[:0]
