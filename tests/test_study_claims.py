@@ -264,3 +264,47 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
     timing = pd.DataFrame({"repeat": [0, 0], "cell": [f"{task}/flow_grpo", f"{task}/op_grpo"],
                            "s_per_step": [1.0, 1.2]})
     assert wall_clock_ratios(effects, timing, "flow_grpo").empty
+
+
+def test_gains_say_whether_the_baseline_learns_on_each_seed_set(tmp_path):
+    """The gain over the base per seed set, with its bootstrap CI: a baseline that gains on every seed makes
+    well-conditioned targets, one whose gains straddle 0 weak ones, one that never gains none."""
+    from benchmark.analysis.study import conditioning, gains, seed_sets_of
+
+    task = "tiny_counting_sparse"
+    learns = [0.10, 0.12, 0.08, 0.11, 0.09]  # seeds 0-4: every run gains
+    straddles = [0.20, -0.10, 0.15, -0.12, 0.01]  # seeds 10-14: mean +0.028, CI through 0
+    for seed, gain in zip(range(5), learns):
+        _write(tmp_path, task, "flow_grpo", seed, [0.2, 0.2, 0.2, 0.2, 0.2 + gain, 0.2 + gain])
+        _write(tmp_path, task, "op_grpo", seed, [0.2, 0.2, 0.2, 0.2, 0.1, 0.1])
+    for seed, gain in zip(range(10, 15), straddles):
+        _write(tmp_path, task, "flow_grpo", seed, [0.2, 0.2, 0.2, 0.2, 0.2 + gain, 0.2 + gain])
+        _write(tmp_path, task, "op_grpo", seed, [0.2, 0.2, 0.2, 0.2, 0.1, 0.1])
+    table, _, _, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=200)
+    sets = {"exploration": [0, 1, 2, 3, 4], "replication": [10, 11, 12, 13, 14]}
+    sets = {**sets, "all": seed_sets_of(None, table["seed"])["all"]}
+    rows = gains(table, sets).set_index(["seed_set", "algorithm"])
+    first = rows.loc[("exploration", "flow_grpo")]
+    assert first["n"] == 5 and first["gain"] == pytest.approx(np.mean(learns)) and first["gained"] == 5
+    assert 0.08 <= first["ci_low"] < first["gain"] < first["ci_high"] <= 0.12
+    assert conditioning(first).startswith("learns")
+    second = rows.loc[("replication", "flow_grpo")]
+    assert second["gain"] == pytest.approx(np.mean(straddles)) and second["gained"] == 3
+    assert second["ci_low"] < 0 < second["ci_high"] and conditioning(second).startswith("gain CI reaches 0")
+    never = rows.loc[("exploration", "op_grpo")]
+    assert never["gain"] == pytest.approx(-0.1) and never["gained"] == 0 and conditioning(never) == "no gain: no target"
+    assert rows.loc[("all", "flow_grpo"), "n"] == 10
+
+
+def test_study_cli_writes_the_gain_table(tmp_path):
+    fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
+    _study(tmp_path / "runs", fast, fast, 0.14, 1)
+    out = tmp_path / "report"
+    assert study_main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    written = pd.read_csv(out / "gains.csv")
+    assert set(written["algorithm"]) >= {"flow_grpo", "op_grpo"} and (written["seed_set"] == "all").all()
+    text = (out / "README.md").read_text()
+    assert "## Gain over the base model" in text  # final = mean of the last 3 evals: 0.4 + mean wobble / 3
+    assert "| all | toy2d_sep64_sparse | flow_grpo | 6 | 0.0000 | 0.4008 | +0.4008 [" in text
+    assert "learns: targets well-conditioned" in text
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

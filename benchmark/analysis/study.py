@@ -4,11 +4,12 @@
                               [--claims] [--timing timing.csv] [--save-metrics DIR]
 
 Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes ``DIR/README.md``
-(tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric)
-and ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps). A task named ``<task>@<variant>`` (a control run
-with other keys, e.g. ``toy2d_sep64_sparse@no_reuse``) is the cell ``<algorithm>@<variant>`` of ``<task>``
-(:func:`split_variants`, the one place that reads the form). Every number comes from :mod:`benchmark.analysis.effects`, the
-report's statistics path:
+(tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric),
+``DIR/curves.csv`` (mean eval reward over seeds every 20 steps) and ``DIR/gains.csv`` (each cell's gain over the base
+model per seed set, :func:`gains`: whether the baseline learns, so whether its targets are well-conditioned). A task
+named ``<task>@<variant>`` (a control run with other keys, e.g. ``toy2d_sep64_sparse@no_reuse``) is the cell
+``<algorithm>@<variant>`` of ``<task>`` (:func:`split_variants`, the one place that reads the form). Every number
+comes from :mod:`benchmark.analysis.effects`, the report's statistics path:
 
 * **Metrics**, fixed before a study's runs are looked at (:data:`METRICS`): steps and NFE to 50% and to 80% of the
   baseline's gain over the base model (restricted means over the budget, Kaplan-Meier for censored runs), final
@@ -36,8 +37,9 @@ import pandas as pd
 from benchmark.analysis import effects
 from benchmark.analysis.loading import find_run_dirs, load_runs
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
-from benchmark.analysis.study_claims import claims_of, claims_table, render_claims
+from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.io import atomic_write, atomic_write_text
 
 #: the study's metrics, in report order: (name, effects.Metric)
 METRICS = (
@@ -191,6 +193,36 @@ def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline:
     return pd.DataFrame(rows)
 
 
+def gains(table: pd.DataFrame, seed_sets: dict[str, list[int]]) -> pd.DataFrame:
+    """One row per (seed set, task, cell): the mean gain of the final reward over the base model (the step-0
+    evaluation) with its 95% percentile-bootstrap CI over seeds (:func:`benchmark.analysis.stats.bootstrap_ci`), and
+    how many runs end above their base. The baseline's row says whether a seed set's cost targets (fractions of
+    its gain) are well-conditioned: only when its CI lies above 0 (:func:`conditioning`)."""
+    rows = []
+    for set_name, seeds in seed_sets.items():
+        chosen = table[table["seed"].isin(seeds)]
+        for (task, algorithm), runs in chosen.groupby(["task", "algorithm"], sort=True):
+            gain = (runs["final_reward"] - runs["base"]).to_numpy(float)
+            low, high = bootstrap_ci(gain) if len(gain) > 1 else (math.nan, math.nan)
+            rows.append({"seed_set": set_name, "task": task, "algorithm": algorithm, "n": len(gain),
+                         "base": float(runs["base"].mean()), "final_reward": float(runs["final_reward"].mean()),
+                         "gain": float(gain.mean()), "ci_low": low, "ci_high": high,
+                         "gained": int((gain > 0).sum())})
+    return pd.DataFrame(rows, columns=["seed_set", "task", "algorithm", "n", "base", "final_reward", "gain", "ci_low",
+                                       "ci_high", "gained"])
+
+
+def conditioning(row: pd.Series) -> str:
+    """Plain words for a baseline's gain row: whether the targets built on its gain are well-conditioned."""
+    if not (math.isfinite(row["ci_low"]) and math.isfinite(row["ci_high"])):
+        return "n<2"
+    if row["ci_low"] > 0:
+        return "learns: targets well-conditioned"
+    if row["gain"] > 0:
+        return "gain CI reaches 0: targets weak (resamples without a gain count as no difference)"
+    return "no gain: no target"
+
+
 def mean_curves(runs: pd.DataFrame, every: int = 20) -> pd.DataFrame:
     """Mean raw eval reward over seeds at every ``every``-th step: one row per (task, cell), one column per step."""
     evals = runs[runs["eval_reward"].notna() & (runs["step"] % every == 0)]
@@ -214,7 +246,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, list[int]], baseline: str,
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
-           wall: pd.DataFrame | None = None) -> str:
+           wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None) -> str:
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
     lines = [f"# Study: paired effects vs {baseline}", "",
              f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
@@ -227,6 +259,8 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", ""]
     if claims is not None and len(claims):
         lines += render_claims(claims)
+    if gain_rows is not None and len(gain_rows):
+        lines += _gain_lines(gain_rows, baseline)
     if wall is not None and len(wall):
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
@@ -287,6 +321,22 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
     return "\n".join(lines)
 
 
+def _gain_lines(gain_rows: pd.DataFrame, baseline: str) -> list[str]:
+    lines = ["## Gain over the base model", "",
+             f"Final reward minus the step-0 evaluation, mean over seeds with a 95% percentile-bootstrap CI; \"gained\" "
+             f"counts runs that end above their base. The cost metrics' targets are fractions of `{baseline}`'s gain, "
+             "so on a seed set where its CI reaches 0 they are weak: a resample in which it does not gain has no target "
+             "and counts as no difference.", "",
+             "| seeds | task | cell | n | base | final reward | gain (95% CI) | gained | targets |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for _, g in gain_rows.iterrows():
+        note = conditioning(g) if g["algorithm"] == baseline else ""
+        lines.append(f"| {g['seed_set']} | {g['task']} | {g['algorithm']} | {int(g['n'])} | {g['base']:.4f} "
+                     f"| {g['final_reward']:.4f} | {g['gain']:+.4f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}] "
+                     f"| {int(g['gained'])}/{int(g['n'])} | {note} |")
+    return lines + [""]
+
+
 def _effect_rows(rows: pd.DataFrame) -> list[str]:
     lines = ["| cell | metric | n | reference | cell | diff | 95% CI | ratio [95% CI] | reached (cell / ref) "
              "| MDE (80%) | t-test p | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -340,10 +390,9 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
         target.mkdir(parents=True, exist_ok=True)
         frame = pd.read_csv(run / "metrics.csv")
         keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
-        tmp = target / "metrics.csv.tmp"
-        frame[keep].to_csv(tmp, index=False, float_format=f"%.{digits}g")
-        tmp.replace(target / "metrics.csv")
-        (target / "config.yaml").write_bytes((run / "config.yaml").read_bytes())
+        atomic_write(target / "metrics.csv", lambda f: frame[keep].to_csv(f, index=False, float_format=f"%.{digits}g"))
+        config = (run / "config.yaml").read_bytes()
+        atomic_write(target / "config.yaml", lambda f: f.write(config), mode="wb")
         count += 1
     return count
 
@@ -371,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.analysis.study_timing (CSV) for "
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
     parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table of the "
-                        "--suite (op-grpo-study, tiny-counting-study; the toy study's without --suite; needs "
-                        "--also-vs op_grpo)")
+                        f"--suite ({', '.join(CLAIM_SETS)}; the toy study's without --suite; needs --also-vs "
+                        "op_grpo)")
     parser.add_argument("--save-metrics", default=None, metavar="DIR", help="also copy every run's config.yaml "
                         "and its metrics.csv trimmed to the columns the study reads into DIR (a committable "
                         "record the report can be regenerated from)")
@@ -398,18 +447,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.save_metrics:
         print(f"saved {save_trimmed_metrics(args.runs_dir, args.save_metrics)} runs' metrics to {args.save_metrics}")
-    table.to_csv(out / "runs.csv", index=False)
-    effect_rows.to_csv(out / "effects.csv", index=False)
+    gain_rows = gains(table, seed_sets)
     curves = mean_curves(runs)
-    curves.to_csv(out / "curves.csv")
+    frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
     if claims is not None:
-        claims.to_csv(out / "claims.csv", index=False)
+        frames["claims.csv"] = claims
     if timing is not None:
         if Path(args.timing).resolve() != (out / "timing.csv").resolve():
-            timing.to_csv(out / "timing.csv", index=False)
-        wall.to_csv(out / "wall_clock.csv", index=False)
-    (out / "README.md").write_text(render(table, effect_rows, seed_sets, args.baseline, args.smooth, curves, claims,
-                                          wall))
+            frames["timing.csv"] = timing
+        frames["wall_clock.csv"] = wall
+    for name, frame in frames.items():
+        atomic_write(out / name, lambda f, frame=frame: frame.to_csv(f, index=False))
+    atomic_write(out / "curves.csv", curves.to_csv)
+    atomic_write_text(out / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth, curves,
+                                                claims, wall, gain_rows))
     print(f"wrote {out / 'README.md'}")
     return 0
 
