@@ -290,7 +290,7 @@ def test_gains_say_whether_the_baseline_learns_on_each_seed_set(tmp_path):
     assert conditioning(first).startswith("learns")
     second = rows.loc[("replication", "flow_grpo")]
     assert second["gain"] == pytest.approx(np.mean(straddles)) and second["gained"] == 3
-    assert second["ci_low"] < 0 < second["ci_high"] and conditioning(second).startswith("gain CI reaches 0")
+    assert second["ci_low"] < 0 < second["ci_high"] and conditioning(second) == "gain CI reaches 0: targets weak"
     never = rows.loc[("exploration", "op_grpo")]
     assert never["gain"] == pytest.approx(-0.1) and never["gained"] == 0 and conditioning(never) == "no gain: no target"
     assert rows.loc[("all", "flow_grpo"), "n"] == 10
@@ -308,3 +308,29 @@ def test_study_cli_writes_the_gain_table(tmp_path):
     assert "| all | toy2d_sep64_sparse | flow_grpo | 6 | 0.0000 | 0.4008 | +0.4008 [" in text
     assert "learns: targets well-conditioned" in text
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_report_opens_with_its_answer(tmp_path):
+    """The README leads with the baseline's gain per seed set and the claims' verdicts, decisive replicated ones
+    first, before the definitions and tables."""
+    from benchmark.analysis.study import gains, render
+
+    fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
+    _study(tmp_path, fast, fast, 0.14, 1)
+    table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=200)
+    columns = {f"{kind} {s}": [f"ratio {i}.0 [0.5, 2] (detail)" if kind == "measured" else verdict
+                               for i, verdict in enumerate(verdicts)]
+               for s, verdicts in (("exploration", ["contradicted", "inconclusive", "reproduced"]),
+                                   ("replication", ["inconclusive", "inconclusive", "reproduced"]))
+               for kind in ("measured", "verdict")}
+    claims = pd.DataFrame({"claim": ["claim A", "claim B", "claim C"], "rule": "r", **columns,
+                           "replication": ["not replicated", "replicated: inconclusive", "replicated: reproduced"]})
+    text = render(table, effects, seed_sets, "flow_grpo", 1, claims=claims, gain_rows=gains(table, seed_sets))
+    answer = text[text.index("## Answer"):text.index("Metrics fixed before the runs")]
+    assert text.index("## Answer") < text.index("## The paper's claims")
+    assert "* `flow_grpo` gain over the base on `toy2d_sep64_sparse`: all +0.50" in answer
+    assert "(learns: targets well-conditioned)" in answer
+    order = [answer.index(f"claim {c}") for c in "CBA"]
+    assert order == sorted(order)
+    assert "* **replicated: reproduced**: claim C (exploration: reproduced; replication: reproduced)." in answer
+    assert "* **not replicated**: claim A (exploration: contradicted; replication: inconclusive)." in answer

@@ -219,7 +219,7 @@ def conditioning(row: pd.Series) -> str:
     if row["ci_low"] > 0:
         return "learns: targets well-conditioned"
     if row["gain"] > 0:
-        return "gain CI reaches 0: targets weak (resamples without a gain count as no difference)"
+        return "gain CI reaches 0: targets weak"
     return "no gain: no target"
 
 
@@ -248,7 +248,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
            wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None) -> str:
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
-    lines = [f"# Study: paired effects vs {baseline}", "",
+    lines = [f"# Study: paired effects vs {baseline}", "", *_answer_lines(claims, gain_rows, baseline),
              f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
              "model (restricted means over the budget; a run that never reaches a target is censored there, "
              "Kaplan-Meier), final reward and AUC; primary: `steps_to_80`. `steps_to_final` (the baseline's own final "
@@ -319,6 +319,32 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
             lines.append(f"Unfinished runs (censored at their last step): {', '.join(unfinished['run'])}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _answer_lines(claims: pd.DataFrame | None, gain_rows: pd.DataFrame | None, baseline: str) -> list[str]:
+    """The report's opening: does the baseline learn on each seed set (its targets' conditioning), then each claim's
+    verdict: those replicated as reproduced or contradicted first, then the other replicated ones, then those the
+    seed sets disagree on. Empty without a gain table or claims."""
+    lines = []
+    if gain_rows is not None and len(gain_rows):
+        for task, rows in gain_rows[gain_rows["algorithm"] == baseline].groupby("task", sort=True):
+            parts = [f"{g['seed_set']} {g['gain']:+.3f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}] "
+                     f"({conditioning(g)})" for _, g in rows.iterrows()]
+            lines.append(f"* `{baseline}` gain over the base on `{task}`: " + "; ".join(parts) + ".")
+    if claims is not None and len(claims):
+        if "replication" in claims:
+            rank = claims["replication"].map(lambda r: 0 if r in ("replicated: reproduced", "replicated: contradicted")
+                                             else 1 if r.startswith("replicated") else 2)
+            ordered = claims.assign(_rank=rank).sort_values("_rank", kind="stable")
+            for _, row in ordered.iterrows():
+                figures = "; ".join(f"{s}: {row[f'verdict {s}']}" for s in ("exploration", "replication"))
+                lines.append(f"* **{row['replication']}**: {row['claim']} ({figures}).")
+        elif "verdict" in claims:
+            lines += [f"* **{row['verdict']}**: {row['claim']}." for _, row in claims.iterrows()]
+    if not lines:
+        return []
+    return ["## Answer", "", "The baseline's gain decides whether the cost targets mean anything; each claim's "
+            "verdict follows its rule, and its figures are in the claims table below.", "", *lines, ""]
 
 
 def _gain_lines(gain_rows: pd.DataFrame, baseline: str) -> list[str]:
