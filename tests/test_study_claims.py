@@ -318,12 +318,11 @@ def test_the_report_opens_with_its_answer(tmp_path):
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     _study(tmp_path, fast, fast, 0.14, 1)
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=200)
-    columns = {f"{kind} {s}": [f"ratio {i}.0 [0.5, 2] (detail)" if kind == "measured" else verdict
-                               for i, verdict in enumerate(verdicts)]
-               for s, verdicts in (("exploration", ["contradicted", "inconclusive", "reproduced"]),
-                                   ("replication", ["inconclusive", "inconclusive", "reproduced"]))
-               for kind in ("measured", "verdict")}
-    claims = pd.DataFrame({"claim": ["claim A", "claim B", "claim C"], "rule": "r", **columns,
+    verdicts = {"exploration": ["contradicted", "inconclusive", "reproduced"],
+                "replication": ["inconclusive", "inconclusive", "reproduced"]}
+    claims = pd.DataFrame({"claim": ["claim A", "claim B", "claim C"], "rule": "r",
+                           **{f"measured {s}": "m" for s in verdicts},
+                           **{f"verdict {s}": v for s, v in verdicts.items()},
                            "replication": ["not replicated", "replicated: inconclusive", "replicated: reproduced"]})
     text = render(table, effects, seed_sets, "flow_grpo", 1, claims=claims, gain_rows=gains(table, seed_sets))
     answer = text[text.index("## Answer"):text.index("Metrics fixed before the runs")]
@@ -334,3 +333,9 @@ def test_the_report_opens_with_its_answer(tmp_path):
     assert order == sorted(order)
     assert "* **replicated: reproduced**: claim C (exploration: reproduced; replication: reproduced)." in answer
     assert "* **not replicated**: claim A (exploration: contradicted; replication: inconclusive)." in answer
+    # without seed sets (one set, no replication column) each claim's single verdict is listed in table order
+    single = pd.DataFrame({"claim": ["claim A", "claim B"], "rule": "r", "measured": "m",
+                           "verdict": ["contradicted", "reproduced"]})
+    text = render(table, effects, seed_sets, "flow_grpo", 1, claims=single)
+    answer = text[text.index("## Answer"):text.index("Metrics fixed before the runs")]
+    assert "* **contradicted**: claim A.\n* **reproduced**: claim B." in answer and "gain over the base" not in answer
