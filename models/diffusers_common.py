@@ -23,11 +23,19 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 #: compute dtypes that run under autocast (the rest run in their own precision)
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 
-# The LoRA targets of Flow-GRPO's SD3 and Wan scripts (scripts/train_sd3.py, scripts/train_wan2_1.py:
-# LoraConfig(r=32, lora_alpha=64, init_lora_weights="gaussian", target_modules=[...])).
-DEFAULT_LORA_TARGETS = (
+#: the attention projections a LoRA adapts (input q/k/v, output, and the joint-attention text-stream ones)
+ATTENTION_PROJECTIONS = (
     "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
 )
+#: SD3's LoRA targets as the released SD3 trainers list them: Flow-GRPO scripts/train_sd3.py:419-433, DiffusionNFT
+#: scripts/train_nft_sd3.py:420-431, AWM scripts/train_sd3_awm.py:612-637 (``attn.to_q`` ... ``attn.to_add_out``;
+#: LoraConfig(r=32, lora_alpha=64, init_lora_weights="gaussian")). peft matches a target by name suffix, so the
+#: ``attn.`` prefix keeps SD3.5's second self-attention (``attn2`` of the dual-attention layers) frozen, as released:
+#: on SD3.5-Medium 191 wrapped modules, 18,776,064 LoRA parameters at rank 32 (tests/test_lora_targets.py).
+SD3_LORA_TARGETS = tuple(f"attn.{name}" for name in ATTENTION_PROJECTIONS)
+#: Wan's LoRA targets: Flow-GRPO's Wan trainer (scripts/train_wan2_1.py) lists the unprefixed names, so both the
+#: self-attention (``attn1``) and the cross-attention (``attn2``) of every block are adapted
+WAN_LORA_TARGETS = ATTENTION_PROJECTIONS
 
 
 #: how transformer calls made without autograd run (model arg ``no_grad_path``; :class:`PlainTransformer`):
@@ -158,6 +166,8 @@ class DiffusersFlowModel(FlowModel):
     env_var: ClassVar[str] = ""
     #: the empty negative prompt of the Flow-GRPO recipes (``compute_text_embeddings([""], ...)``)
     negative_prompt: ClassVar[str] = ""
+    #: the LoRA targets when the config names none (per model, as its released trainers list them)
+    default_lora_targets: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -201,7 +211,8 @@ class DiffusersFlowModel(FlowModel):
         self.transformer = self.pipe.transformer
         self.num_train_timesteps = int(self.pipe.scheduler.config.get("num_train_timesteps", 1000))
 
-        self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)
+        targets = lora_targets or self.default_lora_targets
+        self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), targets)
         if gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)

@@ -17,7 +17,7 @@ import torch
 
 from models import register
 from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel
+from models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel
 from flowzoo.errors import ConfigError
 
 
@@ -30,6 +30,7 @@ class SD3Model(DiffusersFlowModel):
     default_eval_num_steps = 40
     pipeline_class = "StableDiffusion3Pipeline"
     env_var = "FLOWZOO_SD3_PATH"
+    default_lora_targets = SD3_LORA_TARGETS  # the joint attention only, as the SD3 releases train
 
     def __init__(
         self,

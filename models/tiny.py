@@ -7,7 +7,7 @@ images (``models/tiny_data.py``; choices in docs/tiny.md).
 * The transformer is called as SD3's pipeline calls it (``timestep = 1000 * sigma``, output = velocity
   ``noise - x0``), with the CLIP last hidden states as ``encoder_hidden_states`` and its pooled output as
   ``pooled_projections``; CFG uses the empty prompt, which pretraining drops to with probability 0.1.
-* RL trains a peft LoRA on SD3.5's projection names (``DEFAULT_LORA_TARGETS``); the reference policy is the same
+* RL trains a peft LoRA on SD3.5's projection names (``SD3_LORA_TARGETS``); the reference policy is the same
   transformer with the adapter disabled. LoRA, reference, the prompt-embedding cache and ``predict`` are
   ``DiffusersFlowModel``'s: only loading differs (a shipped safetensors file instead of a pipeline directory).
 * ``no_grad_path`` (default ``merged``): calls made without autograd (rollout steps, evaluation, the detached CFG
@@ -34,7 +34,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
 from models import register
 from models.base import Condition, FlowModel
-from models.diffusers_common import (DEFAULT_LORA_TARGETS, DiffusersFlowModel, NoGradPath, check_no_grad_path,
+from models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, NoGradPath, check_no_grad_path,
                                      resolve_device)
 from models.tiny_data import DATASETS, image_shape
 from models.tiny_text import WordTokenizer, build_text_encoder
@@ -174,6 +174,7 @@ class TinyModel(DiffusersFlowModel):
     default_num_steps = 10
     default_eval_num_steps = 10
     negative_prompt = ""
+    default_lora_targets = SD3_LORA_TARGETS  # an SD3 transformer without dual attention: every attention projection
 
     def __init__(
         self,
@@ -225,7 +226,8 @@ class TinyModel(DiffusersFlowModel):
             module.requires_grad_(False).eval().to(device=self.device, dtype=self.dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + TINY_LORA_INIT_OFFSET)  # peft's gaussian init of LoRA A draws from the global generator
-            self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), lora_targets or DEFAULT_LORA_TARGETS)
+            targets = lora_targets or self.default_lora_targets
+            self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), targets)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
 

@@ -19,7 +19,7 @@ import torch
 from flowzoo.errors import ConfigError
 from models import register
 from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel
+from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel
 
 
 @register("wan")
@@ -31,6 +31,7 @@ class WanModel(DiffusersFlowModel):
     default_eval_num_steps = 50
     pipeline_class = "WanPipeline"
     env_var = "FLOWZOO_WAN_PATH"
+    default_lora_targets = WAN_LORA_TARGETS  # attn1 and attn2, as Flow-GRPO's Wan trainer
 
     def __init__(
         self,

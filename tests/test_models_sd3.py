@@ -21,7 +21,9 @@ from models.sd3 import SD3Model  # noqa: E402
 
 from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402,F401  (shared with flowzoo perf)
 PROMPTS = ["a photo of a cat", "two red dogs"]
-TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+# the released SD3 trainers' list (Flow-GRPO scripts/train_sd3.py:419-433); the adapter's default
+TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+           "attn.add_v_proj", "attn.to_add_out")
 
 
 @pytest.fixture(scope="session")

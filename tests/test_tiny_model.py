@@ -7,11 +7,13 @@ import torch
 import algorithms
 import models
 from flowzoo.errors import ConfigError
-from models.diffusers_common import DEFAULT_LORA_TARGETS
+from models.diffusers_common import SD3_LORA_TARGETS
 from models.tiny import read_weights, save_weights
 from models.tiny_data import prompt_set
 from rewards.base import Reward, RewardOutput
 
+#: the attention projections without the ``attn.`` prefix
+BARE = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 SMALL = dict(layers=2, heads=2, head_dim=8, text_width=16, text_layers=1, text_heads=2)
 
 
@@ -60,7 +62,10 @@ def test_cfg_combines_conditional_and_unconditional_passes(model):
 def test_lora_only_on_sd3_projection_names(model):
     lora_names = [n for n, _ in model.transformer.named_parameters() if "lora_" in n]
     wrapped = {n.split(".lora_")[0] for n in lora_names}
-    assert {next(t for t in DEFAULT_LORA_TARGETS if w.endswith(t)) for w in wrapped} == set(DEFAULT_LORA_TARGETS)
+    assert {next(t for t in SD3_LORA_TARGETS if w.endswith(t)) for w in wrapped} == set(SD3_LORA_TARGETS)
+    # no dual attention here: the ``attn.`` prefix leaves no attention projection out (the tiny numerics unchanged)
+    projections = [n for n, _ in model.transformer.named_modules() if n.endswith(tuple("." + t for t in BARE))]
+    assert sorted(projections) == sorted(wrapped)
     trainable = {id(p) for p in model.trainable_parameters()}
     assert trainable == {id(p) for n, p in model.transformer.named_parameters() if "lora_" in n}
     assert all(not p.requires_grad for p in model.text_encoder.parameters())

@@ -29,7 +29,7 @@ import torch
 from benchmark.perf import measure
 from flowzoo.errors import ConfigError
 from models.base import FlowModel
-from models.diffusers_common import DEFAULT_LORA_TARGETS, resolve_device, resolve_dtype
+from models.diffusers_common import resolve_device, resolve_dtype
 from models.sd3 import SD3Model
 
 #: stabilityai/stable-diffusion-3.5-medium transformer/config.json (diffusers SD3Transformer2DModel arguments)
@@ -71,7 +71,7 @@ class RandomSD3(SD3Model):
         self.max_sequence_length = text_tokens
         self.resolution = int(resolution)
         self.path = None
-        self._lora_names = self._add_lora(int(lora_rank), 2.0 * lora_rank, DEFAULT_LORA_TARGETS)
+        self._lora_names = self._add_lora(int(lora_rank), 2.0 * lora_rank, self.default_lora_targets)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = 64
 
