@@ -1,10 +1,12 @@
 """Secrets (API keys, tokens, passwords) never reach a file, a tracker or an error message.
 
-Which config values are secret: a mapping key one of whose words (split at ``_``, ``-`` and camelCase) is ``key``,
-``apikey``, ``token``, ``secret``, ``password`` or ``passwd`` (``api_key``, ``hf_token``, ``clientSecret``), plus
-any name a model or reward class lists in its ``secret_args``. Whole words only: ``max_tokens`` (a count) and
-``keyframes`` are not secrets. ``<name>_env`` next to a secret name (``api_key_env: MY_VAR``) is a *reference*: the
-name of an environment variable read at run time; it is not secret and is stored as is.
+Which config values are secret is decided by where a value goes, never by its name: a value is secret when the class
+it is given to declares it a credential (``secret_args`` of a reward or model class, e.g. ``unifiedreward``'s
+``api_key``), at its place in the config: ``reward_args.<reward>.<arg>`` or ``model.args.<arg>``. A prompt sampler's
+``category_key`` or a reward's ``max_tokens`` is an ordinary value, stored and compared as given. A *place* is the
+tuple of mapping keys that leads to the value (``("reward_args", "unifiedreward", "api_key")``). ``<arg>_env`` next
+to a secret (``api_key_env: MY_VAR``) is a *reference*: the name of an environment variable read at run time; it is
+not secret and is stored as is.
 
 * :func:`redact` is what ``config.yaml``, tracker configurations and reports see: every secret value becomes ``***``.
 * :func:`without_secrets` is what decides whether two configs are the same run: secrets and their references are
@@ -25,69 +27,66 @@ from typing import Any
 from flowzoo.errors import ConfigError
 
 REDACTED = "***"
-SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd"})
 REFERENCE_SUFFIX = "_env"
-_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+Place = tuple  # the mapping keys from the root of a config tree to one value
 _warned: set[str] = set()  # dotted paths already warned about in this process
 
 
-def is_secret_name(name: Any, declared: Iterable[str] = ()) -> bool:
-    """Whether a config key names a secret value (its words include a secret word, or a class declared it)."""
-    if not isinstance(name, str) or name.endswith(REFERENCE_SUFFIX):
-        return False
-    return name in set(declared) or any(word.lower() in SECRET_WORDS for word in _WORD.findall(name))
+def places(prefix: Iterable[str], names: Iterable[str]) -> set[Place]:
+    """The places ``prefix + (name,)`` of the secret arguments ``names`` a class declares."""
+    return {(*prefix, name) for name in names}
 
 
-def is_secret_reference(name: Any, declared: Iterable[str] = ()) -> bool:
-    """``<secret name>_env``: the name of the environment variable that holds the secret."""
+def is_reference(place: Place, secret: Iterable[Place]) -> bool:
+    """``<secret>_env``: the name of the environment variable that holds the secret at ``place[:-1] + (secret,)``."""
+    name = place[-1] if place else None
     return (isinstance(name, str) and name.endswith(REFERENCE_SUFFIX)
-            and is_secret_name(name[: -len(REFERENCE_SUFFIX)], declared))
+            and (*place[:-1], name[: -len(REFERENCE_SUFFIX)]) in set(secret))
 
 
 def _has_value(value: Any) -> bool:
     return value is not None and value != ""
 
 
-def redact(tree: Any, declared: Iterable[str] = ()) -> Any:
+def redact(tree: Any, secret: Iterable[Place] = (), at: Place = ()) -> Any:
     """A copy of a config tree (mappings, lists, scalars) with every set secret value replaced by ``***``."""
-    declared = frozenset(declared)
+    secret = frozenset(secret)
     if isinstance(tree, Mapping):
-        return {k: REDACTED if is_secret_name(k, declared) and _has_value(v) else redact(v, declared)
+        return {k: REDACTED if (*at, k) in secret and _has_value(v) else redact(v, secret, (*at, k))
                 for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return [redact(v, declared) for v in tree]
+        return [redact(v, secret, at) for v in tree]
     return tree
 
 
-def without_secrets(tree: Any, declared: Iterable[str] = ()) -> Any:
+def without_secrets(tree: Any, secret: Iterable[Place] = (), at: Place = ()) -> Any:
     """A copy of a config tree without secrets and their ``*_env`` references (the run's identity)."""
-    declared = frozenset(declared)
+    secret = frozenset(secret)
     if isinstance(tree, Mapping):
-        return {k: without_secrets(v, declared) for k, v in tree.items()
-                if not (is_secret_name(k, declared) or is_secret_reference(k, declared))}
+        return {k: without_secrets(v, secret, (*at, k)) for k, v in tree.items()
+                if not ((*at, k) in secret or is_reference((*at, k), secret))}
     if isinstance(tree, (list, tuple)):
-        return [without_secrets(v, declared) for v in tree]
+        return [without_secrets(v, secret, at) for v in tree]
     return tree
 
 
-def literal_secrets(tree: Any, declared: Iterable[str] = (), prefix: str = "") -> list[str]:
+def literal_secrets(tree: Any, secret: Iterable[Place] = (), at: Place = ()) -> list[str]:
     """Dotted paths of the secret values written literally in a config tree (``***`` does not count)."""
-    declared = frozenset(declared)
+    secret = frozenset(secret)
     found: list[str] = []
     if isinstance(tree, Mapping):
         for k, v in tree.items():
-            path = f"{prefix}{k}"
-            if is_secret_name(k, declared):
+            if (*at, k) in secret:
                 if _has_value(v) and v != REDACTED:
-                    found.append(path)
+                    found.append(".".join(map(str, (*at, k))))
             else:
-                found += literal_secrets(v, declared, path + ".")
+                found += literal_secrets(v, secret, (*at, k))
     return found
 
 
-def warn_literal_secrets(tree: Any, declared: Iterable[str] = ()) -> list[str]:
+def warn_literal_secrets(tree: Any, secret: Iterable[Place] = ()) -> list[str]:
     """One stderr line per literal secret not yet warned about in this process; returns the paths found."""
-    paths = literal_secrets(tree, declared)
+    paths = literal_secrets(tree, secret)
     for path in paths:
         if path not in _warned:
             _warned.add(path)

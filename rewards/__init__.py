@@ -10,7 +10,6 @@ from typing import Any, Mapping
 
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
-from flowzoo.secrets import redact
 from rewards.base import Reward, RewardOutput
 from rewards.multi import MultiReward
 
@@ -47,8 +46,8 @@ def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]]
         try:
             built[name] = cls(**args.get(name, {}))
         except TypeError as e:
-            shown = redact(args.get(name), getattr(cls, "secret_args", ()))  # the error names no key
-            raise ConfigError(f"reward {name!r}: bad arguments {shown}: {e}") from None
+            given = sorted(args.get(name, {}))  # names only: a credential given to the wrong reward stays unshown
+            raise ConfigError(f"reward {name!r}: bad arguments {given}: {e}") from None
     if isinstance(spec, str):
         return built[spec]
     return MultiReward(built, weights)

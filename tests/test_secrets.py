@@ -20,8 +20,7 @@ import flowzoo.secrets
 from benchmark.cli import main
 from benchmark.analysis.report import write_report
 from benchmark.experiments.runner import TIMING_COLUMNS
-from flowzoo.secrets import (REDACTED, is_secret_name, literal_secrets, redact, warn_literal_secrets,
-                             without_secrets)
+from flowzoo.secrets import REDACTED, literal_secrets, redact, warn_literal_secrets, without_secrets
 from tests.test_rewards_unifiedreward import FakeServer, chat_response
 
 LITERAL_KEY = "sk-literal-8d41f0b2c9e7"
@@ -37,32 +36,43 @@ TRAIN = {"steps": 4, "prompts_per_step": 2, "eval_every": 2, "eval_prompts": 2, 
 # ------------------------------------------------------------------------------------------------ the naming rule
 
 
-def test_which_names_are_secret():
-    for name in ("api_key", "hf_token", "clientSecret", "db_password", "API_KEY", "apikey", "token", "passwd"):
-        assert is_secret_name(name), name
-    for name in ("max_tokens", "keyframes", "monkey", "api_key_env", "base_url", "tokenizer"):
-        assert not is_secret_name(name), name
-    assert is_secret_name("bearer", declared={"bearer"})
+JUDGE_KEY = ("reward_args", "judge", "api_key")
 
 
-def test_redact_identity_and_literal_paths():
+def test_secrets_are_decided_by_where_a_value_goes_not_by_its_name():
+    """Only the declared places are secret: a sampler's ``category_key``, a reward's ``max_tokens`` or a key-like
+    name given to a class that takes no credential is an ordinary value."""
     config = {"model": {"args": {"hf_token": "hf-1", "size": 3}},
-              "reward_args": {"judge": {"api_key": "sk-1", "api_key_env": "V", "max_tokens": 9, "auth": "x"}},
+              "reward_args": {"judge": {"api_key": "sk-1", "api_key_env": "V", "max_tokens": 9, "auth": "x"},
+                              "other": {"api_key": "not-a-credential-here"}},
+              "train": {"prompt_sampler": {"name": "variance", "category_key": "tag"}},
               "empty": {"password": None}}
-    shown = redact(config, declared={"auth"})
-    assert shown["model"]["args"] == {"hf_token": REDACTED, "size": 3}
+    secret = {JUDGE_KEY, ("reward_args", "judge", "auth"), ("empty", "password")}
+    shown = redact(config, secret)
     assert shown["reward_args"]["judge"] == {"api_key": REDACTED, "api_key_env": "V", "max_tokens": 9, "auth": REDACTED}
-    assert shown["empty"] == {"password": None} and config["model"]["args"]["hf_token"] == "hf-1"  # a copy
-    same = {"model": {"args": {"size": 3}}, "reward_args": {"judge": {"max_tokens": 9}}, "empty": {}}
-    assert without_secrets(config, declared={"auth"}) == same == without_secrets(shown, declared={"auth"})
-    assert literal_secrets(config) == ["model.args.hf_token", "reward_args.judge.api_key"]
-    assert literal_secrets(shown) == []  # *** is not a literal
+    assert shown["model"] == config["model"] and shown["train"] == config["train"]
+    assert shown["reward_args"]["other"] == config["reward_args"]["other"]
+    assert shown["empty"] == {"password": None} and config["reward_args"]["judge"]["api_key"] == "sk-1"  # a copy
+    same = {**config, "reward_args": {"judge": {"max_tokens": 9}, "other": config["reward_args"]["other"]},
+            "empty": {}}
+    assert without_secrets(config, secret) == same == without_secrets(shown, secret)
+    assert literal_secrets(config, secret) == ["reward_args.judge.api_key", "reward_args.judge.auth"]
+    assert literal_secrets(shown, secret) == []  # *** is not a literal
+    assert literal_secrets(config) == [] and redact(config) == config  # nothing declared: nothing secret
+
+
+def test_the_config_declares_the_places_of_its_classes_credentials():
+    from benchmark.experiments.config import ExperimentConfig, declared_secrets
+
+    config = ExperimentConfig(reward={"toy_mode": 1.0, "unifiedreward": 1.0})
+    assert declared_secrets(config) == {("reward_args", "unifiedreward", "api_key")}
+    assert declared_secrets(ExperimentConfig(reward="toy_mode")) == set()
 
 
 def test_a_literal_secret_is_warned_about_once(capsys, monkeypatch):
     monkeypatch.setattr(flowzoo.secrets, "_warned", set())
     for _ in range(2):
-        warn_literal_secrets({"reward_args": {"judge": {"api_key": LITERAL_KEY}}})
+        warn_literal_secrets({"reward_args": {"judge": {"api_key": LITERAL_KEY}}}, {JUDGE_KEY})
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "reward_args.judge.api_key" in err and "api_key_env" in err
     assert LITERAL_KEY not in err

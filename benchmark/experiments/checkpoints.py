@@ -27,21 +27,27 @@ EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
 #: model args that choose how the network is evaluated, not what it computes (the tiny tier's ``no_grad_path``: the
 #: same samples to float rounding, tests/test_tiny_fast_path.py): a run made with another value is the same run
 MODEL_EXECUTION_ARGS = ("no_grad_path",)
+#: ``train.eval_batch`` chooses how an evaluation is chunked (memory), not what it samples (each sample's own noise;
+#: scores equal to float rounding): every value stands in a run's identity as 64, the value every run recorded before
+#: the default became the model's choice (null), so their digests and checkpoint seals stand
+EVAL_BATCH_IDENTITY = 64
 #: algorithm keys that belong to a run's identity only when their switch (the first) is on: a run with the switch
 #: off is the run it was before the keys existed (the weight EMA, algorithm.ema)
 SWITCHED_KEYS = (("ema", "ema_decay", "ema_every"),)
 
 
-def run_identity(resolved: dict, declared_secrets: set[str]) -> dict:
+def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
-    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``;
+    computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
+    with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
     without an unset ``train.prompt_sampler`` or ``prompts.tags``; without the algorithm's ``EXECUTION_KEYS`` and the
     model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
-        resolved["train"] = {k: v for k, v in resolved["train"].items()
+        resolved["train"] = {k: (EVAL_BATCH_IDENTITY if k == "eval_batch" else v)
+                             for k, v in resolved["train"].items()
                              if k != "threads" and not (k == "prompt_sampler" and v is None)}
     if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
         resolved["prompts"] = {k: v for k, v in resolved["prompts"].items() if not (k == "tags" and v is None)}

@@ -21,7 +21,7 @@ from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label, check_path_text
 from flowzoo.schema import to_mapping
-from flowzoo.secrets import redact
+from flowzoo.secrets import places, redact
 
 
 @dataclass
@@ -39,7 +39,9 @@ class TrainSection:
     eval_samples_per_prompt: int = 16
     eval_num_steps: int | None = None  # ODE steps at evaluation; None = the model's default
     eval_seed: int = 12345  # the evaluation noise is the same at every evaluation and for every run
-    eval_batch: int = 64  # samples per evaluation chunk (memory); chunk k is scored while chunk k+1 is sampled
+    # samples per evaluation chunk (memory; chunk k is scored while chunk k+1 is sampled); None = the model's
+    # ``default_eval_batch`` (64; the toy tier all of an evaluation at once). Not part of a run's identity.
+    eval_batch: int | None = None
     checkpoint_every: int = 10  # 0 = only at the end
     save_samples: bool = True  # write samples/step_N.png at evaluations
     threads: int | None = None  # torch intra-op threads; None = the model's preferred number (or torch's default)
@@ -49,13 +51,13 @@ class TrainSection:
     prompt_sampler: str | dict | None = None
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "eval_samples_per_prompt", "eval_batch"):
+        for name in ("steps", "prompts_per_step", "eval_samples_per_prompt"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("eval_prompts", "eval_num_steps", "threads"):
+        for name in ("eval_prompts", "eval_num_steps", "threads", "eval_batch"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{name} must be a positive integer or null, got {value}")
@@ -164,11 +166,14 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def declared_secrets(config: ExperimentConfig) -> set[str]:
-    """Argument names the config's model and reward classes declare secret (``secret_args``; flowzoo/secrets.py)."""
+def declared_secrets(config: ExperimentConfig) -> set[tuple]:
+    """The places of the config's secret values: the arguments its model and reward classes declare credentials
+    (``secret_args``), at ``model.args.<arg>`` and ``reward_args.<reward>.<arg>`` (flowzoo/secrets.py)."""
     names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
-    classes = [models.get(config.model.name), *(rewards.get(name) for name in names)]
-    return {arg for cls in classes for arg in getattr(cls, "secret_args", ())}
+    found = places(("model", "args"), getattr(models.get(config.model.name), "secret_args", ()))
+    for name in names:
+        found |= places(("reward_args", name), getattr(rewards.get(name), "secret_args", ()))
+    return found
 
 
 def resolved_dict(config: ExperimentConfig) -> dict:
