@@ -34,6 +34,8 @@ from flowzoo.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "hyperparams"
 INHERITS = "inherits"
+#: the file's search space for ``flowzoo tune`` (benchmark/experiments/search_space.py), not a recipe scope
+SEARCH_SPACE = "search_space"
 
 _SCOPE_LINE = re.compile(r"^([A-Za-z0-9_.\-]+):\s*(\{\s*\})?\s*(#.*)?$")
 _KNOB_LINE = re.compile(r"^  ([A-Za-z0-9_]+):(.*?)(?:\s+#\s*(.*))?$")
@@ -57,6 +59,16 @@ def _chain(algorithm: str) -> list[type]:
     return [c for c in reversed(cls.__mro__) if isinstance(getattr(c, "name", None), str) and c.name != "base"]
 
 
+def algorithm_classes(algorithm: str) -> list[type]:
+    """The algorithm's registered classes, base first (public for search_space.py)."""
+    return _chain(algorithm)
+
+
+def own_preset(cls: type) -> dict[str, Any]:
+    """The preset keys ``cls`` adds or changes relative to its parent class (public for search_space.py)."""
+    return _own_preset(cls)
+
+
 def _own_preset(cls: type) -> dict[str, Any]:
     """The preset keys ``cls`` adds or changes relative to its parent class."""
     if "preset" not in vars(cls):
@@ -68,6 +80,7 @@ def _own_preset(cls: type) -> dict[str, Any]:
 def _table(path: Path) -> tuple[str | None, dict[str, dict]]:
     """A recipe file as (the algorithm it inherits, {scope: algorithm keys})."""
     table = read_yaml(path)
+    table.pop(SEARCH_SPACE, None)
     base = table.pop(INHERITS, None)
     if base is not None and (not isinstance(base, str) or base not in algorithms.names()):
         raise ConfigError(f"{path.name}: inherits {base!r} is not an algorithm; known: {', '.join(algorithms.names())}")
@@ -118,8 +131,13 @@ def read_recipe_file(path: Path) -> list[RecipeValue]:
     config_fields = {f.name for f in dataclasses.fields(algorithms.get(name).Config)}
     rows: list[RecipeValue] = []
     scope = None
+    in_space = False  # inside the search_space section (read by search_space.py)
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#") or line.startswith(f"{INHERITS}:"):
+            continue
+        if not line.startswith(" "):
+            in_space = line.startswith(f"{SEARCH_SPACE}:")
+        if in_space:
             continue
         top = _SCOPE_LINE.match(line)
         if top:
