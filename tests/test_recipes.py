@@ -153,7 +153,10 @@ def test_paper_suite_resolves_to_the_released_recipes(suite_name, prompt_dir, tm
 
 #: each release's prompts per step (the paper suites' `per_algorithm_train`; sources in the suite files)
 RELEASED_PROMPTS = {"flow_grpo": 48, "op_grpo": 48, "flow_grpo_fast": 48, "dance_grpo": 16, "mix_grpo": 32,
-                    "mix_grpo_flash": 32, "diffusion_nft": 48, "awm": 48}  # the last two: ours (48), see the suites
+                    "mix_grpo_flash": 32, "diffusion_nft": 48}  # DiffusionNFT: config/nft.py:28-47
+#: AWM's per task: 8 GPUs x 6 samples x 36 (GenEval, OCR) or 12 (PickScore) batches per epoch / G 24 (AWM
+#: config/dgx_awm.py:42-46, :181-185, :320-324 at be51372)
+AWM_PROMPTS = {"sd3_geneval": 8 * 6 * 36 // 24, "sd3_ocr": 8 * 6 * 36 // 24, "sd3_pickscore": 8 * 6 * 12 // 24}
 
 
 @pytest.mark.parametrize("suite_name", PAPER_SUITES[:3])
@@ -162,6 +165,8 @@ def test_paper_suites_run_each_released_batch_and_an_equal_batch_variant(suite_n
     task = suite_name.replace("paper-", "").replace("-", "_")
     fast = 64 if task == "sd3_pickscore" else 48  # FG grpo.py:339 (pickscore_sd3_fast_nocfg)
     resolved = {(c.task, c.algorithm_name): c.train.prompts_per_step for c in configs}
+    assert resolved[(task, "awm")] == AWM_PROMPTS[task] == (24 if task == "sd3_pickscore" else 72)
+    assert resolved[(f"{task}@equal_batch", "awm")] == 48
     for alg, prompts in RELEASED_PROMPTS.items():
         assert resolved[(task, alg)] == (fast if alg == "flow_grpo_fast" else prompts)
         assert resolved[(f"{task}@equal_batch", alg)] == 48
