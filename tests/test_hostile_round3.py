@@ -6,6 +6,9 @@ Every case ends in one line on stderr and exit 2, or does the right thing; nothi
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+import torch
 import yaml
 
 from benchmark.cli import main
@@ -52,3 +55,22 @@ def test_category_key_is_stored_verbatim_is_part_of_the_identity_and_the_run_is_
     assert main(["export", str(run), "--out", str(tmp_path / "lora")]) == 0
     assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()
     assert main(["train", str(run / "config.yaml"), f"run_dir={tmp_path / 'again'}", "--quiet"]) == 0
+
+
+# ---- 2. variance with floor 0 on a sparse reward --------------------------------------------------------------------
+@pytest.mark.parametrize("category_key", [None, "tag"])
+def test_variance_floor_0_draws_every_prompt_with_spread_then_the_rest_uniformly(category_key):
+    """CGPO's pure rule (floor 0) on a sparse reward: 1 of 12 prompts had spread, 4 are needed per step. The draw was
+    numpy's "Fewer non-zero entries in p than size"; now that prompt is always drawn, the others uniformly."""
+    from algorithms.prompt_samplers.base import GroupOutcome
+    from algorithms.prompt_samplers.variance import VariancePrioritised
+
+    pool = [(f"p{i}", {"tag": "even" if i % 2 == 0 else "odd"}) for i in range(12)]
+    config = VariancePrioritised.Config(floor=0.0, category_key=category_key)
+    sampler = VariancePrioritised(pool, 4, seed=0, config=config)
+    sampler.observe([GroupOutcome(index=i, prompt=pool[i][0], rewards=torch.tensor([1.0, 0.0] if i == 4 else [0.0, 0.0]))
+                     for i in range(12)])
+    drawn = [sampler.draw(step, step - 1).indices for step in range(1, 200)]
+    assert all(len(set(d)) == 4 and 4 in d for d in drawn)
+    others = np.bincount([i for d in drawn for i in d if i != 4], minlength=12)
+    assert others[4] == 0 and (others[np.arange(12) != 4] > 10).all()  # every other prompt is reached

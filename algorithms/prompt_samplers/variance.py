@@ -9,7 +9,9 @@ balances the categories. Ours, where the paper's exact formulas were not availab
   exponential average ``v <- (1 - s) v + s var``; a prompt never drawn takes the mean estimate of the drawn ones (all
   prompts are equal before the first observation: the first draw is uniform);
 * probabilities ``(1 - floor) v_p / sum v + floor / N``, so every prompt stays reachable (and a pool whose groups all
-  had zero spread is drawn uniformly);
+  had zero spread is drawn uniformly); ``floor: 0`` is CGPO's pure variance-proportional rule, the limit floor -> 0:
+  when fewer prompts have spread than the draw needs (a sparse reward), every prompt with spread is drawn and the
+  rest of the draw is uniform over the prompts without (a zero-variance prompt is never preferred to one with spread);
 * ``groups`` distinct prompts per step (the pool must hold at least that many);
 * with ``category_key`` (a metadata key, e.g. GenEval's ``tag``): category c gets a share
   ``(1 - calibration) n_c / N + calibration V_c / sum V`` of the groups (its size against its summed variance), the
@@ -105,12 +107,21 @@ class VariancePrioritised(PromptSampler):
             return uniform
         return (1 - self.config.floor) * v / v.sum() + self.config.floor * uniform
 
+    def choose(self, rng: np.random.Generator, members: np.ndarray, count: int) -> list[int]:
+        """``count`` distinct pool indices of ``members`` by their probabilities (module docstring); with fewer than
+        ``count`` of non-zero probability (``floor: 0``), all of those and the rest uniformly among the others."""
+        p = self.probabilities(members)
+        positive = p > 0
+        if positive.sum() >= count:
+            return rng.choice(members, size=count, replace=False, p=p).tolist()
+        rest = rng.choice(members[~positive], size=count - int(positive.sum()), replace=False)
+        return rng.permutation([*members[positive].tolist(), *rest.tolist()]).tolist()
+
     def draw(self, step, iteration, algorithm=None) -> PromptDraw:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, PROMPT_CURRICULUM]))
         everyone = np.arange(len(self.pool))
         if len(self.categories) == 1:
-            chosen = rng.choice(everyone, size=self.groups, replace=False, p=self.probabilities(everyone))
-            return PromptDraw.of(self.pool, chosen.tolist())
+            return PromptDraw.of(self.pool, self.choose(rng, everyone, self.groups))
         sizes = np.bincount(self.category, minlength=len(self.categories))
         weights = self.probabilities(everyone)
         summed = np.bincount(self.category, weights=weights, minlength=len(self.categories))
@@ -121,7 +132,7 @@ class VariancePrioritised(PromptSampler):
         for c, count in enumerate(counts):
             if count:
                 members = everyone[self.category == c]
-                chosen += rng.choice(members, size=count, replace=False, p=self.probabilities(members)).tolist()
+                chosen += self.choose(rng, members, count)
         order = rng.permutation(len(chosen))  # categories interleaved, not in blocks
         return PromptDraw.of(self.pool, [chosen[i] for i in order])
 
