@@ -34,6 +34,7 @@ from benchmark.experiments.loading import build_config
 from benchmark.experiments.executors import Resources, resolve_resources
 from benchmark.experiments.recipes import recipe
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
+from benchmark.experiments.tuning_design import TunedValues, apply_tuned, find_tuned, read_design
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
@@ -58,6 +59,10 @@ class Suite:
     #: what each run's scheduler job asks for (benchmark/experiments/executors.py, Resources: gpus, processes, cpus, mem_gb,
     #: time_min); a task's own ``resources`` win; unused by the local executor
     resources: dict = field(default_factory=dict)
+    #: the tuning design of ``flowzoo tune`` (benchmark/experiments/tuning_design.py), fixed before any trial
+    tuning: dict | None = None
+    #: a directory of tuned configurations, DIR/<task>/<algorithm>.yaml: each cell runs at its algorithm's tuned recipe
+    tuned: str | None = None
 
 
 def suite_names() -> list[str]:
@@ -83,6 +88,8 @@ def load_suite(name_or_path: str) -> Suite:
     for task, task_cfg in suite.tasks.items():
         if isinstance(task_cfg, dict) and "seeds" in task_cfg:
             check_unique(task_cfg["seeds"], f"suite {path.name}: tasks.{task}.seeds")
+    if suite.tuning is not None:  # tuning seeds disjoint from every seed the suite evaluates on
+        read_design(suite.name, suite.tuning, evaluation_seeds(suite))
     for alg in suite.algorithms:
         algorithms.get(alg)
     for task in suite.tasks:
@@ -92,6 +99,12 @@ def load_suite(name_or_path: str) -> Suite:
         if unknown:
             raise ConfigError(f"suite {suite.name}: only_tasks.{alg} names unknown tasks {sorted(unknown)}; tasks: {', '.join(suite.tasks)}")
     return suite
+
+
+def evaluation_seeds(suite: Suite) -> list[int]:
+    """Every seed the suite's runs use: its seeds (the union of its seed sets) and every task's own."""
+    own = [s for cfg in suite.tasks.values() if isinstance(cfg, dict) for s in cfg.get("seeds", [])]
+    return sorted(set(suite.seeds) | set(own))
 
 
 def task_resources(suite: Suite, task: str, site: dict | None = None) -> Resources:
@@ -201,8 +214,13 @@ def grid_run_dirs(suite: Suite, runs_dir: Path) -> list[Path]:
     return [run_dir_of(suite, runs_dir, task, alg, seed) for task, _, alg, seed in _grid(suite)]
 
 
-def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[ExperimentConfig]:
-    """Every run of the suite as a validated config (fails before any work if one is bad)."""
+def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) -> list[ExperimentConfig]:
+    """Every run of the suite as a validated config (fails before any work if one is bad).
+
+    ``tuned``: (task, algorithm) -> :class:`TunedValues` or None, the cell's tuned layer (``flowzoo tune`` passes a
+    trial's values); default: the suite's ``tuned:`` directory, if it names one."""
+    if tuned is None and suite.tuned:
+        tuned = lambda task, alg: find_tuned(suite.tuned, task, alg)  # noqa: E731
     placed = [o for o in overrides if o.partition("=")[0].strip() == "run_dir"]
     if placed:  # every run of the grid would share that one directory
         raise ConfigError(f"bench override {placed[0]!r}: bench places each run at RUNS/<suite>/<task>/<algorithm>/"
@@ -213,6 +231,9 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = ()) -> list[Expe
         model = (data.get("model") or {}).get("name", "toy2d")
         data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
         data["train"] = train_keys(suite.name, task, alg, data)
+        layer: TunedValues | None = tuned(task, alg) if tuned else None
+        if layer is not None:
+            apply_tuned(data, layer, ((task_cfg.get("per_algorithm") or {}).get(alg) or {}))
         data.update(task=task, seed=seed, run_dir=str(run_dir_of(suite, runs_dir, task, alg, seed)))
         configs.append(build_config(apply_overrides(data, list(overrides))))
     return configs

@@ -1,0 +1,412 @@
+"""``flowzoo tune SUITE``: one Optuna study per (task, algorithm) cell of a suite, the same budget for every cell.
+
+The design comes from the suite's ``tuning:`` section (:mod:`benchmark.experiments.tuning_design`), the knobs from
+each algorithm's and prompt sampler's declared search space (:mod:`benchmark.experiments.search_space`). A trial
+trains the cell's config (the suite's, as ``flowzoo bench`` builds it, with the trial's values in the tuned layer)
+once per tuning seed through the runner, reporting every evaluation's partial objective to the pruner.
+
+Fairness by construction: one ``trials`` number for every cell (``--trials`` replaces it for all); the same seeded
+TPE sampler and the same pruner; the objective fixed in the suite and recorded in each study, which refuses to
+resume under another design. The budget counts complete and pruned trials: a trial numbered after ``trials`` such
+trials (finished or running) gives way (it is marked failed with ``over_budget``, so concurrent workers never
+overshoot), and a trial whose process died (``kill -9``; on this host at once by its pid, elsewhere by Optuna's
+heartbeat) is failed and re-run with the same values in the same run directories, so its runs resume from their
+checkpoints and no finished trial is redone. Workers (``--workers N``) are processes sharing the storage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from benchmark.experiments.config import ExperimentConfig
+from benchmark.experiments.runner import Runner
+from benchmark.experiments.search_space import Knob, algorithm_space, dump_value, sampler_space
+from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
+from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
+from flowzoo.errors import ConfigError, FlowZooError
+
+#: seconds between a worker's heartbeats, and the silence after which another host's trial counts as dead
+HEARTBEAT_S, GRACE_S = 20, 120
+RETRIES = 3  # a trial killed more often than this is left failed (the budget then takes a fresh one)
+
+
+# ------------------------------------------------------------------------------------------------------- objective
+
+def curve_value(curve, objective: str) -> float:
+    """The objective of one run's eval-reward curve (its evaluations in order, the step-0 one first): ``auc`` the
+    mean over them, ``final`` the mean of the last 3 (the study's smoothed final reward)."""
+    from benchmark.analysis.stats import DEFAULT_SMOOTH, smooth_trailing
+
+    values = np.asarray(curve, dtype=float)
+    if objective == "auc":
+        return float(values.mean())
+    return float(smooth_trailing(values, DEFAULT_SMOOTH)[-1])
+
+
+def objective_value(curves: list, objective: str) -> float:
+    """The trial's objective: the mean over its seeds' runs of each run's value (a partial last curve gives the
+    partial objective the pruner compares)."""
+    return float(np.mean([curve_value(c, objective) for c in curves]))
+
+
+def evaluations_per_run(steps: int, eval_every: int) -> int:
+    """How many evaluations a run of ``steps`` makes: step 0, every ``eval_every`` steps and the last step."""
+    return 1 + len({s for s in range(1, steps + 1) if (eval_every and s % eval_every == 0) or s == steps})
+
+
+# ----------------------------------------------------------------------------------------------------------- cells
+
+@dataclass(frozen=True)
+class Cell:
+    """A (task, algorithm) of the suite with what its trials may change."""
+
+    task: str
+    algorithm: str
+    knobs: dict  # algorithm key -> Knob
+    sampler: str | None
+    sampler_knobs: dict  # sampler argument -> Knob
+
+    @property
+    def study_name(self) -> str:
+        return f"{self.task}/{self.algorithm}"
+
+    def all_knobs(self) -> dict[str, Knob]:
+        """Every knob under the name its parameter has in the study (sampler arguments prefixed ``sampler.``)."""
+        return {**self.knobs, **{f"sampler.{k}": v for k, v in self.sampler_knobs.items()}}
+
+
+def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = None,
+                 algorithms_csv: str | None = None) -> list[Cell]:
+    """The design's cells (default: every cell of the suite), cut by ``--tasks``/``--algorithms``; a cell's space
+    is its algorithm's and its prompt sampler's, less the keys the cell pins (its own ``per_algorithm`` block and the
+    sampler arguments it names): those make a control what it is."""
+    suite_cells = _cells(suite)
+    wanted = [(t, a) for t, algs in design.cells.items() for a in algs] if design.cells else suite_cells
+    unknown = [f"{t}/{a}" for t, a in wanted if (t, a) not in suite_cells]
+    if unknown:
+        raise ConfigError(f"suite {suite.name}: tuning.cells names {', '.join(unknown)}, not cells of the suite; "
+                          f"cells: {', '.join(f'{t}/{a}' for t, a in suite_cells)}")
+    chosen = select(suite, algorithms_csv, None, tasks_csv)  # validates the names
+    wanted = [(t, a) for t, a in wanted if (t, a) in _cells(chosen)]
+    if not wanted:
+        raise ConfigError(f"--tasks/--algorithms leave no cell of suite {suite.name}'s tuning design to tune")
+    cells = []
+    for task, alg in wanted:
+        data = _deep_update(_deep_update({}, suite.defaults), suite.tasks[task] or {})
+        model = (data.get("model") or {}).get("name", "toy2d")
+        base = task.partition("@")[0]
+        pinned = ((suite.tasks[task] or {}).get("per_algorithm") or {}).get(alg) or {}
+        knobs = {k: v for k, v in algorithm_space(alg, model, base).items() if k not in pinned}
+        spec = (data.get("train") or {}).get("prompt_sampler")
+        sampler = sampler_name(spec)
+        named = set(spec) - {"name"} if isinstance(spec, dict) else set()
+        sampler_knobs = ({k: v for k, v in sampler_space(sampler, model, base).items() if k not in named}
+                         if sampler else {})
+        if not knobs and not sampler_knobs:
+            raise ConfigError(f"{alg} declares no search space; add a `search_space:` section to "
+                              f"benchmark/hyperparams/{alg}.yaml (docs/tuning.md)")
+        cells.append(Cell(task, alg, knobs, sampler, sampler_knobs))
+    return cells
+
+
+def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, trial_dir: Path) -> list[ExperimentConfig]:
+    """The trial's runs, one per tuning seed: the suite's cell config (as bench builds it) with ``values`` in the
+    tuned layer and the design's steps, in ``trial_dir/s<seed>``."""
+    algorithm_values = {k: v for k, v in values.items() if not k.startswith("sampler.")}
+    sampler_values = {k.removeprefix("sampler."): v for k, v in values.items() if k.startswith("sampler.")}
+    layer = TunedValues(algorithm_values, sampler_values, f"trial {trial_dir.name}")
+    seeds = ",".join(str(s) for s in design.seeds)
+    one_cell = select(suite, cell.algorithm, seeds, cell.task)
+    overrides = [f"train.steps={design.steps}"] if design.steps else []
+    configs = expand(one_cell, trial_dir, overrides, tuned=lambda task, alg: layer)
+    for config in configs:
+        config.run_dir = str(trial_dir / f"s{config.seed}")
+    return configs
+
+
+# ------------------------------------------------------------------------------------------------------- a trial
+
+class _ReportingRunner(Runner):
+    """The runner, telling ``on_rows`` every time it writes metrics (the rows of the run so far, a resumed run's
+    included), so that each evaluation reaches the pruner as the run makes it."""
+
+    def __init__(self, config: ExperimentConfig, on_rows: Callable[[list[dict]], None]):
+        from algorithms.distributed import SingleProcess
+
+        super().__init__(config, progress=False, dist=SingleProcess())
+        self._on_rows = on_rows
+
+    def _write_metrics(self, rows: list[dict]) -> None:
+        super()._write_metrics(rows)
+        self._on_rows(rows)
+
+
+def eval_curve(run_dir: Path) -> list[float]:
+    """A finished run's eval rewards in step order (its metrics.csv)."""
+    frame = pd.read_csv(run_dir / "metrics.csv")
+    return frame.loc[frame["eval_reward"].notna()].sort_values("step")["eval_reward"].tolist()
+
+
+class OverBudget(Exception):
+    """The cell's budget is spent by trials numbered before this one."""
+
+
+def _process_id() -> str:
+    """host:pid:start time, so a reused pid is not taken for the process that died."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _dead_here(worker: str) -> bool:
+    """The trial's process ran on this host and is gone (another host's trials are Optuna's heartbeat's)."""
+    host, _, rest = worker.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return started not in ("?", _start_time(int(pid)))
+
+
+def _retry(study, trial) -> None:
+    """A trial whose process died runs again with the same values (the failed_trial_callback of the storage)."""
+    first = trial.user_attrs.get("retry_of", trial.number)
+    if trial.user_attrs.get("retries", 0) >= RETRIES:
+        return
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retries": trial.user_attrs.get("retries", 0) + 1})
+
+
+def fail_dead_trials(study) -> None:
+    """Fail (and re-run) the running trials of this host whose process is dead: no waiting for the heartbeat."""
+    import optuna
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if worker and _dead_here(worker):
+            try:
+                changed = study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                changed = False  # another worker failed it first
+            if changed:
+                _retry(study, trial)
+
+
+def counted(study, before: int | None = None) -> int:
+    """Trials that count against the budget (complete, pruned, running), those numbered below ``before`` if given."""
+    from optuna.trial import TrialState
+
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(1 for t in study.get_trials(deepcopy=False, states=states) if before is None or t.number < before)
+
+
+class Objective:
+    """One trial of a cell: check the budget, draw the values, train every tuning seed, return the objective."""
+
+    def __init__(self, suite: Suite, design: TuningDesign, cell: Cell, budget: int, trials_dir: Path, threads: int | None):
+        self.suite, self.design, self.cell, self.budget = suite, design, cell, budget
+        self.trials_dir, self.threads = trials_dir, threads
+
+    def __call__(self, trial) -> float:
+        import optuna
+
+        trial.set_user_attr("worker", _process_id())
+        if counted(trial.study, before=trial.number) >= self.budget:
+            trial.set_user_attr("over_budget", True)
+            raise OverBudget(trial.number)
+        values = {name: knob.suggest(trial) for name, knob in self.cell.all_knobs().items()}
+        directory = self.trials_dir / f"trial{trial.user_attrs.get('retry_of', trial.number)}"
+        configs = trial_configs(self.suite, self.design, self.cell, values, directory)
+        per_run = evaluations_per_run(configs[0].train.steps, configs[0].train.eval_every)
+        curves: list[list[float]] = []
+        reported: set[int] = set()
+
+        def report(curve: list[float]) -> None:
+            """Each new evaluation's partial objective, at position (seed index, evaluation index)."""
+            for j in range(len(curve)):
+                step = len(curves) * per_run + j
+                if step not in reported:
+                    reported.add(step)
+                    trial.report(objective_value([*curves, curve[: j + 1]], self.design.objective), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        for config in configs:
+            config.train.threads = config.train.threads or self.threads
+            try:
+                _ReportingRunner(config, lambda rows: report(
+                    [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
+            except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
+                trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
+                raise optuna.TrialPruned() from None
+            curve = eval_curve(config.resolved_run_dir())
+            report(curve)
+            curves.append(curve)
+        return objective_value(curves, self.design.objective)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# --------------------------------------------------------------------------------------------------- the studies
+
+def default_storage(runs_dir: Path, suite: Suite) -> str:
+    path = Path(runs_dir) / suite.name / "tuning" / "optuna.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path.resolve()}"
+
+
+def open_storage(url: str):
+    """An Optuna RDB storage with heartbeats (a dead process's trial is failed and re-run)."""
+    import optuna
+
+    import warnings
+
+    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
+    try:
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5; we rely on them knowingly
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S, heartbeat_stale_trial_callback=_retry)
+    except Exception as error:  # sqlalchemy's errors: a bad URL, an unreachable server
+        raise ConfigError(f"--storage {url}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+
+
+def design_record(design: TuningDesign, cell: Cell) -> str:
+    """What a study is bound to: the objective, steps, seeds, sampler, pruner and the cell's space."""
+    from dataclasses import asdict
+
+    record = {k: v for k, v in asdict(design).items() if k not in ("trials", "cells")}
+    record["space"] = {name: repr(knob) for name, knob in cell.all_knobs().items()}
+    return json.dumps(record, sort_keys=True, default=str)
+
+
+def open_study(storage, suite: Suite, design: TuningDesign, cell: Cell, trial_seed: int = 0):
+    import optuna
+
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=design.pruner.startup_trials,
+                                          n_warmup_steps=design.pruner.warmup_evaluations)
+              if design.pruner.name == "median" else optuna.pruners.NopPruner())
+    study = optuna.create_study(storage=storage, study_name=f"{suite.name}/{cell.study_name}", direction="maximize",
+                                pruner=pruner, sampler=make_sampler(design, trial_seed), load_if_exists=True)
+    record = design_record(design, cell)
+    stored = study.user_attrs.get("design")
+    if stored is None:
+        study.set_user_attr("design", record)
+    elif stored != record:
+        raise ConfigError(f"study {study.study_name} in the storage was tuned under another design (objective, steps, "
+                          f"seeds, sampler, pruner or space changed); give another --storage or --runs")
+    return study
+
+
+def make_sampler(design: TuningDesign, trial_seed: int):
+    """The design's TPE sampler, seeded for the next trial (seed + trials so far: a serial study is reproducible)."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=design.sampler.seed + trial_seed, multivariate=design.sampler.multivariate,
+                                      n_startup_trials=design.sampler.startup_trials, constant_liar=True)
+
+
+def progress_line(suite: Suite, cell: Cell, study, trial, budget: int, seconds: float) -> str:
+    from optuna.trial import TrialState
+
+    params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+    value = "-" if trial.value is None else f"{trial.value:.4f}"
+    state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(trial.state, trial.state.name.lower())
+    return (f"tune {suite.name} {cell.study_name} trial {trial.number} ({counted(study)}/{budget}): {params} "
+            f"-> objective {value} {state} {seconds:.1f} s")
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, storage_url: str, trials_dir: Path,
+              threads: int | None = None) -> None:
+    """Trials of one cell until its budget is spent (complete + pruned + running elsewhere)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(storage_url)
+    study = open_study(storage, suite, design, cell)
+    objective = Objective(suite, design, cell, budget, trials_dir / cell.task / cell.algorithm, threads)
+    while True:
+        fail_dead_trials(study)
+        if counted(study) >= budget:
+            return
+        study.sampler = make_sampler(design, len(study.trials))
+        started = time.perf_counter()
+        study.optimize(objective, n_trials=1, catch=(OverBudget,))
+        last = max((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == _process_id()),
+                   key=lambda t: t.number, default=None)
+        if last is None or last.user_attrs.get("over_budget"):
+            return
+        if last.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            print(progress_line(suite, cell, study, last, budget, time.perf_counter() - started), flush=True)
+
+
+def _worker(suite_ref: str, tasks: str | None, algorithms: str | None, trials: int | None, storage_url: str,
+            trials_dir: str, threads: int | None) -> None:
+    suite, design = load_tuning(suite_ref)
+    budget = trials or design.trials
+    for cell in tuning_cells(suite, design, tasks, algorithms):
+        tune_cell(suite, design, cell, budget, storage_url, Path(trials_dir), threads)
+
+
+def load_tuning(suite_ref: str) -> tuple[Suite, TuningDesign]:
+    from benchmark.experiments.suite import evaluation_seeds
+
+    suite = load_suite(suite_ref)
+    if suite.tuning is None:
+        raise ConfigError(f"suite {suite.name} has no `tuning:` section; fix its tuning design there before tuning "
+                          f"(docs/tuning.md)")
+    return suite, read_design(suite.name, suite.tuning, evaluation_seeds(suite))
+
+
+def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = None, tasks: str | None = None,
+         algorithms: str | None = None, storage: str | None = None) -> tuple[Suite, TuningDesign, list[Cell], str]:
+    """Run every cell's trials (``workers`` processes sharing the storage); returns what the report needs."""
+    if trials is not None and trials < 1:
+        raise ConfigError(f"--trials {trials}: give a positive number of trials (the same for every cell)")
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+    suite, design = load_tuning(suite_ref)
+    cells = tuning_cells(suite, design, tasks, algorithms)
+    url = storage or default_storage(runs_dir, suite)
+    open_storage(url)  # a bad URL fails here, once
+    trials_dir = Path(runs_dir) / suite.name / "tuning"
+    budget = trials or design.trials
+    print(f"tune {suite.name}: {len(cells)} cells x {budget} trials x {len(design.seeds)} seeds "
+          f"(objective {design.objective}), storage {url}, {workers} worker(s)", flush=True)
+    args = (suite_ref, tasks, algorithms, trials, url, str(trials_dir))
+    if workers == 1:
+        _worker(*args, None)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for future in [pool.submit(_worker, *args, 1) for _ in range(workers)]:
+                future.result()
+    return suite, design, cells, url
