@@ -9,6 +9,7 @@
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
     flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
+    flowzoo tune SUITE [--trials N] [--workers N] [--storage URL] [--runs DIR] [--out DIR] [--report]
 """
 
 from __future__ import annotations
@@ -210,6 +211,30 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from benchmark.experiments.tuning import load_tuning, tune, tuning_cells, default_storage
+
+    from models.shipped import refuse_shipped
+
+    if args.out:
+        refuse_shipped(args.out, "--out")
+    if args.report:  # the outputs of the trials so far, none run
+        if not args.out:
+            raise FlowZooError("--report writes the tuning's outputs: give --out DIR")
+        suite, design = load_tuning(args.suite)
+        cells, url = tuning_cells(suite, design, args.tasks, args.algorithms), args.storage or default_storage(
+            Path(args.runs), suite)
+    else:
+        suite, design, cells, url = tune(args.suite, Path(args.runs), args.workers, args.trials, args.tasks,
+                                         args.algorithms, args.storage)
+    if args.out:
+        from benchmark.analysis.tuning_report import write_tuning_report
+
+        out = write_tuning_report(suite.name, design, cells, url, Path(args.out), args.trials or design.trials)
+        print(f"tuning report written to {out}")
+    return 0
+
+
 def _cmd_perf(args) -> int:
     from benchmark.perf.command import command
 
@@ -376,6 +401,24 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", type=at_most(MAX_BATCH), default=None, metavar="K",
                     help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
     ev.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
+
+    tu = _command(sub, "tune", _cmd_tune, "tune every algorithm of a suite with the same Optuna budget",
+                  "One study per (task, algorithm) of the suite's tuning: section (objective, trials, steps, tuning "
+                  "seeds,\nsampler, pruner; docs/tuning.md); a killed tune resumes where it stopped. --out writes the "
+                  "trial tables,\nthe chosen configurations (OUT/tuned, a suite's tuned: key), sensitivity figures "
+                  "and index.md.")
+    tu.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML with a tuning: section")
+    tu.add_argument("--trials", type=at_most(MAX_REPEATS), default=None, metavar="N",
+                    help="trials per cell instead of the suite's (the same for every cell)")
+    tu.add_argument("--workers", type=int, default=1, metavar="N", help="processes sharing the storage")
+    tu.add_argument("--storage", default=None, metavar="URL",
+                    help="Optuna storage URL (default: sqlite:///RUNS/<suite>/tuning/optuna.db)")
+    tu.add_argument("--runs", default="runs", metavar="DIR", help="directory of the trials' run directories")
+    tu.add_argument("--tasks", default=None, metavar="T,T", help="comma-separated subset of the design's tasks")
+    tu.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of its algorithms")
+    tu.add_argument("--out", default=None, metavar="DIR", help="write the tuning's tables, tuned configurations and "
+                                                               "figures into DIR")
+    tu.add_argument("--report", action="store_true", help="run no trial: only write --out from the storage")
 
     ls = _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites",
                   "Each with a one-line description; `flowzoo list NAME` shows one entry's parameters and defaults.")

@@ -70,13 +70,14 @@ class Knob:
             middle = int(round(middle))
         return list(dict.fromkeys([self.low, middle, self.high]))
 
-    def suggest(self, trial) -> Any:
-        """The value an Optuna trial draws for this knob."""
+    def suggest(self, trial, name: str | None = None) -> Any:
+        """The value an Optuna trial draws for this knob (as its parameter ``name``, default the knob's)."""
+        name = name or self.name
         if self.type == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices))
+            return trial.suggest_categorical(name, list(self.choices))
         if self.type == "int":
-            return trial.suggest_int(self.name, self.low, self.high, log=self.log)
-        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+            return trial.suggest_int(name, self.low, self.high, log=self.log)
+        return trial.suggest_float(name, self.low, self.high, log=self.log)
 
 
 def _knob(name: str, spec: Any, where: str, source: str) -> Knob:

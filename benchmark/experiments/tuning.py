@@ -136,6 +136,22 @@ def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, 
     return configs
 
 
+def check_space(suite: Suite, design: TuningDesign, cell: Cell, trials_dir: Path) -> int:
+    """Every probe point of every knob of the cell (bounds, (log-)midpoint, each choice; the other knobs unset)
+    passes the config loader, before any trial: a range that does not fit the cell fails in one line. Returns the
+    number of points checked."""
+    checked = 0
+    for name, knob in cell.all_knobs().items():
+        for value in knob.points():
+            try:
+                trial_configs(suite, design, cell, {name: value}, trials_dir / "check")
+            except ConfigError as error:
+                raise ConfigError(f"search space of {cell.study_name}: {name}={value!r} does not fit the cell "
+                                  f"({error}); narrow the knob's range for this model or task") from None
+            checked += 1
+    return checked
+
+
 # ------------------------------------------------------------------------------------------------------- a trial
 
 class _ReportingRunner(Runner):
@@ -236,7 +252,7 @@ class Objective:
         if counted(trial.study, before=trial.number) >= self.budget:
             trial.set_user_attr("over_budget", True)
             raise OverBudget(trial.number)
-        values = {name: knob.suggest(trial) for name, knob in self.cell.all_knobs().items()}
+        values = {name: knob.suggest(trial, name) for name, knob in self.cell.all_knobs().items()}
         directory = self.trials_dir / f"trial{trial.user_attrs.get('retry_of', trial.number)}"
         configs = trial_configs(self.suite, self.design, self.cell, values, directory)
         per_run = evaluations_per_run(configs[0].train.steps, configs[0].train.eval_every)
@@ -396,6 +412,8 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
         raise ConfigError(f"--workers {workers}: give at least 1")
     suite, design = load_tuning(suite_ref)
     cells = tuning_cells(suite, design, tasks, algorithms)
+    for cell in cells:
+        check_space(suite, design, cell, Path(runs_dir) / suite.name / "tuning")
     url = storage or default_storage(runs_dir, suite)
     open_storage(url)  # a bad URL fails here, once
     trials_dir = Path(runs_dir) / suite.name / "tuning"

@@ -1,0 +1,171 @@
+"""The results of ``flowzoo tune`` as data: per (task, algorithm) the trial table and the chosen configuration, per
+task a sensitivity figure, and the chosen-configurations table.
+
+``OUT/trials/<task>/<algorithm>.csv``   every counted trial: number, state, objective, seconds, its values
+``OUT/tuned/<task>/<algorithm>.yaml``   the best complete trial's values (a suite's ``tuned: OUT/tuned`` reads them)
+``OUT/figures/sensitivity_<task>.png``  objective against each knob, one row of panels per algorithm, pruned hollow
+``OUT/chosen.csv``, ``OUT/index.md``     the chosen configurations with each cell's budget as spent
+
+Every file is written atomically; the same storage gives the same files (no dates).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from benchmark.analysis import figures
+from benchmark.experiments.search_space import Knob
+from benchmark.experiments.tuning import Cell, open_storage
+from benchmark.experiments.tuning_design import TuningDesign, tuned_path
+from flowzoo.io import atomic_write, atomic_write_text
+
+COUNTED = ("COMPLETE", "PRUNED")
+
+
+def trial_table(study) -> pd.DataFrame:
+    """The study's counted trials (complete and pruned; failed ones were re-run or given way to another)."""
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state.name not in COUNTED:
+            continue
+        seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete else None
+        rows.append({"trial": trial.number, "state": trial.state.name.lower(), "objective": trial.value,
+                     "seconds": seconds, "evaluations": len(trial.intermediate_values),
+                     "stopped": trial.user_attrs.get("stopped", ""),
+                     **{f"param_{k}": v for k, v in trial.params.items()}})
+    return pd.DataFrame(rows)
+
+
+def chosen(table: pd.DataFrame) -> pd.Series | None:
+    """The best complete trial (the lowest number among equals), or None when none is complete."""
+    complete = table[table["state"] == "complete"] if len(table) else table
+    if not len(complete):
+        return None
+    return complete.sort_values(["objective", "trial"], ascending=[False, True]).iloc[0]
+
+
+def tuned_record(suite_name: str, design: TuningDesign, cell: Cell, table: pd.DataFrame, best: pd.Series,
+                 budget: int) -> dict:
+    params = {c.removeprefix("param_"): _plain(best[c]) for c in table.columns if c.startswith("param_")}
+    return {
+        "suite": suite_name, "task": cell.task, "algorithm": cell.algorithm,
+        "objective": design.objective, "value": float(best["objective"]), "trial": int(best["trial"]),
+        "budget": {"trials": budget, "complete": int((table["state"] == "complete").sum()),
+                   "pruned": int((table["state"] == "pruned").sum())},
+        "seeds": list(design.seeds), "steps": design.steps,
+        "algorithm_keys": {k: v for k, v in params.items() if not k.startswith("sampler.")},
+        "sampler_keys": {k.removeprefix("sampler."): v for k, v in params.items() if k.startswith("sampler.")},
+    }
+
+
+def _plain(value):
+    """A numpy scalar as a plain Python value (YAML-safe)."""
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return None if math.isnan(value) else float(value)
+    return value
+
+
+@figures.themed
+def plot_sensitivity(task: str, cells: list[Cell], tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
+    """Objective against each knob: one row of panels per algorithm, complete trials filled, pruned hollow."""
+    plt = figures.pyplot()
+    columns = max(len(c.all_knobs()) for c in cells)
+    width, height = figures.PANEL_SIZE
+    fig, axes = plt.subplots(len(cells), columns, figsize=(width * columns, height * len(cells)), squeeze=False)
+    for row, cell in enumerate(cells):
+        table = tables[cell.algorithm]
+        for col in range(columns):
+            ax = axes[row][col]
+            knobs = list(cell.all_knobs().items())
+            if col >= len(knobs) or not len(table):
+                ax.axis("off")
+                continue
+            name, knob = knobs[col]
+            _draw_knob(ax, table, name, knob)
+            ax.set_title(f"{cell.algorithm}: {name}")
+            ax.set_ylabel("objective" if col == 0 else "")
+    fig.suptitle(f"{task}: objective per trial (filled: complete, hollow: pruned at its last evaluation)")
+    fig.tight_layout()
+    return figures.save_figure(fig, stem)
+
+
+def _draw_knob(ax, table: pd.DataFrame, name: str, knob: Knob) -> None:
+    x = table[f"param_{name}"]
+    if knob.type == "categorical":
+        labels = [str(c) for c in knob.choices]
+        x = x.map(lambda v: labels.index(str(v)))
+        ax.set_xticks(range(len(labels)), labels)
+    elif knob.log:
+        ax.set_xscale("log")
+    for state, face in (("complete", "C0"), ("pruned", "none")):
+        part = table["state"] == state
+        ax.scatter(x[part], table.loc[part, "objective"], facecolors=face, edgecolors="C0", s=22, label=state)
+
+
+def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell], storage_url: str, out: Path,
+                        budget: int) -> Path:
+    """Every output of the tuning (module docstring) from the storage; returns ``out/index.md``."""
+    import optuna
+
+    storage = open_storage(storage_url)
+    out = Path(out)
+    summary, by_task = [], {}
+    for cell in cells:
+        try:
+            study = optuna.load_study(study_name=f"{suite_name}/{cell.study_name}", storage=storage)
+            table = trial_table(study)
+        except KeyError:  # no trial ran yet
+            table = pd.DataFrame(columns=["trial", "state", "objective"])
+        by_task.setdefault(cell.task, []).append((cell, table))
+        csv = out / "trials" / cell.task / f"{cell.algorithm}.csv"
+        atomic_write(csv, lambda f, t=table: t.to_csv(f, index=False))
+        best = chosen(table)
+        spent = int(len(table))
+        if best is not None:
+            record = tuned_record(suite_name, design, cell, table, best, budget)
+            atomic_write_text(tuned_path(out / "tuned", cell.task, cell.algorithm),
+                              f"# chosen by flowzoo tune {suite_name} (docs/tuning.md)\n"
+                              + yaml.safe_dump(record, sort_keys=False))
+        summary.append({"task": cell.task, "algorithm": cell.algorithm, "trials": f"{spent}/{budget}",
+                        "complete": int((table["state"] == "complete").sum()) if spent else 0,
+                        "pruned": int((table["state"] == "pruned").sum()) if spent else 0,
+                        "best_trial": None if best is None else int(best["trial"]),
+                        "objective": None if best is None else float(best["objective"]),
+                        "chosen": "" if best is None else ", ".join(
+                            f"{c.removeprefix('param_')}={_short(best[c])}" for c in table.columns
+                            if c.startswith("param_"))})
+    frame = pd.DataFrame(summary)
+    atomic_write(out / "chosen.csv", lambda f: frame.to_csv(f, index=False))
+    figure_lines = []
+    for task, pairs in by_task.items():
+        stem = out / "figures" / f"sensitivity_{task.replace('@', '_at_')}"
+        if any(len(t) for _, t in pairs):
+            plot_sensitivity(task, [c for c, _ in pairs], {c.algorithm: t for c, t in pairs}, stem)
+            figure_lines.append(f"![{task}](figures/{stem.name}.png)")
+    lines = [f"# Tuning of {suite_name}", "",
+             f"Objective `{design.objective}` over tuning seeds {list(design.seeds)}, {design.steps or 'the suite'}'s "
+             f"steps; {budget} trials per cell (complete + pruned), TPE (seed {design.sampler.seed}), "
+             f"{design.pruner.name} pruner. A cell whose trials are short of {budget} is not finished: rerun "
+             f"`flowzoo tune {suite_name}`.", "",
+             "| task | algorithm | trials | complete | pruned | best trial | objective | chosen |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in summary:
+        objective = "-" if row["objective"] is None else f"{row['objective']:.4f}"
+        lines.append(f"| {row['task']} | {row['algorithm']} | {row['trials']} | {row['complete']} | {row['pruned']} | "
+                     f"{row['best_trial'] if row['best_trial'] is not None else '-'} | {objective} | {row['chosen']} |")
+    lines += ["", "Chosen configurations: `tuned/<task>/<algorithm>.yaml` (a suite's `tuned:` key names `tuned/`); "
+              "trial tables: `trials/`.", "", *figure_lines]
+    atomic_write_text(out / "index.md", "\n".join(lines) + "\n")
+    return out / "index.md"
+
+
+def _short(value) -> str:
+    value = _plain(value)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
