@@ -592,7 +592,7 @@ class Algorithm:
     ) -> tuple[StepOutput, torch.Tensor]:
         """The current log-prob of transition t for samples ``rows`` (with grad) and the KL to the reference policy;
         from the rollout's kept graph (``live[t]``) when there is one, else recomputed."""
-        if live is not None and t in live:
+        if live and isinstance(t, int) and t in live:
             out = StepOutput(*(field[rows] for field in live[t]))
         else:
             out = self.score_transition(traj, rows, t)
@@ -645,9 +645,22 @@ class Algorithm:
         self.log("zero_adv_dropped_frac", 1.0 - len(kept) / max(self.dist.local_span(len(advantages))[1], 1))
         return kept
 
-    def transition_chunks(self, traj: Trajectory, minibatch: torch.Tensor) -> Iterator[tuple[torch.Tensor, int]]:
+    def transition_chunks(
+        self, traj: Trajectory, minibatch: torch.Tensor
+    ) -> Iterator[tuple[torch.Tensor, int | torch.Tensor]]:
         """(rows, t): the minibatch's trained transitions, step by step, in chunks of ``micro_batch`` samples (a kept
-        rollout graph is back-propagated whole: its forward already ran on the batch)."""
+        rollout graph is back-propagated whole: its forward already ran on the batch).
+
+        Where the model's tier fuses its update (``FlowModel.fused_update``) and no rollout graph is kept, the
+        transitions of every trained step come as one chunk (of at most ``micro_batch`` pairs) with ``t`` a tensor of
+        one step per row, in the same step-major order."""
+        if self.model.fused_update and not traj.live:
+            steps, local = torch.nonzero(traj.train[minibatch].T, as_tuple=True)  # step-major, as below
+            rows = minibatch[local]
+            for part in torch.arange(len(rows)).split(max(self.config.micro_batch or len(rows), 1)):
+                if len(part):
+                    yield rows[part], steps[part]
+            return
         for t in range(traj.num_steps):
             rows_t = minibatch[traj.train[minibatch, t]]
             chunk = len(rows_t) if traj.live and t in traj.live else self.config.micro_batch or len(rows_t)
@@ -668,13 +681,20 @@ class Algorithm:
             if pairs == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
+            fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
             for rows, t in self.transition_chunks(traj, minibatch):
                 out, kl = self._step_terms(traj, rows, t, traj.live)
                 old = traj.log_probs[rows, t]
                 terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
                 per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
-                (per_sample.sum() / pairs).backward()
+                loss = per_sample.sum() / pairs
+                if self.model.fused_update:
+                    fused.append(loss)
+                else:
+                    loss.backward()
                 tally.add(rows, terms, out.log_prob, old, kl, per_sample)
+            if fused:
+                torch.stack(fused).sum().backward()
             tally.grad_norms.append(self.optimizer_step())
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
         result, subsets = tally.finish(self.dist)

@@ -198,13 +198,15 @@ class DiffusionNFT(Algorithm):
                 continue
             steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
             self.optimizer.zero_grad(set_to_none=True)
-            for j in range(k):
+            # the k timesteps one after another, or (a fused tier, FlowModel.fused_update) stacked as one batch,
+            # timestep-major: the same loss terms, one forward and backward
+            for js in ([list(range(k))] if self.model.fused_update else [[j] for j in range(k)]):
                 for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
-                    rows = minibatch[part]
+                    rows = minibatch[part].repeat(len(js))
                     x0 = x0_all[rows]
-                    sigma = traj.sigmas[steps[part, j]].to(x0.device)
+                    sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
                     s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
-                    x_t = (1 - s) * x0 + s * noise[part, j]
+                    x_t = (1 - s) * x0 + s * noise[part][:, js].transpose(0, 1).reshape(x0.shape)
                     # the old and reference forwards run before the trained one: swapping the old weights in
                     # writes the parameters in place, which must not happen under a live graph
                     with torch.no_grad():

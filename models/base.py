@@ -69,8 +69,15 @@ class FlowModel:
     default_shift: float = 1.0
     default_num_steps: int = 10
     default_eval_num_steps: int = 20
+    #: samples per evaluation chunk when ``train.eval_batch`` is unset (memory against per-call overhead)
+    default_eval_batch: int = 64
     #: torch intra-op threads the runner uses when the config does not say (None: torch's default)
     preferred_threads: int | None = None
+    #: whether an update evaluates all of a minibatch's trained (sample, step) pairs in one network call and one
+    #: backward (the tier's choice, not the user's): it pays where a call's fixed overhead outweighs its arithmetic
+    #: (a small network) and the activations of every trained step fit at once; large models keep per-step calls.
+    #: The same gradient to float rounding (tests/test_fused_update.py)
+    fused_update: ClassVar[bool] = False
 
     #: where the network runs; every tensor a rollout or an update computes with is created on it
     device: torch.device = torch.device("cpu")

@@ -141,7 +141,7 @@ class Runner:
         ``eval/strict_accuracy`` of the GenEval rewards).
 
         Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
-        Samples go in chunks of ``train.eval_batch``; each chunk is scored in a background thread while the next one
+        Samples go in chunks of ``train.eval_batch`` (default: the model's ``default_eval_batch``); each chunk is scored in a background thread while the next one
         is sampled (a reward failure is raised with the reward's name and cause)."""
         cfg = self.config
         n = cfg.train.eval_samples_per_prompt
@@ -150,7 +150,7 @@ class Runner:
         generators = sample_generators(cfg.train.eval_seed, count=len(prompts))
         nfe_before = self.model.nfe
         pending, samples = [], []
-        chunk = cfg.train.eval_batch
+        chunk = cfg.train.eval_batch or self.model.default_eval_batch
         shard = self.dist.shard(len(prompts), even=False)
         # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
         with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool:
