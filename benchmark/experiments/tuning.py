@@ -114,6 +114,13 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
         named = set(spec) - {"name"} if isinstance(spec, dict) else set()
         sampler_knobs = ({k: v for k, v in sampler_space(sampler, model, base).items() if k not in named}
                          if sampler else {})
+        if design.knobs:
+            missing = [k for k in design.knobs if k not in knobs and k not in sampler_knobs]
+            if missing:
+                raise ConfigError(f"suite {suite.name}: tuning.knobs {missing} are not in the space of {task}/{alg}; "
+                                  f"its knobs: {', '.join([*knobs, *sampler_knobs]) or 'none'}")
+            knobs = {k: v for k, v in knobs.items() if k in design.knobs}
+            sampler_knobs = {k: v for k, v in sampler_knobs.items() if k in design.knobs}
         if not knobs and not sampler_knobs:
             raise ConfigError(f"{alg} declares no search space; add a `search_space:` section to "
                               f"benchmark/hyperparams/{alg}.yaml (docs/tuning.md)")

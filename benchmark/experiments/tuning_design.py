@@ -10,6 +10,7 @@ The design is fixed in the suite file before any trial runs (docs/tuning.md)::
       sampler: {name: tpe, seed: 0, startup_trials: 8}
       pruner: {name: median, startup_trials: 5, warmup_evaluations: 10}
       cells: {toy2d_sep64_sparse: [flow_grpo, op_grpo]}   # default: every cell of the suite
+      knobs: [lr]             # only these knobs of each cell's space (default: all)
 
 ``tuned: DIR`` names the chosen configurations ``DIR/<task>/<algorithm>.yaml`` (what ``flowzoo tune --out`` writes
 under ``tuned/``). A cell without a file of its own takes its base task's (``task`` of ``task@variant``), then its
@@ -59,6 +60,7 @@ class TuningDesign:
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     pruner: PrunerSpec = field(default_factory=PrunerSpec)
     cells: dict = field(default_factory=dict)  # {task: [algorithm, ...]}; empty: every cell of the suite
+    knobs: list = field(default_factory=list)  # tune only these knobs of every cell's space; empty: all of them
 
 
 def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> TuningDesign:
