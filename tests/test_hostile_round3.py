@@ -6,7 +6,10 @@ Every case ends in one line on stderr and exit 2, or does the right thing; nothi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -74,3 +77,74 @@ def test_variance_floor_0_draws_every_prompt_with_spread_then_the_rest_uniformly
     assert all(len(set(d)) == 4 and 4 in d for d in drawn)
     others = np.bincount([i for d in drawn for i in d if i != 4], minlength=12)
     assert others[4] == 0 and (others[np.arange(12) != 4] > 10).all()  # every other prompt is reached
+
+
+# ---- 3. a damaged metrics.csv is never read as results --------------------------------------------------------------
+STEPS = [0, 10, 20, 30, 40]
+
+
+def _write_run(root, algorithm, seed, rewards) -> Path:
+    run = root / "t" / algorithm / f"s{seed}"
+    run.mkdir(parents=True)
+    run.joinpath("config.yaml").write_text(yaml.safe_dump(
+        {"task": "t", "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
+    pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
+                  "eval_reward": rewards, "clip_frac": 0.1}).to_csv(run / "metrics.csv", index=False)
+    return run / "metrics.csv"
+
+
+def _cut_inside_eval_reward(path: Path) -> None:
+    """The last line ends inside ``eval_reward`` (``...,0.1041`` -> ``...,0.``), as a write cut by a full disk."""
+    text = path.read_text()
+    head, last = text.rstrip("\n").rsplit("\n", 1)
+    fields = last.split(",")
+    fields[3] = fields[3][:2]
+    path.write_text(head + "\n" + ",".join(fields[:4]))
+
+
+def _nan_last_evaluation(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    fields = lines[-1].split(",")
+    fields[3] = "nan"
+    path.write_text("\n".join([*lines[:-1], ",".join(fields)]) + "\n")
+
+
+def _short_row(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:-1], ",".join(lines[-1].split(",")[:3])]) + "\n")
+
+
+@pytest.mark.parametrize("damage,cause", [
+    (_cut_inside_eval_reward, "last line is cut mid-row"),
+    (_nan_last_evaluation, "column 'eval_reward' is 'nan' at step 40"),
+    (_short_row, "line 6 has 3 fields, the header 5"),
+])
+def test_a_damaged_metrics_file_is_refused_by_the_reader(tmp_path, damage, cause):
+    from benchmark.analysis.loading import read_metrics
+    from flowzoo.errors import RunError
+
+    path = _write_run(tmp_path, "a", 0, [0.0, 0.1, 0.2, 0.3, 0.1042])
+    assert read_metrics(path)["eval_reward"].iloc[-1] == pytest.approx(0.1042)
+    damage(path)
+    with pytest.raises(RunError, match=cause):
+        read_metrics(path)
+
+
+@pytest.mark.parametrize("damage", [_cut_inside_eval_reward, _nan_last_evaluation])
+def test_report_and_study_skip_a_damaged_run_and_say_so(tmp_path, capsys, damage):
+    """The damaged seed (final 0.1042) would otherwise be read as a final reward of 0.0 or of its earlier 0.0625."""
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    damage(_write_run(runs, "op_grpo", 3, [0.0, 0.0, 0.0625, 0.0625, 0.1042]))
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "index.md").read_text()
+    assert "skipped (unreadable): 1" in report and "t/op_grpo/s3" in report
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 0
+    study = (tmp_path / "study" / "README.md").read_text()
+    assert "Runs read: 6; skipped (unreadable): 1" in study and "t/op_grpo/s3" in study
+    table = pd.read_csv(tmp_path / "study" / "runs.csv")
+    assert 3 not in set(table[table["algorithm"] == "op_grpo"]["seed"])

@@ -5,6 +5,8 @@ from the rows are in :mod:`benchmark.analysis.stats`."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
@@ -142,16 +144,40 @@ def _config_int(config: Mapping, dotted_key: str, path: Path) -> int:
     return int(value)
 
 
+#: text a missing value is never written as: the runner writes one as an empty field, so ``nan`` in a file is a value
+#: that was not a number (or an edit), never "not evaluated"
+NAN_TEXTS = frozenset({"nan", "NaN", "NAN", "-nan", "+nan"})
+
+
 def read_metrics(path: Path) -> pd.DataFrame:
-    """A run's metrics.csv with its required columns numeric; ``RunError`` naming the file otherwise (a run's file, not a config) (empty,
-    binary, not CSV, a required column missing or holding text)."""
+    """A run's metrics.csv, validated: ``RunError`` naming the file and what is wrong (a run's file, not a config) when
+    it is empty, binary or not CSV; when its last line is cut mid-row (no line end: an interrupted write or a full
+    disk; a value cut short would read as another number); when a row has another number of fields than the header;
+    when a required column is missing or holds text; when a value is written ``nan`` (the runner writes a missing
+    value as an empty field: ``nan`` is a result that was not a number, and dropping it would report an earlier
+    evaluation as the last); or infinite."""
     try:
-        metrics = pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise RunError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
+    if text and not text.endswith("\n"):
+        raise RunError(f"{path}: its last line is cut mid-row (no line end: an interrupted write or a full disk); "
+                       "resume the run to rewrite the file, or move the run out")
+    _check_fields(path, text)
+    try:
+        metrics = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
         raise RunError(f"{path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
     if missing:
         raise RunError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+    for column in metrics.columns[[not pd.api.types.is_numeric_dtype(t) for t in metrics.dtypes]]:
+        nan = metrics[column].isin(NAN_TEXTS)
+        if nan.any():
+            at = metrics.loc[nan, "step"].iloc[0]
+            raise RunError(f"{path}: column {column!r} is 'nan' at step {at} ({int(nan.sum())} rows); a value that "
+                           "is not a number is no result (a missing one is an empty field)")
     for column in REQUIRED_COLUMNS:
         values = pd.to_numeric(metrics[column], errors="coerce")
         if (values.isna() & metrics[column].notna()).any():
@@ -163,6 +189,15 @@ def read_metrics(path: Path) -> pd.DataFrame:
     if infinite:
         raise RunError(f"{path}: infinite values in {infinite}")
     return metrics
+
+
+def _check_fields(path: Path, text: str) -> None:
+    """Every row has as many fields as the header (a short row would read its missing values as not evaluated)."""
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, None)
+    for line, row in enumerate(rows, start=2):
+        if row and header is not None and len(row) != len(header):
+            raise RunError(f"{path}: line {line} has {len(row)} fields, the header {len(header)} (a damaged row)")
 
 
 @dataclass(frozen=True)

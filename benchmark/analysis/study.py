@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from benchmark.analysis import effects
-from benchmark.analysis.loading import find_run_dirs, load_runs
+from benchmark.analysis.loading import SkippedRun, find_run_dirs, load_runs, read_metrics
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.errors import ConfigError, FlowZooError, RunError
 from flowzoo.io import atomic_write, atomic_write_text
 
 #: the study's metrics, in report order: (name, effects.Metric)
@@ -246,7 +246,8 @@ def _fmt(value, digits: int = 3) -> str:
 
 def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, list[int]], baseline: str,
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
-           wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None) -> str:
+           wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None,
+           skipped: list[SkippedRun] | None = None) -> str:
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
     lines = [f"# Study: paired effects vs {baseline}", "", *_answer_lines(claims, gain_rows, baseline),
              f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
@@ -256,7 +257,8 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              f"cell - reference over the seeds both ran, eval curves smoothed over {smooth} evaluations; 95% "
              "percentile-bootstrap CIs over seeds that re-estimate the target in every resample; MDE = smallest true "
              "difference a paired t-test (two-sided, 0.05) detects with 80% power. Seed sets, each analysed with its "
-             f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", ""]
+             f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", "",
+             *_skipped_lines(table, skipped or [])]
     if claims is not None and len(claims):
         lines += render_claims(claims)
     if gain_rows is not None and len(gain_rows):
@@ -321,6 +323,12 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
     return "\n".join(lines)
 
 
+def _skipped_lines(table: pd.DataFrame, skipped: list[SkippedRun]) -> list[str]:
+    """How many runs were read and which were left out, with why (a damaged metrics.csv, another config, ...)."""
+    lines = [f"Runs read: {len(table)}; skipped (unreadable): {len(skipped)}", ""]
+    return lines + [f"- `{r.run}`: {r.cause}" for r in skipped] + ([""] if skipped else [])
+
+
 def _answer_lines(claims: pd.DataFrame | None, gain_rows: pd.DataFrame | None, baseline: str) -> list[str]:
     """The report's opening: does the baseline learn on each seed set (its targets' conditioning), then each claim's
     verdict: those replicated as reproduced or contradicted first, then the other replicated ones, then those the
@@ -378,10 +386,12 @@ def _effect_rows(rows: pd.DataFrame) -> list[str]:
 
 
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
-                  suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES
+                  suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES,
+                  skipped: list[SkippedRun] | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
-    """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs)."""
-    runs = split_variants(load_runs(runs_dir))
+    """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs);
+    the runs left out as unusable are appended to ``skipped`` (``load_runs``)."""
+    runs = split_variants(load_runs(runs_dir, skipped))
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
@@ -412,9 +422,12 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     count = 0
     for run in find_run_dirs(runs_dir):
+        try:
+            frame = read_metrics(run / "metrics.csv")
+        except RunError:  # a damaged file is no record (the study's README lists it as skipped)
+            continue
         target = out_dir / run.relative_to(runs_dir)
         target.mkdir(parents=True, exist_ok=True)
-        frame = pd.read_csv(run / "metrics.csv")
         keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
         atomic_write(target / "metrics.csv", lambda f: frame[keep].to_csv(f, index=False, float_format=f"%.{digits}g"))
         config = (run / "config.yaml").read_bytes()
@@ -462,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
         timing = read_timing(args.timing) if args.timing else None
         claim_set = claims_of(suite_name(args.suite)) if args.claims else None
+        skipped: list[SkippedRun] = []
         table, effect_rows, seed_sets, runs = analyze_study(args.runs_dir, args.baseline, also_vs, args.suite,
-                                                            args.smooth, args.resamples)
+                                                            args.smooth, args.resamples, skipped)
     except FlowZooError as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
@@ -486,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write(out / name, lambda f, frame=frame: frame.to_csv(f, index=False))
     atomic_write(out / "curves.csv", curves.to_csv)
     atomic_write_text(out / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth, curves,
-                                                claims, wall, gain_rows))
+                                                claims, wall, gain_rows, skipped))
     print(f"wrote {out / 'README.md'}")
     return 0
 
