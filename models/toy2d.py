@@ -201,12 +201,14 @@ def cache_dir() -> Path | None:
 
 
 def cache_path(key: tuple) -> Path | None:
-    """The cache file of the pretraining ``key``: named by a digest of the key and the torch version (another
-    torch may round differently), so a file can only hold the weights its name promises."""
+    """The cache file of the pretraining ``key``: named by a digest of the key, the torch version (another torch may
+    round differently) and this file's text (the data, network and pretraining it defines), so a file can only hold
+    the weights its name promises."""
     root = cache_dir()
     if root is None:
         return None
-    text = json.dumps({"key": list(key), "torch": torch.__version__, "format": 1})
+    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    text = json.dumps({"key": list(key), "torch": torch.__version__, "source": source})
     return root / f"toy2d-{hashlib.sha256(text.encode()).hexdigest()[:20]}.pt"
 
 
