@@ -106,14 +106,16 @@ NFT_SD3 = dict(group_size=24, num_steps=10, guidance=1.0, solver="dpm2", nft_bet
                lr=3e-4, minibatches=1)  # DN config/nft.py:20-105, config/base.py:66
 AWM_SD3 = dict(group_size=24, num_steps=14, guidance=1.0, train_timesteps=6, kl_beta=1e-3, lr=3e-4,
                weighting="ghuber")  # AWM config/dgx_awm.py:37-64
+#: OP-GRPO's paper-scale off-policy share (ours, op_grpo.yaml): half the groups replay k = G / 2 -> 25%
+OP_SHARE = dict(replay_prompts="buffer", off_policy_groups=0.5)
 EXPECTED = {
-    ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): FLOW_SD3, ("sd3", "flow_grpo_fast"): FAST_SD3,
+    ("sd3", "flow_grpo"): FLOW_SD3, ("sd3", "op_grpo"): dict(FLOW_SD3, **OP_SHARE, replay_k=12), ("sd3", "flow_grpo_fast"): FAST_SD3,
     ("sd3", "dance_grpo"): DANCE_SD3, ("sd3", "mix_grpo"): MIX_SD3, ("sd3", "mix_grpo_flash"): dict(MIX_SD3, **FLASH),
     ("sd3", "diffusion_nft"): NFT_SD3, ("sd3", "awm"): AWM_SD3,
     ("wan", "diffusion_nft"): dict(group_size=24, guidance=1.0, solver="dpm2", nft_beta=1.0, decay_type=1,
                                    kl_beta=1e-4),  # ours: the SD3 recipe's values (no released Wan trainer)
     ("wan", "awm"): dict(group_size=24, guidance=1.0),  # ours: the SD3 recipe's values
-    ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): FLOW_WAN, ("wan", "flow_grpo_fast"): FAST_WAN,
+    ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): dict(FLOW_WAN, **OP_SHARE, replay_k=2), ("wan", "flow_grpo_fast"): FAST_WAN,
     ("wan", "dance_grpo"): DANCE_WAN, ("wan", "mix_grpo"): MIX_WAN, ("wan", "mix_grpo_flash"): dict(MIX_WAN, **FLASH),
 }
 PER_TASK = {
