@@ -7,10 +7,14 @@ A decoupled method: the policy gradient is the flow-matching (pretraining) loss 
 weighted by their advantages. One iteration:
 
 1. **collect**: G samples per prompt under the trained weights (the release's ``off_policy`` False). The release
-   samples with SA-Solver (``use_sa_solver``, stochastic at tau = ``noise_level`` for 0.3 <= t <= 0.9); the zoo has
-   no SA-Solver, so (ours) ``solver: sde_band`` uses the zoo's Flow-GRPO SDE kernel at ``noise_level`` on the steps
-   whose sigma lies in [0.3, 0.9] and Euler elsewhere, and ``dpm2`` / ``euler`` are deterministic (the release's
-   noise level 0, PickScore). Only the clean samples are used; nothing is recorded for training.
+   samples with SA-Solver (``use_sa_solver``), stochastic at tau = ``noise_level`` on the steps whose *target* time
+   t lies in [0.3, 0.9] (SA-Solver evaluates tau at the time it steps to: sa_solver.py:480,524-526,541), injecting
+   variance t^2 (1 - exp(-2 tau^2 h)) per step, h the step's rise in log((1 - t) / t) (its ``noise_part``). The zoo
+   has no SA-Solver, so (ours) ``solver: sde_band`` runs the zoo's Flow-GRPO SDE kernel on the same steps (target
+   sigma in the band; Euler elsewhere) at the level ``a`` whose step variances add up to SA-Solver's over the band
+   at tau (:func:`sa_solver_level`; SD3.5 at T 14, shift 3: steps 3-10, a = 0.480 for tau 0.4, total 0.388).
+   ``noise_level`` stays the release's tau. ``dpm2`` / ``euler`` are deterministic (the release's noise level 0,
+   PickScore). Only the clean samples are used; nothing is recorded for training.
 2. **advantages**: the template's, clipped to +-``adv_clip`` and rescaled to +-``advantage_max`` (:1293-1299).
 3. **update**: per sample, ``train_timesteps`` times drawn as released (``time_type``, :1138-1207), each with fresh
    noise; at x_t = (1 - t) x0 + t eps the surrogate log-prob ``algorithms.losses.awm_log_prob`` (the weighted
@@ -43,7 +47,7 @@ from algorithms.advantages import StdMode
 from algorithms.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
 from algorithms.plans import forward_draws
 from algorithms.rollout import sample_generators
-from algorithms.sde import time_shift
+from algorithms.sde import flow_grpo_std, time_shift
 from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
@@ -52,8 +56,35 @@ from models.base import at_least_float32
 TimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"]
 TIME_TYPES = get_args(TimeType)
 #: the sigma band where the release's SA-Solver is stochastic (stochasticity_control_function,
-#: flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:296)
+#: flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:296), tested at each step's target time
 SDE_BAND = (0.3, 0.9)
+
+
+def band_steps(sigmas: torch.Tensor) -> torch.Tensor:
+    """[T] the steps SA-Solver makes stochastic: those whose target sigma lies in :data:`SDE_BAND` (the release's
+    ``tau(t)`` at ``t = timesteps[step]``, the time the step goes to; sa_solver.py:480,524-526,541)."""
+    target = sigmas[1:]
+    return (target >= SDE_BAND[0]) & (target <= SDE_BAND[1])
+
+
+def sa_solver_variance(sigma: torch.Tensor, sigma_next: torch.Tensor, tau: float) -> torch.Tensor:
+    """The variance SA-Solver injects on a step sigma -> sigma_next at ``tau`` (its data-prediction ``noise_part``
+    = sigma_t sqrt(1 - exp(-2 tau^2 h)) noise, h = lambda(sigma_next) - lambda(sigma), lambda = log((1 - t) / t))."""
+    lam = lambda t: torch.log((1 - t) / t)  # noqa: E731
+    h = lam(sigma_next.double()) - lam(sigma.double())
+    return sigma_next.double() ** 2 * -torch.expm1(-2 * tau**2 * h)
+
+
+def sa_solver_level(tau: float, sigmas: torch.Tensor, sde: torch.Tensor) -> float:
+    """The Flow-GRPO kernel's level ``a`` at which the ``sde`` steps inject, summed over them, the variance that
+    SA-Solver injects at ``tau`` (ours: one level for the band, so the step profile differs: SA-Solver's falls off
+    faster towards the clean end). The kernel's step variance is ``a^2 s / (1 - s) (s - s_next)``
+    (:func:`algorithms.sde.flow_grpo_std`), so ``a = sqrt(total_SA / total_kernel(1))``; ``tau`` if no step is noisy."""
+    if not bool(sde.any()) or tau == 0:
+        return float(tau)
+    sigma, sigma_next = sigmas[:-1][sde].double(), sigmas[1:][sde].double()
+    unit = flow_grpo_std(sigma, sigma_next, 1.0) ** 2 * (sigma - sigma_next)
+    return math.sqrt(float(sa_solver_variance(sigma, sigma_next, tau).sum() / unit.sum()))
 
 
 def copy_decay(step: int, decay_type: str, kl_ema_decay: float) -> float:
@@ -117,9 +148,10 @@ class AWMConfig(AlgorithmConfig):
     ema_kl_form: Literal["uniform", "elbo"] = "uniform"  # dgx_awm.py:65
     kl_ema_decay: float = 0.3  # dgx_awm.py:66
     kl_ema_decay_type: Literal["linear", "constant"] = "linear"  # dgx_awm.py:68
-    # the rollout's sampler (ours, see the module): the Flow-GRPO SDE in the sigma band [0.3, 0.9], or an ODE solver
+    # the rollout's sampler (ours, see the module): the Flow-GRPO SDE on the steps into the sigma band [0.3, 0.9]
+    # at SA-Solver's injected variance, or an ODE solver
     solver: Literal["sde_band", "dpm2", "euler"] = "sde_band"
-    noise_level: float = 0.4  # dgx_awm.py:48 (sample.noise_level, the SA-Solver's tau there)
+    noise_level: float = 0.4  # dgx_awm.py:48 (sample.noise_level: SA-Solver's tau; sde_band converts it, see above)
     adv_std: StdMode = "batch"  # dgx_awm.py:72 (sample.global_std)
 
     def __post_init__(self) -> None:
@@ -174,12 +206,14 @@ class AWM(Algorithm):
         steps, cfg = self.num_steps, self.config
         sde = torch.zeros(steps, dtype=torch.bool)
         dpm = None
+        level = cfg.noise_level
         if cfg.solver == "sde_band":
-            sigma = self.sigmas[:-1]
-            sde = (sigma >= SDE_BAND[0]) & (sigma <= SDE_BAND[1])
+            sde = band_steps(self.sigmas)
+            if cfg.kernel == "flow_grpo":  # the kernel whose variance sa_solver_level matches
+                level = sa_solver_level(cfg.noise_level, self.sigmas, sde)
         elif cfg.solver == "dpm2":
             dpm = torch.ones(steps, dtype=torch.bool)
-        return StepPlan(self.sigmas, sde, torch.zeros(batch, steps, dtype=torch.bool), cfg.kernel, cfg.noise_level,
+        return StepPlan(self.sigmas, sde, torch.zeros(batch, steps, dtype=torch.bool), cfg.kernel, level,
                         dpm_solver=dpm)
 
     def _velocity(self, x, t, traj, rows):
