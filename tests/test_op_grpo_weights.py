@@ -1,6 +1,7 @@
 """OP-GRPO's off-policy math against values computed outside the algorithm's code:
 
-* the sequence weight w = exp(log_weight) scales a sample's loss and gradient (w = 3 gives exactly 3x);
+* the sequence weight w = exp(log_weight) scales a sample's loss and gradient (w = 3 gives exactly 3x), its KL
+  term included;
 * pi_old of a replayed sample's reused steps is the policy at this rollout, recomputed here from the kernel on the
   recorded transitions, and log w = sum over reused steps of (log pi_old - log pi_off), with pi_off read from the
   earlier batch the stored trajectory came from (matched by its latents, not through the buffer);
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.value_helpers import META, PROMPTS, Keep, build, grads, transition_log_prob
+from tests.value_helpers import META, PROMPTS, Keep, build, grads, perturb, transition_log_prob
 
 T, T_OFF = 10, 5  # toy2d's default sampling steps; the reused prefix
 #: every group whose prompt is stored gets one buffer sample (G - 1 fresh)
@@ -53,6 +54,35 @@ def test_weight_scales_loss_and_gradient_exactly():
     assert loss_e == pytest.approx(loss_3, rel=1e-6)
     for g3, ge in zip(grad_3, grad_e):
         torch.testing.assert_close(ge, g3, rtol=1e-6, atol=1e-9)
+
+
+def test_weight_scales_the_kl_term_too():
+    """The paper applies the sequence correction "as a multiplicative factor to the objective function" (arXiv
+    2604.04142, method part B), whose per-sample term holds the KL penalty (Flow-GRPO's objective): with zero advantages the
+    loss is the KL term alone, and w = 3 on the replayed rows scales exactly their share of it and of its gradient."""
+    alg = build("op_grpo", lr=0.0, kl_beta=0.1)
+    perturb(alg.model)
+    traj = alg.collect(PROMPTS, META)
+    replayed = torch.arange(3, len(traj), 4)
+    traj.off_policy[replayed] = True
+    advantages = torch.zeros(len(traj))
+
+    def update(rows, weight):
+        traj.log_weight = torch.zeros(len(traj))
+        traj.log_weight[rows] = math.log(weight)
+        result = alg.update(traj, advantages)
+        return result["loss"], grads(alg)
+
+    everyone = torch.arange(len(traj))
+    others = everyone[~torch.isin(everyone, replayed)]
+    loss_1, grad_1 = update(everyone, 1.0)
+    loss_r, grad_r = update(replayed, 3.0)  # the replayed rows' KL counted 3x
+    loss_o, grad_o = update(others, 3.0)  # the other rows' KL counted 3x
+    assert loss_1 > 1e-6 and loss_r > loss_1 and loss_o > loss_1
+    # the KL splits over the rows: (w_r - 1) part_r + (w_o - 1) part_o = 2 x the whole
+    assert (loss_r - loss_1) + (loss_o - loss_1) == pytest.approx(2 * loss_1, rel=1e-5)
+    for g1, gr, go in zip(grad_1, grad_r, grad_o):
+        torch.testing.assert_close((gr - g1) + (go - g1), 2 * g1, rtol=1e-4, atol=1e-8)
 
 
 def group_advantages_by_hand(rewards: torch.Tensor, group: torch.Tensor, eps=1e-4, clip=5.0) -> torch.Tensor:
