@@ -22,13 +22,13 @@ weighted by their advantages. One iteration:
    (``exp_first``) or on the time-mean log-prob (``sum_first``) (:1301-1329), where lp_old is the same quantity
    under the weights of the rollout (the first optimizer step uses the detached current value, :1282-1284, ratio 1);
    plus ``kl_beta`` KL to the reference and ``ema_kl_beta`` KL to a slowly updated copy of the weights, both on the
-   velocity (:1330-1352). One optimizer step averages over its samples and times (``accelerator.accumulate``).
+   velocity (:1330-1352); the copy's KL only where ``kl_beta > 0``, as the release nests it (:1330,1341-1354). One optimizer step averages over its samples and times (``accelerator.accumulate``).
 4. **the copy** for the adaptive KL: the weights at the start (:650-659); after each iteration
    ``copy <- d copy + (1 - d) theta`` with ``d = min(kl_ema_decay, 0.001 n)`` (``linear``, n = optimizer steps so
    far) or ``kl_ema_decay`` (``constant``) (:1409-1419). It is in the checkpoint.
 
 NFE per iteration (B samples, T sampling steps, K = ``train_timesteps``, CFG factor c, B1 = samples of the first
-optimizer step): sampling T * B * c; training c * K * (B (1 + [kl_beta > 0] + [ema_kl_beta > 0]) + (B - B1)).
+optimizer step): sampling T * B * c; training c * K * (B (1 + [kl_beta > 0] (1 + [ema_kl_beta > 0])) + (B - B1)).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class AWM(Algorithm):
                     if cfg.kl_beta > 0:
                         with self.model.reference():
                             v_ref = self._velocity(x_t, t, traj, rep)
-                    if cfg.ema_kl_beta > 0:
+                    if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
                         with self.kl_copy.swapped_in():
                             v_copy = self._velocity(x_t, t, traj, rep)
                 v = self._velocity(x_t, t, traj, rep)

@@ -85,6 +85,8 @@ def released_loss(log_probs, old_log_probs, advantages, model_output, model_outp
     else:
         ema_kl_loss = ((mo - ema) ** 2).mean(dim=dims, keepdim=True)
     ema_kl_loss = ema_kl_loss.mean(dim=0).mean()
+    if cfg.kl_beta <= 0:  # :1330-1354: both KL terms sit inside `if config.train.beta > 0`
+        return policy_loss
     return policy_loss + cfg.kl_beta * kl_loss + cfg.ema_kl_beta * ema_kl_loss
 
 
@@ -273,6 +275,15 @@ def test_toy_update_gradient_is_the_released_gradient(toy_model, toy_prompts):
     assert float((ours - released).norm() / released.norm()) < 1e-5
 
 
+def test_no_copy_kl_without_the_reference_kl_as_released(toy_model, toy_prompts):
+    """train_sd3_awm.py:1330-1354 adds the copy's KL only inside `if config.train.beta > 0`: at kl_beta 0 the loss
+    is the policy loss alone whatever ema_kl_beta (the copy is perturbed, so an added copy-KL would show)."""
+    ours, released, stats = _ours_and_released(toy_model, toy_prompts[0], {"kl_beta": 0.0, "ema_kl_beta": 1.0},
+                                               toy_prompts[1])
+    assert float(released.norm()) > 0 and stats.extra["kl_copy"] == 0.0
+    assert float((ours - released).norm() / released.norm()) < 1e-5
+
+
 # ---- NFE, learning, resume, config ------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", [{}, {"guidance": 2.5, "kl_beta": 0.04, "minibatches": 2, "solver": "dpm2"}])
 def test_nfe_counts_sampling_and_every_training_forward(toy_model, toy_prompts, variant):
@@ -282,7 +293,7 @@ def test_nfe_counts_sampling_and_every_training_forward(toy_model, toy_prompts, 
     c, k = toy_model.cfg_factor(cfg.guidance), cfg.train_timesteps
     first = len(torch.arange(b).chunk(cfg.minibatches)[0])
     assert stats.nfe_sampling == t * b * c
-    frozen = (cfg.kl_beta > 0) + (cfg.ema_kl_beta > 0)
+    frozen = (cfg.kl_beta > 0) * (1 + (cfg.ema_kl_beta > 0))  # the copy's KL only with beta > 0, as released
     assert stats.nfe_training == c * k * (b * (1 + frozen) + (b - first))
 
 
