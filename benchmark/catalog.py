@@ -116,8 +116,15 @@ def detail(name: str) -> str:
         suite = load_suite(name)
         sets = "; ".join(f"{k}: {v}" for k, v in suite.seed_sets.items()) or f"{suite.seeds}"
         return "\n".join([f"suite {name}: {suite.description}", f"tasks: {', '.join(suite.tasks)}",
-                          f"algorithms: {', '.join(suite.algorithms)}", f"seeds: {sets}"])
+                          f"algorithms: {', '.join(suite.algorithms)}", f"seeds: {sets}"]
+                         + ([f"tuning: {suite.tuning}"] if suite.tuning else [])
+                         + ([f"tuned: {suite.tuned}"] if suite.tuned else []))
     else:
         known = [*algorithms.names(), *models.names(), *rewards.names(), *prompt_samplers.names(), *suite_names()]
         raise ConfigError(f"nothing registered as {name!r}; known: {', '.join(known)}")
-    return "\n".join(head + [f"  {key} = {value!r}" for key, value in params] or ["  (none)"])
+    lines = head + ([f"  {key} = {value!r}" for key, value in params] or ["  (none)"])
+    if name in algorithms.names() or name in prompt_samplers.names():  # what flowzoo tune may change
+        from benchmark.experiments.search_space import listing
+
+        lines += listing(name)
+    return "\n".join(lines)

@@ -171,8 +171,8 @@ class _ReportingRunner(Runner):
         super().__init__(config, progress=False, dist=SingleProcess())
         self._on_rows = on_rows
 
-    def _write_metrics(self, rows: list[dict]) -> None:
-        super()._write_metrics(rows)
+    def _write_metrics(self, rows: list[dict], *args, **kwargs) -> None:
+        super()._write_metrics(rows, *args, **kwargs)  # whatever else the runner passes (e.g. when a write is due)
         self._on_rows(rows)
 
 

@@ -1,0 +1,254 @@
+"""flowzoo tune (benchmark/experiments/tuning.py): declared spaces fit the loader, equal budgets, kill -9 resume,
+concurrent workers, the objective, disjoint seeds, and tuned recipes picked up by a suite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import algorithms
+from benchmark.experiments import search_space, tuning
+from benchmark.experiments.loading import build_config
+from benchmark.experiments.recipes import recipe_files
+from benchmark.experiments.suite import expand, load_suite
+from flowzoo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MINI = {
+    "name": "mini",
+    "seeds": [0, 1],
+    "algorithms": ["flow_grpo", "op_grpo"],
+    "defaults": {
+        "algorithm": {"group_size": 8, "clip_range": 0.05, "lr": 1.0e-4, "kl_beta": 0.0},
+        "train": {"steps": 4, "prompts_per_step": 2, "eval_every": 2, "eval_samples_per_prompt": 4,
+                  "checkpoint_every": 2, "save_samples": False, "threads": 1},
+        "model": {"name": "toy2d"}, "reward": "toy_mode",
+        "per_algorithm": {"op_grpo": {"replay_prompts": "buffer", "off_policy_groups": 0.5}},
+    },
+    "tasks": {"toy2d_mode": {},
+              "toy2d_mode@dynamic": {"algorithms": ["flow_grpo"], "train": {"prompt_sampler": "dynamic"}},
+              "toy2d_mode@pinned": {"algorithms": ["op_grpo"], "per_algorithm": {"op_grpo": {"t_off": 0}}}},
+    "tuning": {"objective": "auc", "trials": 2, "seeds": [1000],
+               "sampler": {"seed": 0, "startup_trials": 1}, "pruner": {"startup_trials": 1, "warmup_evaluations": 1}},
+}
+
+
+def write_suite(tmp_path: Path, **changes) -> Path:
+    data = yaml.safe_load(yaml.safe_dump(MINI))
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    path = tmp_path / "mini.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def studies(runs: Path, suite: str = "mini") -> dict:
+    import optuna
+
+    storage = tuning.open_storage(f"sqlite:///{(runs / suite / 'tuning' / 'optuna.db').resolve()}")
+    return {s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
+            for s in optuna.get_all_study_summaries(storage)}
+
+
+def states(study) -> list[str]:
+    return [t.state.name for t in study.get_trials(deepcopy=False)]
+
+
+# ----------------------------------------------------------------------------------------------- declared spaces
+
+def _declared_points(name: str):
+    scopes = search_space.declared_scopes(recipe_files(name), search_space._preset_keys(name))
+    for scope, knobs in scopes.items():
+        for knob in knobs.values():
+            for value in knob.points():
+                yield scope, knob.name, value
+
+
+@pytest.mark.parametrize("name", algorithms.names())
+def test_every_point_of_every_declared_space_passes_the_config_loader(name):
+    base = yaml.safe_load((ROOT / "benchmark/configs/toy_flow_grpo.yaml").read_text())
+    points = list(_declared_points(name))
+    assert points, f"{name} declares no search space"
+    for scope, knob, value in points:
+        if scope not in ("default", "toy2d"):
+            continue  # the tiny scope is checked on its suite below (its T = 5)
+        # OP-GRPO as the studies run it (buffer prompts take a share < 1 of the groups)
+        context = {"replay_prompts": "buffer", "off_policy_groups": 0.5} if name.startswith("op_grpo") else {}
+        algorithm = {"name": name, **context, knob: value}
+        build_config({**base, "algorithm": algorithm})
+
+
+@pytest.mark.parametrize("suite_name", ["op-grpo-study", "tiny-rare-counting-study"])
+def test_every_point_of_the_study_designs_spaces_fits_their_cells(suite_name, tmp_path):
+    suite, design = tuning.load_tuning(suite_name)
+    cells = tuning.tuning_cells(suite, design)
+    assert {c.algorithm for c in cells} >= {"flow_grpo", "op_grpo", "diffusion_nft"}
+    assert any(c.sampler == "dynamic" for c in cells)
+    for cell in cells:
+        assert "lr" in cell.knobs
+        assert tuning.check_space(suite, design, cell, tmp_path) == sum(len(k.points()) for k in cell.all_knobs().values())
+
+
+def test_a_point_that_does_not_fit_the_cell_is_refused_before_any_trial(tmp_path):
+    suite_file = write_suite(tmp_path, **{"defaults.algorithm.group_size": 2})  # replay_k up to 4 needs G >= 5
+    suite, design = tuning.load_tuning(str(suite_file))
+    cell = next(c for c in tuning.tuning_cells(suite, design) if c.algorithm == "op_grpo")
+    with pytest.raises(ConfigError, match="replay_k=.* does not fit the cell"):
+        tuning.check_space(suite, design, cell, tmp_path)
+
+
+def test_a_preset_inherits_its_parents_space_less_the_keys_it_fixes():
+    assert "t_off" in search_space.algorithm_space("op_grpo")
+    truncation = search_space.algorithm_space("op_grpo_no_truncation")
+    assert "t_off" not in truncation and "off_policy_groups" in truncation
+    assert search_space.algorithm_space("op_grpo", "tiny")["t_off"].high == 4  # the tiny scope narrows it
+
+
+def test_flowzoo_list_shows_the_space(capsys):
+    from benchmark.cli import main
+
+    assert main(["list", "awm"]) == 0
+    out = capsys.readouterr().out
+    assert "search space" in out and "weighting: one of" in out and "lr: float in" in out
+
+
+def test_a_knob_without_its_source_is_refused(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("search_space:\n  default:\n    lr: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}\n")
+    with pytest.raises(ConfigError, match="has no source"):
+        search_space.read_space_file(path)
+
+
+# ---------------------------------------------------------------------------------------------------- the design
+
+def test_the_objective_equals_a_hand_computation():
+    curves = [[0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0]]
+    assert tuning.objective_value(curves, "auc") == pytest.approx((1.5 + 1.0) / 2)
+    assert tuning.objective_value(curves, "final") == pytest.approx(((1 + 2 + 3) / 3 + 1.0) / 2)
+    assert tuning.objective_value([[0.2, 0.4]], "final") == pytest.approx(0.3)  # fewer than 3 evaluations
+    assert tuning.evaluations_per_run(400, 10) == 41 and tuning.evaluations_per_run(5, 2) == 4
+
+
+def test_tuning_seeds_overlapping_evaluation_seeds_are_refused(tmp_path):
+    path = write_suite(tmp_path, **{"tuning.seeds": [1, 1000]})
+    with pytest.raises(ConfigError, match=r"tuning.seeds \[1\] are also evaluation seeds"):
+        load_suite(str(path))
+    result = subprocess.run([sys.executable, "-m", "benchmark", "tune", str(path)], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_design_without_an_objective_is_refused(tmp_path):
+    data = dict(MINI["tuning"])
+    del data["objective"]
+    with pytest.raises(ConfigError, match="needs `objective`"):
+        load_suite(str(write_suite(tmp_path, tuning=data)))
+
+
+def test_budgets_are_equal_by_construction(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    tuning.tune(str(write_suite(tmp_path)), runs, trials=2, tasks="toy2d_mode,toy2d_mode@dynamic")
+    found = studies(runs)
+    assert set(found) == {"mini/toy2d_mode/flow_grpo", "mini/toy2d_mode/op_grpo", "mini/toy2d_mode@dynamic/flow_grpo"}
+    for study in found.values():
+        assert sum(s in ("COMPLETE", "PRUNED") for s in states(study)) == 2
+    lines = [line for line in capsys.readouterr().out.splitlines() if " trial " in line]
+    assert len(lines) == 6 and all(" s" in line and "objective" in line for line in lines)
+    assert any("sampler.max_rounds=" in line for line in lines)
+
+
+# --------------------------------------------------------------------------------------------- kill and workers
+
+def _tune_command(suite_file: Path, runs: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "benchmark", "tune", str(suite_file), "--runs", str(runs), "--tasks", "toy2d_mode",
+            "--algorithms", "flow_grpo", *extra]
+
+
+def test_a_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
+    suite_file = write_suite(tmp_path, **{"defaults.train.steps": 40, "defaults.train.eval_every": 10,
+                                          "defaults.train.checkpoint_every": 10, "tuning.trials": 3,
+                                          "tuning.pruner.name": "none"})
+    runs = tmp_path / "runs"
+    process = subprocess.Popen(_tune_command(suite_file, runs), cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:  # the first finished trial, then kill -9 during the second
+        if " trial 0 " in line:
+            break
+    time.sleep(0.5)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    study = studies(runs)["mini/toy2d_mode/flow_grpo"]
+    before = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
+    done = {p: p.stat().st_mtime_ns for p in (runs / "mini" / "tuning").rglob("done.json")}
+    assert 0 in before
+    subprocess.run(_tune_command(suite_file, runs), cwd=ROOT, check=True, capture_output=True)
+    study = studies(runs)["mini/toy2d_mode/flow_grpo"]
+    after = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
+    assert {n: after[n] for n in before} == before  # finished trials kept, not rerun
+    assert len(after) == 3
+    assert all(p.stat().st_mtime_ns == m for p, m in done.items())  # their runs untouched
+    assert "RUNNING" not in states(study)
+
+
+def test_two_workers_on_one_study_never_run_the_same_trial(tmp_path):
+    suite_file = write_suite(tmp_path, **{"tuning.trials": 4, "tuning.pruner.name": "none"})
+    runs = tmp_path / "runs"
+    result = subprocess.run(_tune_command(suite_file, runs, "--workers", "2"), cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    trials = studies(runs)["mini/toy2d_mode/flow_grpo"].get_trials(deepcopy=False)
+    counted = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(counted) == 4  # exactly the budget, however the workers interleave
+    assert len({t.number for t in counted}) == 4
+    assert all(t.user_attrs.get("over_budget") for t in trials if t.state.name == "FAIL")
+    trial_dirs = sorted(p.name for p in (runs / "mini" / "tuning" / "toy2d_mode" / "flow_grpo").glob("trial*"))
+    assert trial_dirs == [f"trial{t.number}" for t in sorted(counted, key=lambda t: t.number)]
+
+
+# ----------------------------------------------------------------------------------------------- tuned recipes
+
+def test_a_tuned_file_is_picked_up_by_a_suite_cell(tmp_path):
+    tuned = tmp_path / "tuned"
+    (tuned / "toy2d_mode").mkdir(parents=True)
+    (tuned / "toy2d_mode" / "op_grpo.yaml").write_text(yaml.safe_dump(
+        {"algorithm_keys": {"lr": 4.2e-4, "t_off": 3, "off_policy_groups": 0.25}, "sampler_keys": {}}))
+    (tuned / "toy2d_mode@dynamic").mkdir()
+    (tuned / "toy2d_mode@dynamic" / "flow_grpo.yaml").write_text(yaml.safe_dump(
+        {"algorithm_keys": {"lr": 3.3e-4}, "sampler_keys": {"max_rounds": 5}}))
+    suite = load_suite(str(write_suite(tmp_path, tuned=str(tuned))))
+    configs = {(c.task, c.algorithm_name, c.seed): c for c in expand(suite, tmp_path / "runs")}
+    op = configs[("toy2d_mode", "op_grpo", 0)].algorithm
+    assert (op["lr"], op["t_off"], op["off_policy_groups"]) == (4.2e-4, 3, 0.25)  # over the shared per-algorithm 0.5
+    pinned = configs[("toy2d_mode@pinned", "op_grpo", 0)].algorithm
+    assert pinned["lr"] == 4.2e-4 and pinned["t_off"] == 0  # the base task's file; the control's own key kept
+    dynamic = configs[("toy2d_mode@dynamic", "flow_grpo", 0)]
+    assert dynamic.algorithm["lr"] == 3.3e-4
+    assert dynamic.train.prompt_sampler == {"name": "dynamic", "max_rounds": 5}
+    assert configs[("toy2d_mode", "flow_grpo", 0)].algorithm["lr"] == 1.0e-4  # no file: the shared recipe
+
+
+def test_the_report_writes_a_tuned_file_a_suite_reads(tmp_path):
+    from benchmark.analysis.tuning_report import write_tuning_report
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    suite, design, cells, url = tuning.tune(str(write_suite(tmp_path)), runs, trials=2, tasks="toy2d_mode",
+                                            algorithms="flow_grpo")
+    index = write_tuning_report(suite.name, design, cells, url, out, 2)
+    assert "| toy2d_mode | flow_grpo | 2/2 |" in index.read_text()
+    assert (out / "figures" / "sensitivity_toy2d_mode.png").is_file()
+    record = yaml.safe_load((out / "tuned" / "toy2d_mode" / "flow_grpo.yaml").read_text())
+    tuned_suite = load_suite(str(write_suite(tmp_path, tuned=str(out / "tuned"))))
+    config = next(c for c in expand(tuned_suite, runs) if (c.task, c.algorithm_name) == ("toy2d_mode", "flow_grpo"))
+    assert config.algorithm["lr"] == record["algorithm_keys"]["lr"]
