@@ -46,8 +46,9 @@ def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]]
         try:
             built[name] = cls(**args.get(name, {}))
         except TypeError as e:
-            given = sorted(args.get(name, {}))  # names only: a credential given to the wrong reward stays unshown
-            raise ConfigError(f"reward {name!r}: bad arguments {given}: {e}") from None
+            given = args.get(name)  # names only: a credential given to the wrong reward stays unshown
+            names = sorted(map(str, given)) if isinstance(given, Mapping) else f"({type(given).__name__})"
+            raise ConfigError(f"reward {name!r}: bad arguments {names}: {e}") from None
     if isinstance(spec, str):
         return built[spec]
     return MultiReward(built, weights)

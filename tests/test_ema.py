@@ -118,15 +118,19 @@ def _metrics(run_dir: Path) -> pd.DataFrame:
     return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
 
 
-def test_a_run_evaluates_with_the_average(tmp_path):
-    # an average that never moves (its first move would come after 999 optimizer steps) is the initial model: every
-    # evaluation then equals the step-0 one while the trained weights (the training reward) move
-    frozen = tmp_path / "frozen"
+def test_a_run_evaluates_with_the_average(tmp_path, capsys):
+    # an average that never moves (its first move would come after 999 optimizer steps, the run takes 8) would be the
+    # initial model at every evaluation: refused at load (issue 44); one that first moves at step 7 is the initial
+    # model at every evaluation before it, while the trained weights (the training reward) move
     assert main(["train", str(CONFIG), *ARGS, "algorithm.ema=true", "algorithm.ema_every=1000",
+                 f"run_dir={tmp_path / 'never'}"]) == 2
+    assert "ema_every 1000" in capsys.readouterr().err and not (tmp_path / "never").exists()
+    frozen = tmp_path / "frozen"
+    assert main(["train", str(CONFIG), *ARGS, "algorithm.ema=true", "algorithm.ema_every=8",
                  f"run_dir={frozen}"]) == 0
     rows = _metrics(frozen)
     evals = rows["eval_reward"].dropna()
-    assert len(evals) == 5 and (evals == evals.iloc[0]).all()
+    assert len(evals) == 5 and (evals.iloc[:4] == evals.iloc[0]).all() and evals.iloc[4] != evals.iloc[0]
     plain = tmp_path / "plain"
     assert main(["train", str(CONFIG), *ARGS, f"run_dir={plain}"]) == 0
     other = _metrics(plain)

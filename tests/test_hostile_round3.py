@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -148,3 +150,76 @@ def test_report_and_study_skip_a_damaged_run_and_say_so(tmp_path, capsys, damage
     assert "Runs read: 6; skipped (unreadable): 1" in study and "t/op_grpo/s3" in study
     table = pd.read_csv(tmp_path / "study" / "runs.csv")
     assert 3 not in set(table[table["algorithm"] == "op_grpo"]["seed"])
+
+
+# ---- 4. configs that train nothing ----------------------------------------------------------------------------------
+TOY = "benchmark/configs/toy_flow_grpo.yaml"
+
+
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "diffusion_nft", "awm", "dance_grpo"])
+def test_guidance_0_with_a_detached_unconditional_branch_is_refused(tmp_path, capsys, algorithm):
+    """u + 0 (c - u) = u, and u carries no gradient under cfg_grad cond: every gradient was exactly 0."""
+    args = ["train", TOY, f"algorithm.name={algorithm}", "algorithm.guidance=0", f"run_dir={tmp_path / 'run'}"]
+    assert main(args) == 2
+    err = _one_error_line(capsys)
+    assert "algorithm.guidance 0 with cfg_grad cond trains nothing" in err and "cfg_grad: both" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_guidance_0_is_not_refused_where_a_gradient_flows():
+    """cfg_grad both at g = 0 trains the unconditional branch (d v = d u), which a g = 0 evaluation samples."""
+    from benchmark.experiments.loading import load_config
+
+    for overrides in (["algorithm.guidance=0", "algorithm.cfg_grad=both"], ["algorithm.guidance=-0.5"]):
+        load_config(TOY, overrides)
+
+
+def test_guidance_0_with_cfg_grad_cond_really_gives_a_zero_gradient_and_both_does_not():
+    """The refusal's premise, on the toy model: one update's gradient under each cfg_grad at g = 0."""
+    import algorithms
+    import models
+    import rewards
+    from models.toy2d import prompt_set
+
+    grads = {}
+    for cfg_grad in ("cond", "both"):
+        model = models.get("toy2d")(pretrain_steps=20, hidden=16)
+        alg = algorithms.get("flow_grpo")(model, rewards.get("toy_mode")(), {
+            "group_size": 4, "guidance": 0.0, "cfg_grad": cfg_grad, "kl_beta": 0.0, "lr": 1e-3}, seed=0)
+        alg.step(*[list(column) for column in zip(*prompt_set()[:2])])
+        grads[cfg_grad] = sum(float(p.grad.abs().sum()) for p in model.trainable_parameters() if p.grad is not None)
+    assert grads["cond"] == 0 and grads["both"] > 0
+
+
+@pytest.mark.parametrize("overrides,total", [
+    (["algorithm.ema_every=10", "train.steps=4"], 4),
+    (["algorithm.ema_every=10", "train.steps=4", "algorithm.inner_epochs=2"], 8),
+])
+def test_an_ema_that_never_moves_is_refused(tmp_path, capsys, overrides, total):
+    """The average first moves after optimizer step ema_every - 1: with fewer, every evaluation and the export were
+    the base model."""
+    assert main(["train", TOY, "algorithm.ema=true", *overrides, f"run_dir={tmp_path / 'run'}"]) == 2
+    err = _one_error_line(capsys)
+    assert f"the run takes at most {total}" in err and "base model" in err and f"ema_every <= {total + 1}" in err
+    from benchmark.experiments.loading import load_config
+
+    load_config(TOY, ["algorithm.ema=true", "algorithm.ema_every=5", "train.steps=4"])  # moves after step 4
+
+
+def test_grad_snr_on_a_zero_gradient_says_so(tmp_path, capsys):
+    """A random tiny network never passes the strict GenEval check: every reward 0, every advantage 0, every gradient
+    exactly 0. It printed "cosine +0.0000 (se 0.0000)", read as pure noise."""
+    config = _tiny_config(tmp_path / "c.yaml")
+    assert main(["grad-snr", config, "reward_args={shapes_geneval: {score: strict}}", "train.prompt_sampler=null",
+                 "--batches", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "the gradient is exactly 0 in 3 of 3 batches" in out and "no gradient cosine" in out
+    assert "+0.0000" not in out and "nan" not in out
+
+
+def test_grad_snr_line_with_some_zero_batches_and_too_few_for_an_se():
+    from benchmark.experiments.grad_snr import SNRResult
+
+    line = SNRResult(4, 8, 0.25, math.nan, 0.01, 0.1, 1.0, zero_batches=2).line()
+    assert "cosine +0.2500 (no se: it needs 3 batches with a non-zero gradient)" in line
+    assert "2 of 4 batches had an exactly zero gradient" in line and "nan" not in line

@@ -14,6 +14,10 @@ point. Reported:
   from 0 (about 1% from chance alone at K = 16: Student t with 15 degrees of freedom).
 * ``reward_mean`` of the K batches and seconds per batch.
 
+A batch whose gradient is exactly 0 (every group's rewards equal, so every advantage is 0) has no direction: it is
+left out of the cosine and counted (``zero_batches``); when fewer than 2 batches have a gradient there is no cosine
+and the line says so. The standard error needs 3 batches with a gradient (``--batches`` must be >= 3).
+
 ``--fixed-prompts`` uses the same prompts in every batch (only the noise changes): it separates the spread that comes
 from the SDE noise from the spread that comes from which prompts a step draws.
 """
@@ -21,6 +25,7 @@ from the SDE noise from the spread that comes from which prompts a step draws.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 
@@ -60,20 +65,34 @@ def significant_fraction(gradients: torch.Tensor, threshold: float = 3.0) -> flo
     return float(((z.abs() > threshold) & (se > 0)).float().mean())
 
 
+MIN_BATCHES = 3  # the jackknife standard error leaves one batch out of at least 2
+
+
 @dataclass
 class SNRResult:
     batches: int
     samples_per_batch: int
-    cos_mean: float
-    cos_se: float
+    cos_mean: float  # NaN: fewer than 2 batches with a non-zero gradient
+    cos_se: float  # NaN: fewer than 3 batches with a non-zero gradient
     z_frac_3: float
     reward_mean: float
     seconds_per_batch: float
+    zero_batches: int = 0  # batches whose gradient is exactly 0, left out of the cosine
 
     def line(self) -> str:
-        return (f"{self.batches} batches of {self.samples_per_batch} samples: gradient cosine {self.cos_mean:+.4f} "
-                f"(se {self.cos_se:.4f}), coordinates with |z| > 3: {self.z_frac_3:.2%}, reward {self.reward_mean:.3f}, "
-                f"{self.seconds_per_batch:.2f} s a batch")
+        head = f"{self.batches} batches of {self.samples_per_batch} samples: "
+        tail = f"reward {self.reward_mean:.3f}, {self.seconds_per_batch:.2f} s a batch"
+        with_gradient = self.batches - self.zero_batches
+        if with_gradient < 2:
+            return (head + f"the gradient is exactly 0 in {self.zero_batches} of {self.batches} batches (every "
+                    "advantage 0: equal rewards in every group, or a config that trains nothing), so there is no "
+                    f"gradient cosine; {tail}")
+        se = (f"se {self.cos_se:.4f}" if math.isfinite(self.cos_se)
+              else f"no se: it needs {MIN_BATCHES} batches with a non-zero gradient")
+        zero = (f"; {self.zero_batches} of {self.batches} batches had an exactly zero gradient (every advantage 0) "
+                "and are left out") if self.zero_batches else ""
+        return (head + f"gradient cosine {self.cos_mean:+.4f} ({se}){zero}, coordinates with |z| > 3: "
+                f"{self.z_frac_3:.2%}, {tail}")
 
 
 def batch_gradients(config: ExperimentConfig, batches: int, fixed_prompts: bool = False,
@@ -109,17 +128,19 @@ def gradients_at(runner: Experiment, batches: int, fixed_prompts: bool = False,
 
 
 def measure(config: ExperimentConfig, batches: int = 16, fixed_prompts: bool = False, progress: bool = True) -> SNRResult:
-    if batches < 2:  # before the model is built
-        raise ConfigError(f"--batches must be >= 2 to compare gradients, got {batches}")
+    if batches < MIN_BATCHES:  # before the model is built
+        raise ConfigError(f"--batches must be >= {MIN_BATCHES}, got {batches}: the cosine's standard error is a "
+                          f"leave-one-batch-out jackknife over pairs of batches")
     built = experiment.build(config)
     gradients, rewards, seconds = gradients_at(built, batches, fixed_prompts, progress)
-    cosines = pairwise_cosines(gradients)
+    moving = gradients[gradients.norm(dim=1) > 0]  # an exactly zero gradient has no direction
     samples = config.train.prompts_per_step * built.algorithm_config.group_size
     return SNRResult(
         batches=batches,
         samples_per_batch=samples,
-        cos_mean=float(cosines.mean()),
-        cos_se=jackknife_se(gradients),
+        cos_mean=float(pairwise_cosines(moving).mean()) if len(moving) >= 2 else math.nan,
+        cos_se=jackknife_se(moving),
+        zero_batches=batches - len(moving),
         z_frac_3=significant_fraction(gradients),
         reward_mean=sum(rewards) / len(rewards),
         seconds_per_batch=seconds,

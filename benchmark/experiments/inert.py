@@ -1,0 +1,42 @@
+"""Knob combinations that cannot train, or cannot change the evaluated model, refused at load with the reason.
+
+* ``algorithm.guidance: 0`` with ``cfg_grad: cond`` (the default): every algorithm's loss goes through the guided
+  velocity ``u + g (c - u)`` (``models.base.FlowModel.velocity``), whose unconditional branch ``u`` carries no
+  gradient under ``cond``; at g = 0 the velocity is ``u`` alone, so every gradient is exactly 0 (PPO, KL, the
+  DiffusionNFT and AWM losses alike). Not refused: ``cfg_grad: both`` at g = 0 (the gradient is ``d u``: it trains
+  the unconditional branch, which a g = 0 evaluation samples), or any g != 0.
+* ``algorithm.ema`` on with ``ema_every`` such that the average never moves: it first moves after optimizer step
+  ``ema_every - 1`` (``algorithms/ema.py``), and a run takes at most ``train.steps x inner_epochs x minibatches``
+  optimizer steps; fewer, and every evaluation and the export are the base model.
+"""
+
+from __future__ import annotations
+
+from algorithms.base import AlgorithmConfig
+from benchmark.experiments.config import ExperimentConfig
+from flowzoo.errors import ConfigError
+
+
+def optimizer_steps(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> int:
+    """The most optimizer steps the run takes: each training step updates ``inner_epochs x minibatches`` times
+    (fewer when ``drop_zero_advantage`` leaves a minibatch empty)."""
+    return config.train.steps * algorithm_config.inner_epochs * algorithm_config.minibatches
+
+
+def check_trains_something(config: ExperimentConfig, algorithm_config: AlgorithmConfig) -> None:
+    """``ConfigError`` naming the knobs and why when the run could not change the model it evaluates."""
+    if algorithm_config.guidance is not None and float(algorithm_config.guidance) == 0 \
+            and algorithm_config.cfg_grad == "cond":
+        raise ConfigError(
+            "algorithm.guidance 0 with cfg_grad cond trains nothing: the guided velocity u + 0 (c - u) is the "
+            "unconditional branch u, which carries no gradient under cfg_grad cond, so every gradient is 0; give "
+            "guidance 1 (no CFG) or another scale, or cfg_grad: both (trains the unconditional branch)")
+    if algorithm_config.ema:
+        total = optimizer_steps(config, algorithm_config)
+        if total < algorithm_config.ema_every - 1:
+            raise ConfigError(
+                f"algorithm.ema_every {algorithm_config.ema_every} with ema on: the average first moves after "
+                f"optimizer step {algorithm_config.ema_every - 1}, but the run takes at most {total} (train.steps "
+                f"{config.train.steps} x inner_epochs {algorithm_config.inner_epochs} x minibatches "
+                f"{algorithm_config.minibatches}), so every evaluation and the export would be the base model; give "
+                f"ema_every <= {total + 1}, more steps, or ema: false")
