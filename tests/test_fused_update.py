@@ -78,5 +78,5 @@ def test_fused_tier_trains_to_the_same_weights(name):
     moved = max(float((p - q).abs().max()) for p, q in zip(a, models.get("toy2d")(hidden=32, pretrain_steps=50)
                                                             .trainable_parameters()))
     assert moved > 1e-4  # the weights did move
-    for p, q in zip(a, b):
-        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5)
+    for p, q in zip(a, b):  # Adam divides by sqrt(v): a near-zero gradient element turns rounding into up to a few
+        torch.testing.assert_close(q, p, atol=2e-5, rtol=1e-5)  # % of one lr (1e-3) step; elsewhere 1e-5 relative
