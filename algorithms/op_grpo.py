@@ -146,9 +146,14 @@ class OPGRPO(Algorithm):
         return self.t_off < self.num_steps
 
     def _compatible(self, entry: ReplayEntry, plan: StepPlan) -> bool:
-        """Whether an entry was sampled on the current plan's grid and kernel, with the states a reuse up to t_off
-        needs (else it cannot be replayed)."""
-        return entry.plan is not None and entry.plan.same_grid(plan) and entry.latents.shape[0] >= self.t_off + 1
+        """Whether an entry was sampled on the current plan's grid and kernel, under the same CFG guidance and
+        log-prob reduction (its stored pi_off and the recomputed pi_old must be the same quantity, or log w mixes
+        definitions: e.g. a resume with another guidance or reduction), with the states a reuse up to t_off needs
+        (else it cannot be replayed). Guidance None is the model's default, for the entry as for the config."""
+        scale = lambda g: float(self.model.default_guidance if g is None else g)  # noqa: E731
+        same_density = (entry.plan is not None and entry.plan.reduction == plan.reduction
+                        and scale(entry.guidance) == scale(self.config.guidance))
+        return same_density and entry.plan.same_grid(plan) and entry.latents.shape[0] >= self.t_off + 1
 
     def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
         """The entries a group of ``prompt`` replays: up to k distinct compatible ones, repeated up to k when
@@ -190,7 +195,7 @@ class OPGRPO(Algorithm):
         return [(e.prompt, dict(e.metadata)) for e in stored.values()]
 
     def _cpu_plan(self) -> StepPlan:
-        plan = self.step_plan(1)
+        plan = self.make_plan(1)  # with the shared settings (the log-prob reduction) the stored entries carry
         return dataclasses.replace(plan, sigmas=plan.sigmas.cpu(), sde=plan.sde.cpu(), train=plan.train.cpu())
 
     def _choose_groups(

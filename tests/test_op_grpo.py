@@ -303,3 +303,22 @@ def test_non_finite_pi_off_outside_the_reused_steps_is_harmless():
     stats = alg.step(PROMPTS, META)
     assert stats.extra["replay_dropped"] == 0 and stats.extra["off_policy_frac"] == 0.25
     assert math.isfinite(stats.extra["log_weight_mean"]) and math.isfinite(stats.loss)
+
+
+@pytest.mark.parametrize("change, replays", [
+    ({}, True),
+    ({"guidance": 2.0}, False),  # pi_off was sampled under guidance 1.5: pi_old now would be another density
+    ({"log_prob_reduction": "sum"}, False),  # stored log-probs are means over latent dims
+    ({"noise_level": 0.5}, False),  # another grid (StepPlan.same_grid)
+], ids=["same", "guidance", "reduction", "noise-level"])
+def test_a_stored_trajectory_replays_only_under_the_density_it_was_sampled_with(change, replays):
+    """A resume with another guidance or log-prob reduction must not mix definitions in log w = log pi_old - log
+    pi_off: the buffer's entries (kept across the resume) are then not replayed."""
+    first = make(t_off=5, guidance=1.5)
+    first.step(PROMPTS, META)
+    assert len(first.buffer) > 0
+    later = make(t_off=5, **{"guidance": 1.5, **change})
+    later.buffer.load_state_dict(first.buffer.state_dict())
+    keep = Keep(later)
+    later.step(PROMPTS, META)
+    assert bool(keep.batches[-1].off_policy.any()) == replays
