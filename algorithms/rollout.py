@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from algorithms.sde import StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
+from algorithms.sde import NoiseStreams, StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
 from algorithms.trajectory import StepPlan
 from models.base import Condition, FlowModel
 
@@ -71,8 +71,22 @@ def rollout(
     latents = torch.zeros((batch, num_steps + 1, *x.shape[1:]), dtype=x.dtype, device=x.device)
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
+    noise = NoiseStreams(generators, x.shape[1:])  # each sample's own generator, as drawn step by step
+    try:
+        _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
+                   num_steps if stop_step is None else stop_step, prediction)
+    finally:
+        noise.close()
+    return latents, log_probs
+
+
+def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
+               stop_step, prediction) -> None:
+    """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams), filling ``latents``
+    and ``log_probs`` in place."""
+    batch, num_steps = x.shape[0], plan.num_steps
     prev_x0 = prev_sigma = None
-    for t in range(start_step, num_steps if stop_step is None else stop_step):
+    for t in range(start_step, stop_step):
         sigma = plan.sigmas[t].expand(batch)
         sigma_next = plan.sigmas[t + 1].expand(batch)
         keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
@@ -80,7 +94,7 @@ def rollout(
             v = model.velocity(x, sigma, cond, guidance, cfg_grad=cfg_grad, cfg_batch=cfg_batch)
             if plan.sde[t]:
                 out = sde_step(
-                    x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=list(generators),
+                    x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=noise,
                     reduction=plan.reduction,
                 )
         v = v.detach()
@@ -99,7 +113,6 @@ def rollout(
             prediction["x0"] = _data_prediction(x_t, v, sigma)
         prev_x0, prev_sigma = x0, sigma
         latents[:, t + 1] = x
-    return latents, log_probs
 
 
 def _data_prediction(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ Sources of the formulas:
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, Sequence, get_args
 
 import torch
 
@@ -61,8 +61,58 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, re
     return reduce_latent_dims(elem, reduction)
 
 
-def _noise(like: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None) -> torch.Tensor:
+#: torch's CPU normal sampler draws tensors of fewer elements than this one value at a time (its serial path), so
+#: one draw of n such values equals n draws of one; from this size on it fills blocks, which gives other values
+SERIAL_NORMAL_LIMIT = 16
+
+
+class NoiseStreams:
+    """Each sample's step noise from its own generator, drawn several steps at a time where that gives the very same
+    values: for latents of fewer than ``SERIAL_NORMAL_LIMIT`` elements (the toy tier's points) a block of steps fits
+    under the limit, so one ``randn`` call per sample serves several steps instead of one each (a rollout's dominant
+    cost on the toy tier). :meth:`close` rewinds every generator to just after the draws that were used, so the
+    generators end where per-step draws leave them. Larger latents draw step by step, as ``_noise`` does."""
+
+    def __init__(self, generators: Sequence[torch.Generator], shape: Sequence[int]):
+        self.generators = list(generators)
+        self.shape = tuple(shape)
+        self.numel = math.prod(self.shape)
+        self.block = (SERIAL_NORMAL_LIMIT - 1) // self.numel if self.numel < SERIAL_NORMAL_LIMIT else 1
+        self._buffer: torch.Tensor | None = None
+        self._states: list[torch.Tensor] = []
+        self._used = 0
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def draw(self, like: torch.Tensor) -> torch.Tensor:
+        if self.block <= 1:
+            return _noise(like, self.generators)
+        if tuple(like.shape) != (len(self.generators), *self.shape):
+            raise ValueError(f"noise for {tuple(like.shape)} from streams of {len(self)} x {self.shape}")
+        if self._buffer is None or self._used == self.block:
+            self._states = [g.get_state() for g in self.generators]
+            size = (self.block * self.numel,)
+            self._buffer = torch.stack([torch.randn(size, generator=g, dtype=torch.float32) for g in self.generators])
+            self._used = 0
+        part = self._buffer[:, self._used * self.numel: (self._used + 1) * self.numel]
+        self._used += 1
+        return part.reshape(like.shape).to(like.device)
+
+    def close(self) -> None:
+        """Put each generator where the used draws leave it (the unused rest of the last block is given back)."""
+        if self._buffer is not None and self._used < self.block:
+            for g, state in zip(self.generators, self._states):
+                g.set_state(state)
+                torch.randn((self._used * self.numel,), generator=g, dtype=torch.float32)
+        self._buffer = None
+
+
+def _noise(like: torch.Tensor, generator: torch.Generator | list[torch.Generator] | NoiseStreams | None
+           ) -> torch.Tensor:
     """Standard normal noise shaped like ``like``; a list of generators draws each sample from its own."""
+    if isinstance(generator, NoiseStreams):
+        return generator.draw(like)
     if isinstance(generator, (list, tuple)):
         if len(generator) != like.shape[0]:
             raise ValueError(f"got {len(generator)} generators for a batch of {like.shape[0]}")
@@ -87,7 +137,7 @@ def sde_step(
     kind: str = "flow_grpo",
     noise_level: float = 0.7,
     prev_sample: torch.Tensor | None = None,
-    generator: torch.Generator | list[torch.Generator] | None = None,
+    generator: torch.Generator | list[torch.Generator] | NoiseStreams | None = None,
     reduction: str = "mean",
 ) -> StepOutput:
     """One stochastic denoising step from ``sigma`` to ``sigma_next`` (both [B], ``sigma_next < sigma``).
