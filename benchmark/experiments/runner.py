@@ -23,7 +23,7 @@ import time
 import traceback
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -125,7 +125,12 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
 class Runner:
     """Trains one algorithm on one task for ``config.train.steps`` iterations in ``run_dir``."""
 
-    def __init__(self, config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None):
+    def __init__(self, config: ExperimentConfig, progress: bool = True, dist: SingleProcess | None = None,
+                 on_evaluation: Callable[[list[dict]], None] | None = None):
+        """``on_evaluation(rows)``: called with the run's metric rows so far (a resumed run's included) after the
+        first evaluation or the resume, and after every evaluation (``flowzoo tune`` reports them to its pruner); an
+        exception it raises stops the run there, its last checkpoint kept."""
+        self.on_evaluation = on_evaluation
         self.config = config
         self.run_dir = config.resolved_run_dir()
         self.progress = progress
@@ -297,6 +302,8 @@ class Runner:
                 evaluation = self.evaluate(0)
             rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, **evaluation, "t_eval": time.perf_counter() - t0})
             self._write_metrics(rows)
+        if self.on_evaluation is not None:
+            self.on_evaluation(rows)
         trackers = None
         if cfg.train.trackers and self.dist.is_main:
             run_name = f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}"
@@ -324,6 +331,8 @@ class Runner:
                 rows.append(row)
                 checkpoint = last or bool(cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0)
                 self._write_metrics(rows, due=checkpoint or "eval_reward" in row)
+                if self.on_evaluation is not None and "eval_reward" in row:
+                    self.on_evaluation(rows)
                 if trackers:
                     trackers.log(row, step)
                 if checkpoint:

@@ -20,19 +20,19 @@ import json
 import math
 import os
 import socket
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from algorithms.distributed import SingleProcess
 from benchmark.experiments.config import ExperimentConfig
 from benchmark.experiments.runner import Runner
-from benchmark.experiments.search_space import Knob, algorithm_space, dump_value, sampler_space
+from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
 from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
 from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
 from flowzoo.errors import ConfigError, FlowZooError
@@ -161,21 +161,6 @@ def check_space(suite: Suite, design: TuningDesign, cell: Cell, trials_dir: Path
 
 # ------------------------------------------------------------------------------------------------------- a trial
 
-class _ReportingRunner(Runner):
-    """The runner, telling ``on_rows`` every time it writes metrics (the rows of the run so far, a resumed run's
-    included), so that each evaluation reaches the pruner as the run makes it."""
-
-    def __init__(self, config: ExperimentConfig, on_rows: Callable[[list[dict]], None]):
-        from algorithms.distributed import SingleProcess
-
-        super().__init__(config, progress=False, dist=SingleProcess())
-        self._on_rows = on_rows
-
-    def _write_metrics(self, rows: list[dict], *args, **kwargs) -> None:
-        super()._write_metrics(rows, *args, **kwargs)  # whatever else the runner passes (e.g. when a write is due)
-        self._on_rows(rows)
-
-
 def eval_curve(run_dir: Path) -> list[float]:
     """A finished run's eval rewards in step order (its metrics.csv)."""
     frame = pd.read_csv(run_dir / "metrics.csv")
@@ -279,7 +264,7 @@ class Objective:
         for config in configs:
             config.train.threads = config.train.threads or self.threads
             try:
-                _ReportingRunner(config, lambda rows: report(
+                Runner(config, progress=False, dist=SingleProcess(), on_evaluation=lambda rows: report(
                     [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
             except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
                 trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
