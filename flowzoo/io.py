@@ -1,11 +1,15 @@
-"""Atomic file writes: a reader (or a killed run) never sees a half-written file."""
+"""Atomic file writes: a reader (or a killed run) never sees a half-written file, and an output folder is never left
+half-written (:func:`staged_directory`). An OS error while writing always names the path it was writing (a full
+disk's ``write()`` raises one without a path), so the command line turns it into one line and exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -15,22 +19,86 @@ _UMASK = os.umask(0o022)  # read once at import (os.umask can only be read by se
 os.umask(_UMASK)
 
 
+#: how torch's zip writer reports a failed write (a full disk) instead of an OSError
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed writing", "file write failed", "unexpected pos")
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Within the block an OS error without a path (``write()`` on a full disk: ``OSError(ENOSPC)``), or torch's
+    writer failing, is raised again as an ``OSError`` naming ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error) or type(error).__name__, str(path)) from error
+    except RuntimeError as error:
+        if not any(text in str(error) for text in _TORCH_WRITE_FAILED):
+            raise
+        raise OSError(None, f"write failed (a full disk?): {str(error).strip().splitlines()[0][:160]}",
+                      str(path)) from error
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "w") -> None:
-    """Write ``path`` by calling ``write(fileobj)`` on a temporary sibling, then renaming it into place."""
+    """Write ``path`` by calling ``write(fileobj)`` on a temporary sibling, then renaming it into place; an OS error
+    names ``path`` (:func:`naming`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the permissions open() would
+            with os.fdopen(fd, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def staged_directory(out: str | os.PathLike, what: str = "--out") -> Iterator[Path]:
+    """An output folder written all or nothing: yields a fresh temporary sibling of ``out`` to write into. On success
+    the stage becomes ``out`` (renamed, when ``out`` did not exist) or its files are moved into ``out`` one rename
+    each (other files there are kept); on any error the stage is removed, ``out`` is as it was, and an OS error
+    names the path under ``out`` it was writing."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        from flowzoo.errors import ConfigError
+
+        raise ConfigError(f"{what} {str(out)!r} is a file, not a directory; give a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the permissions open() would
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        with _mapped(stage, out):
+            yield stage
+            os.chmod(stage, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the folder mkdir's permissions
+            if not out.exists():
+                os.replace(stage, out)
+                return
+            for source in sorted(p for p in stage.rglob("*") if not p.is_dir()):
+                target = out / source.relative_to(stage)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _mapped(stage: Path, out: Path) -> Iterator[None]:
+    """An OS error naming a path in ``stage`` (or none) names the same path under ``out``."""
+    try:
+        with naming(out):
+            yield
+    except OSError as error:
+        name = str(error.filename)
+        if not name.startswith(str(stage)):
+            raise
+        raise OSError(error.errno, error.strerror, str(out) + name[len(str(stage)):]) from error
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

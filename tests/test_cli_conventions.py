@@ -92,9 +92,11 @@ def test_algorithms_selection_is_cut_per_task(tmp_path):
                                                                  ("op_only", "op_grpo", 3)]  # --seeds: every task
     listing = _suite()
     del listing.tasks["all"]  # every task lists its algorithms, none of them dance_grpo
-    with pytest.raises(ConfigError, match=r"^--algorithms dance_grpo: no task of suite s runs it; its tasks run: "
-                                          r"flow_grpo, op_grpo$"):
+    with pytest.raises(ConfigError, match=r"^--algorithms: suite s does not run dance_grpo; its algorithms: "
+                                          r"flow_grpo, op_grpo$"):  # issue 44: never trained as an extra
         select(listing, "dance_grpo")
+    with pytest.raises(ConfigError, match=r"^--algorithms: suite s does not run dance_grpo; its algorithms: "):
+        select(_suite(), "flow_grpo,dance_grpo")
 
 
 def test_op_grpo_study_runs_one_algorithm():

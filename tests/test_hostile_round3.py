@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import errno
 import math
 
 import numpy as np
@@ -223,3 +224,136 @@ def test_grad_snr_line_with_some_zero_batches_and_too_few_for_an_se():
     line = SNRResult(4, 8, 0.25, math.nan, 0.01, 0.1, 1.0, zero_batches=2).line()
     assert "cosine +0.2500 (no se: it needs 3 batches with a non-zero gradient)" in line
     assert "2 of 4 batches had an exactly zero gradient" in line and "nan" not in line
+
+
+# ---- 6. a full disk: one line naming the path, no half-written output folder ---------------------------------------
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no filename
+
+
+def _no_partial_siblings(parent: Path) -> None:
+    assert not [p.name for p in parent.iterdir() if ".partial-" in p.name]
+
+
+def test_train_on_a_full_disk_names_the_file_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    import torch as torch_module
+
+    run = tmp_path / "run"
+    args = ["train", TOY, "model.args.pretrain_steps=30", "model.args.hidden=32", "train.eval_every=0",
+            "train.save_samples=false", "train.prompts_per_step=2", "algorithm.group_size=4", "train.steps=3",
+            "train.checkpoint_every=1", f"run_dir={run}", "--quiet"]
+    real, calls = torch_module.save, []
+
+    def full_after_first(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) > 1:  # the step-2 checkpoint: the disk is full
+            _enospc()
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch_module, "save", full_after_first)
+    assert main(args) == 2
+    err = _one_error_line(capsys)
+    assert str(run / "checkpoint.pt") in err and "No space left on device" in err
+    monkeypatch.setattr(torch_module, "save", real)
+    assert torch_module.load(run / "checkpoint.pt", weights_only=False)  # the last good checkpoint is intact
+    assert main(args) == 0 and (run / "done.json").is_file()  # and the run resumes to the end
+
+
+def test_every_atomic_write_on_a_full_disk_names_its_path(tmp_path, capsys, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "fsync", _enospc)
+    assert main(["train", TOY, f"run_dir={tmp_path / 'run'}", "--quiet"]) == 2
+    assert f"{tmp_path / 'run' / 'config.yaml'}: No space left on device" in _one_error_line(capsys)
+    assert main(["eval", TOY, "model.args.pretrain_steps=30", "model.args.hidden=32", "--samples", "1",
+                 "--out", str(tmp_path / "eval.json")]) == 2
+    assert f"{tmp_path / 'eval.json'}: No space left on device" in _one_error_line(capsys)
+
+
+def test_report_and_study_on_a_full_disk_leave_no_output_folder(tmp_path, capsys, monkeypatch):
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", _enospc)
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 2
+    err = _one_error_line(capsys)
+    assert f"{tmp_path / 'report'}/figures/" in err and "No space left on device" in err
+    assert not (tmp_path / "report").exists()
+    monkeypatch.setattr(pd.DataFrame, "to_csv", _enospc)
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("study: error: ") and f"{tmp_path / 'study'}/" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "study").exists()
+    _no_partial_siblings(tmp_path)
+
+
+def test_a_failed_report_into_an_existing_folder_keeps_its_files(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    out = tmp_path / "report"
+    assert main(["report", str(runs), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr("benchmark.analysis.report.markdown_to_html", _enospc)
+    assert main(["report", str(runs), "--out", str(out)]) == 2
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    _no_partial_siblings(tmp_path)
+
+
+def test_export_on_a_full_disk_leaves_no_output_folder(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    assert main(["train", _tiny_config(tmp_path / "c.yaml"), f"run_dir={run}", "train.prompt_sampler=null",
+                 "--quiet"]) == 0
+    monkeypatch.setattr("safetensors.torch.save_file", _enospc)
+    capsys.readouterr()
+    assert main(["export", str(run), "--out", str(tmp_path / "lora")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flowzoo:")]  # not diffusers'
+    assert len(err) == 1 and err[0].startswith("flowzoo: error: ")
+    err = err[0]
+    assert str(tmp_path / "lora") in err and ".partial-" not in err and "No space left on device" in err
+    assert not (tmp_path / "lora").exists()
+    _no_partial_siblings(tmp_path)
+
+
+# ---- 7 (smaller): --algorithms outside the suite; the study's --out in the shipped weights ---------------------------
+def test_bench_algorithms_outside_the_suite_is_refused(tmp_path, capsys):
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--algorithms", "awm"]) == 2
+    assert _one_error_line(capsys) == ("flowzoo: error: --algorithms: suite smoke does not run awm; its algorithms: "
+                                       "flow_grpo")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--save-metrics"])
+def test_study_refuses_an_output_in_the_shipped_weights(tmp_path, capsys, monkeypatch, option):
+    import models.tiny as tiny
+    from benchmark.analysis.study import main as study_main
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    monkeypatch.setattr(tiny, "WEIGHTS_DIR", weights)
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    args = [str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]
+    args += [option, str(weights / "study")] if option == "--save-metrics" else []
+    if option == "--out":
+        args[2] = str(weights / "study")
+    assert study_main(args) == 2
+    err = capsys.readouterr().err
+    assert "inside the shipped weights directory" in err and len(err.strip().splitlines()) == 1
+    assert list(weights.iterdir()) == []
+
+
+def test_study_refuses_an_existing_file_as_out(tmp_path, capsys):
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    (tmp_path / "file").write_text("mine")
+    assert study_main([str(runs), "--out", str(tmp_path / "file"), "--resamples", "200"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"

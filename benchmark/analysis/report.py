@@ -38,7 +38,7 @@ import pandas as pd
 
 from benchmark.analysis import figures, stats, targets
 from benchmark.analysis.markdown_html import markdown_to_html
-from flowzoo.io import atomic_write, atomic_write_text
+from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 X_AXES = figures.X_AXES
 MAX_SAMPLE_STEPS = 4
@@ -807,14 +807,15 @@ def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     analysis = stats.analyze(runs_dir, baseline=baseline, target=target, smooth=smooth)
-    # the answer first (per task: cost ratios with CIs, then the curves); methods, definitions and runs last
-    lines = (header_section(analysis) + headline_section(analysis, out_dir)
-             + aggregate_section(analysis, out_dir) + final_section(analysis, out_dir)
-             + ablation_section(analysis, out_dir) + diagnostics_section(analysis, out_dir)
-             + samples_section(analysis, runs_dir, out_dir) + cost_details_section(analysis)
-             + definitions_section(analysis) + runs_section(analysis))
-    markdown = "\n".join(lines).rstrip("\n") + "\n"
-    index = out_dir / "index.md"
-    atomic_write_text(index, markdown)
-    atomic_write_text(out_dir / "index.html", markdown_to_html(markdown, base_dir=out_dir))
-    return index
+    # all or nothing: written into a sibling stage (same relative paths), then moved into out_dir
+    with staged_directory(out_dir) as stage:
+        # the answer first (per task: cost ratios with CIs, then the curves); methods, definitions and runs last
+        lines = (header_section(analysis) + headline_section(analysis, stage)
+                 + aggregate_section(analysis, stage) + final_section(analysis, stage)
+                 + ablation_section(analysis, stage) + diagnostics_section(analysis, stage)
+                 + samples_section(analysis, runs_dir, stage) + cost_details_section(analysis)
+                 + definitions_section(analysis) + runs_section(analysis))
+        markdown = "\n".join(lines).rstrip("\n") + "\n"
+        atomic_write_text(stage / "index.md", markdown)
+        atomic_write_text(stage / "index.html", markdown_to_html(markdown, base_dir=stage))
+    return out_dir / "index.md"

@@ -39,7 +39,8 @@ from benchmark.analysis.loading import SkippedRun, find_run_dirs, load_runs, rea
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError, RunError
-from flowzoo.io import atomic_write, atomic_write_text
+from flowzoo.io import atomic_write, atomic_write_text, staged_directory
+from models.shipped import refuse_shipped
 
 #: the study's metrics, in report order: (name, effects.Metric)
 METRICS = (
@@ -473,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
         also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
+        refuse_shipped(args.out, "--out")  # as every other output
+        if args.save_metrics:
+            refuse_shipped(args.save_metrics, "--save-metrics")
         timing = read_timing(args.timing) if args.timing else None
         claim_set = claims_of(suite_name(args.suite)) if args.claims else None
         skipped: list[SkippedRun] = []
@@ -484,9 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     claims = claims_table(table, effect_rows, seed_sets, claim_set) if args.claims else None
     wall = wall_clock_ratios(effect_rows, timing, args.baseline) if timing is not None else None
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.save_metrics:
-        print(f"saved {save_trimmed_metrics(args.runs_dir, args.save_metrics)} runs' metrics to {args.save_metrics}")
     gain_rows = gains(table, seed_sets)
     curves = mean_curves(runs)
     frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
@@ -496,11 +497,23 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.timing).resolve() != (out / "timing.csv").resolve():
             frames["timing.csv"] = timing
         frames["wall_clock.csv"] = wall
-    for name, frame in frames.items():
-        atomic_write(out / name, lambda f, frame=frame: frame.to_csv(f, index=False))
-    atomic_write(out / "curves.csv", curves.to_csv)
-    atomic_write_text(out / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth, curves,
-                                                claims, wall, gain_rows, skipped))
+    try:  # each output folder all or nothing; an OS error (a full disk) is one line naming its path
+        if args.save_metrics:
+            with staged_directory(args.save_metrics, "--save-metrics") as stage:
+                saved = save_trimmed_metrics(args.runs_dir, stage)
+            print(f"saved {saved} runs' metrics to {args.save_metrics}")
+        with staged_directory(out) as stage:
+            for name, frame in frames.items():
+                atomic_write(stage / name, lambda f, frame=frame: frame.to_csv(f, index=False))
+            atomic_write(stage / "curves.csv", curves.to_csv)
+            atomic_write_text(stage / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth,
+                                                          curves, claims, wall, gain_rows, skipped))
+    except (FlowZooError, OSError) as error:
+        if isinstance(error, OSError) and error.filename is None:
+            raise
+        line = str(error) if isinstance(error, FlowZooError) else f"{error.filename}: {error.strerror or error}"
+        print(f"study: error: {line}", file=sys.stderr)
+        return 2
     print(f"wrote {out / 'README.md'}")
     return 0
 

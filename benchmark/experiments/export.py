@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from flowzoo.errors import RunError
-from flowzoo.io import _UMASK, atomic_write_text
+from flowzoo.io import _UMASK, atomic_write_text, staged_directory
 
 #: model name -> the diffusers pipeline class whose LoRA format (and ``save_lora_weights``) its transformer uses
 LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline"}
@@ -94,13 +92,8 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     metadata = transformer.peft_config["default"].to_dict()
     pipeline = getattr(diffusers, LORA_FORMATS[config.model.name])
 
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
-    try:
+    with staged_directory(out) as staging:  # all or nothing: no half-written --out folder
         pipeline.save_lora_weights(staging, transformer_lora_layers=lora, transformer_lora_adapter_metadata=metadata)
         os.chmod(staging / WEIGHTS_NAME, 0o666 & ~_UMASK)  # safetensors writes 0600; give it open()'s mode
-        os.replace(staging / WEIGHTS_NAME, out / WEIGHTS_NAME)  # the same file system: an atomic rename
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    atomic_write_text(out / "README.md", _model_card(run_dir, config, state))
+        atomic_write_text(staging / "README.md", _model_card(run_dir, config, state))
     return out

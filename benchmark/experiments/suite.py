@@ -306,8 +306,10 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
         seeds_csv = ",".join(str(s) for s in suite.seed_sets[seed_set])
     if algorithms_csv:
         wanted = _names(algorithms_csv, "--algorithms", suite.algorithms, "algorithm")
-        for name in wanted:
-            algorithms.get(name)
+        foreign = [name for name in wanted if name not in suite.algorithms]
+        if foreign:  # a subset of the suite's algorithms: one it does not list has no recipe or cell in it
+            raise ConfigError(f"--algorithms: suite {suite.name} does not run {', '.join(foreign)}; its algorithms: "
+                              f"{', '.join(suite.algorithms)}")
         suite.algorithms = wanted
         for task, task_cfg in list(suite.tasks.items()):  # a task that lists its algorithms keeps the selected ones
             listed = (task_cfg or {}).get("algorithms")
