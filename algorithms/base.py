@@ -660,7 +660,7 @@ class Algorithm:
         if self.model.fused_update and not traj.live:
             steps, local = torch.nonzero(traj.train[minibatch].T, as_tuple=True)  # step-major, as below
             rows = minibatch[local]
-            for part in torch.arange(len(rows)).split(max(self.config.micro_batch or len(rows), 1)):
+            for part in torch.arange(len(rows), device=rows.device).split(max(self.config.micro_batch or len(rows), 1)):
                 if len(part):
                     yield rows[part], steps[part]
             return

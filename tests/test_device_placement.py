@@ -214,6 +214,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         GENERATOR + "; moved onto the latents' device on the same line",
     ("algorithms/sde.py", "torch.randn(like.shape, generator=generator, dtype=torch.float32)"):
         GENERATOR + "; moved onto the latents' device on the same line",
+    ("algorithms/sde.py", "torch.randn(size, generator=g, dtype=torch.float32)"):
+        GENERATOR + "; NoiseStreams.draw moves each step's part onto the latents' device",
+    ("algorithms/sde.py", "torch.randn((self._used * self.numel,), generator=g, dtype=torch.float32)"):
+        GENERATOR + " (NoiseStreams.close advances the host generators; the values are not used)",
     ("algorithms/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.zeros(1, dtype=torch.float64)"): HOST_PLAN,
@@ -397,6 +401,8 @@ FLOAT32_BY_CONTRACT: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("algorithms/sde.py", "euler_step"): (frozenset({"float"}), KERNELS),
     ("algorithms/sde.py", "dpm_solver_pp_2m_step"): (frozenset({"float"}), KERNELS),
     ("algorithms/sde.py", "_noise"): (frozenset({"randn"}), NOISE),
+    ("algorithms/sde.py", "NoiseStreams.draw"): (frozenset({"randn"}), NOISE),
+    ("algorithms/sde.py", "NoiseStreams.close"): (frozenset({"randn"}), NOISE),
     ("algorithms/sde.py", "sigma_schedule"): (frozenset({"float"}), GRID),
     ("algorithms/plans.py", "compressed_tail_sigmas"): (frozenset({"to"}), GRID + " (MixGRPO-Flash's tail joins it)"),
     ("algorithms/rollout.py", "rollout"): (frozenset({"zeros"}), LOG_PROBS + " (the behaviour log-probs [B, T])"),
