@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from flowzoo.errors import FlowZooError
+from flowzoo.errors import FlowZooError, os_error_line
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -453,9 +453,8 @@ def user_error(error: BaseException) -> str | None:
     or full disk, a file where a directory should be), running out of memory; None for anything else (a bug)."""
     if isinstance(error, FlowZooError):
         return str(error)
-    if isinstance(error, OSError) and error.filename is not None:
-        path = f"{error.filename} -> {error.filename2}" if error.filename2 else error.filename
-        return f"{path}: {error.strerror or error}"
+    if os_error_line(error) is not None:
+        return os_error_line(error)
     if (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
             or (isinstance(error, RuntimeError) and ("can't allocate memory" in str(error)
                                                      or "std::bad_alloc" in str(error)))):  # C++'s, e.g. ulimit -v

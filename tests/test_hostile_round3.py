@@ -357,3 +357,16 @@ def test_study_refuses_an_existing_file_as_out(tmp_path, capsys):
     (tmp_path / "file").write_text("mine")
     assert study_main([str(runs), "--out", str(tmp_path / "file"), "--resamples", "200"]) == 2
     assert "is a file, not a directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
+
+
+def test_bench_on_a_full_disk_reports_each_failed_run_in_one_line(tmp_path, capsys, monkeypatch):
+    import torch as torch_module
+
+    monkeypatch.setattr(torch_module, "save", _enospc)
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--seeds", "0", "train.steps=1",
+                 "train.eval_every=0"]) == 1
+    err = capsys.readouterr().err
+    run = tmp_path / "runs" / "smoke" / "toy2d_mode" / "flow_grpo" / "s0"
+    assert [line for line in err.splitlines() if line.startswith("failed")] == [
+        f"failed: {run}: {run / 'checkpoint.pt'}: No space left on device"], err
+    assert "Traceback" not in err

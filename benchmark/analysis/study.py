@@ -38,7 +38,7 @@ from benchmark.analysis import effects
 from benchmark.analysis.loading import SkippedRun, find_run_dirs, load_runs, read_metrics
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
-from flowzoo.errors import ConfigError, FlowZooError, RunError
+from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 from models.shipped import refuse_shipped
 
@@ -509,9 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_text(stage / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth,
                                                           curves, claims, wall, gain_rows, skipped))
     except (FlowZooError, OSError) as error:
-        if isinstance(error, OSError) and error.filename is None:
+        line = str(error) if isinstance(error, FlowZooError) else os_error_line(error)
+        if line is None:  # an OS error without a path: a bug
             raise
-        line = str(error) if isinstance(error, FlowZooError) else f"{error.filename}: {error.strerror or error}"
         print(f"study: error: {line}", file=sys.stderr)
         return 2
     print(f"wrote {out / 'README.md'}")

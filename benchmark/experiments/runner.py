@@ -40,7 +40,7 @@ from benchmark.experiments.divergence import DivergenceGuard, nonfinite_paramete
 from benchmark.experiments.samples import save_samples
 from benchmark.experiments.tracking import Trackers
 from rewards.pool import RewardPool
-from flowzoo.errors import ConfigError, FlowZooError, RunError
+from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
 
 #: leading metrics.csv columns (the contract); the rest follow in the order they first appear
@@ -430,5 +430,5 @@ def run_quietly(config: ExperimentConfig) -> tuple[str, str | None]:
         return str(config.resolved_run_dir()), None
     except FlowZooError as error:
         return str(config.resolved_run_dir()), str(error)
-    except Exception:
-        return str(config.resolved_run_dir()), traceback.format_exc()
+    except Exception as error:  # an OS error naming its path (a full disk) is one line too
+        return str(config.resolved_run_dir()), os_error_line(error) or traceback.format_exc()
