@@ -4,9 +4,13 @@
 * a number that YAML 1.1 (PyYAML) and YAML 1.2 read differently: ``010`` (octal 8, or 10) and ``1:30``
   (sexagesimal 90, or a string);
 * nesting deeper than :data:`MAX_DEPTH` levels (no config goes past a handful; thousands of levels exhaust Python's
-  recursion inside the parser, and every later walk over the tree).
+  recursion inside the parser, and every later walk over the tree);
+* a document that expands to more than :data:`MAX_VALUES` values, counted on the parsed node graph before anything
+  is built, each alias counted as the copy it stands for (a "billion laughs": a few hundred bytes of nested aliases
+  that expand to 10^8 leaves took minutes in every walk over the tree); an alias that contains itself;
+* a text longer than :data:`MAX_CHARS` characters.
 
-Both are a :class:`ConfigError` naming the source and the line, as a syntax error is.
+Each is a :class:`ConfigError` naming the source (and the line where there is one), as a syntax error is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from flowzoo.errors import ConfigError
 
 #: deepest nesting of mappings and lists accepted (configs use <= 5)
 MAX_DEPTH = 64
+#: most values (scalars, mappings, lists) a document may expand to, aliases expanded (configs and suites hold hundreds)
+MAX_VALUES = 100_000
+#: longest text accepted (the longest shipped suite is a few kB)
+MAX_CHARS = 10_000_000
 
 
 class NotYAML(ConfigError):
@@ -66,29 +74,58 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_y
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 
 
-def _too_deep(node: yaml.Node, limit: int) -> bool:
-    stack = [(node, 1)]
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for kv in node.value for n in kv]
+    return []
+
+
+def check_expansion(node: yaml.Node, source: str) -> None:
+    """``ConfigError`` when the tree ``node`` stands for is deeper than ``MAX_DEPTH``, holds more than ``MAX_VALUES``
+    values or contains itself. Each node of the graph is visited once (an alias is the node it names, so its
+    expanded depth and size are known from its first visit): linear in the text, whatever the aliases expand to."""
+    memo: dict[int, tuple[int, int]] = {}  # id(node) -> (nesting depth, values) of its expanded tree
+    open_: set[int] = set()  # nodes whose subtree is being walked: meeting one again is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-            if depth > limit:
-                return True
-            children = node.value if isinstance(node, yaml.SequenceNode) else [n for kv in node.value for n in kv]
-            stack.extend((child, depth + 1) for child in children)
-    return False
+        current, finished = stack.pop()
+        key = id(current)
+        if finished:
+            open_.discard(key)
+            kids = [memo[id(child)] for child in _children(current)]
+            nested = isinstance(current, (yaml.MappingNode, yaml.SequenceNode))
+            depth = nested + max((d for d, _ in kids), default=0)
+            values = 1 + sum(v for _, v in kids)
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{source}: nested deeper than {MAX_DEPTH} levels; a config is a few levels of "
+                                  f"mappings and lists")
+            if values > MAX_VALUES:
+                raise ConfigError(f"{source}: expands to more than {MAX_VALUES:,} values (line "
+                                  f"{current.start_mark.line + 1}; YAML aliases count as the copies they stand for); "
+                                  f"a config holds hundreds")
+            memo[key] = (depth, values)
+        elif key in open_:
+            raise ConfigError(f"{source}: an alias at line {current.start_mark.line + 1} contains itself; a config "
+                              f"is a tree")
+        elif key not in memo:
+            open_.add(key)
+            stack.append((current, True))
+            stack.extend((child, False) for child in _children(current) if id(child) not in memo)
 
 
 def load(text: str, source: str) -> Any:
     """The value of YAML ``text`` (module docstring), or a one-line :class:`ConfigError` starting with ``source``."""
+    if len(text) > MAX_CHARS:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than {MAX_CHARS:,}; a config is a few kB")
     try:
         loader = _StrictLoader(text)
         try:
             node = loader.get_single_node()
             if node is None:
                 return None
-            if _too_deep(node, MAX_DEPTH):
-                raise ConfigError(f"{source}: nested deeper than {MAX_DEPTH} levels; a config is a few levels of "
-                                  f"mappings and lists")
+            check_expansion(node, source)  # before anything is built
             return loader.construct_document(node)
         finally:
             loader.dispose()

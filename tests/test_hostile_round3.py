@@ -370,3 +370,84 @@ def test_bench_on_a_full_disk_reports_each_failed_run_in_one_line(tmp_path, caps
     assert [line for line in err.splitlines() if line.startswith("failed")] == [
         f"failed: {run}: {run / 'checkpoint.pt'}: No space left on device"], err
     assert "Traceback" not in err
+
+
+# ---- 7. trackers' services: bounded, one line naming the service ----------------------------------------------------
+TOY_TRAIN = ["model.args.pretrain_steps=30", "model.args.hidden=32", "train.eval_every=0", "train.save_samples=false",
+             "train.prompts_per_step=2", "algorithm.group_size=4", "train.steps=2", "--quiet"]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed
+
+
+def test_mlflow_server_down_is_one_line_at_once(tmp_path, capsys, monkeypatch):
+    import time
+
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://user:hunter2@127.0.0.1:{_closed_port()}/path")
+    start = time.monotonic()
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[mlflow]", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert time.monotonic() - start < 30  # was 293 s of retries
+    err = _one_error_line(capsys)
+    assert "tracker mlflow" in err and "cannot be reached" in err and "MLFLOW_TRACKING_URI=http://127.0.0.1:" in err
+    assert "hunter2" not in err and not (tmp_path / "run").exists()
+
+
+def test_mlflow_file_uri_selects_that_store(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    store = tmp_path / "store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[mlflow]", f"run_dir={tmp_path / 'run'}"]) == 0
+    assert list(store.rglob("meta.yaml")) and not (tmp_path / "run" / "trackers" / "mlruns").exists()
+
+
+def test_wandb_online_without_a_key_is_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.delenv("NETRC", raising=False)
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[wandb]", f"run_dir={tmp_path / 'run'}"]) == 2
+    err = _one_error_line(capsys)
+    assert "tracker wandb: WANDB_MODE=online needs a W&B API key" in err and not (tmp_path / "run").exists()
+
+
+# ---- 7. YAML alias bombs are refused before anything is built ------------------------------------------------------
+def _alias_bomb(levels: int = 8) -> str:
+    """~700 bytes whose nested aliases expand to 10^levels leaves."""
+    names = [f"l{i}" for i in range(levels)]
+    lines = [f"{names[0]}: &{names[0]} [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip(names, names[1:])]
+    return "\n".join(["task: bomb", *lines, f"algorithm: {{name: flow_grpo, junk: *{names[-1]}}}"]) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_fast(tmp_path, capsys):
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_bytes()) < 1000
+    start = time.monotonic()
+    assert main(["train", str(path), f"run_dir={tmp_path / 'run'}"]) == 2
+    assert time.monotonic() - start < 5  # was 104 s
+    err = _one_error_line(capsys)
+    assert "bomb.yaml: expands to more than 100,000 values" in err and not (tmp_path / "run").exists()
+    assert main(["train", TOY, f"algorithm.junk={_alias_bomb(7)}", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert "expands to more than 100,000 values" in _one_error_line(capsys)
+
+
+def test_shared_aliases_that_stay_small_and_self_reference(tmp_path):
+    from flowzoo import strict_yaml
+    from flowzoo.errors import ConfigError
+
+    assert strict_yaml.load("a: &x {b: 1}\nc: *x\n", "ok") == {"a": {"b": 1}, "c": {"b": 1}}
+    with pytest.raises(ConfigError, match="contains itself"):
+        strict_yaml.load("a: &x [1, *x]\n", "cycle.yaml")
+    with pytest.raises(ConfigError, match="more than 10,000,000"):
+        strict_yaml.load("a: " + "x" * 10_000_001, "long.yaml")

@@ -153,6 +153,9 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {path}")
     if not path.is_file():
         raise ConfigError(f"{path} is not a regular file (a device, pipe or socket); give a YAML config file")
+    if path.stat().st_size > strict_yaml.MAX_CHARS:  # before reading it: a config is a few kB
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than {strict_yaml.MAX_CHARS:,}; a config is a "
+                          f"few kB")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -35,7 +35,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from flowzoo.errors import ConfigError
+from benchmark.experiments.tracker_services import check_services, mlflow_environment
+from flowzoo.errors import ConfigError, RunError
 
 #: the trackers flowzoo configures itself (directories, offline mode, images); their Python package
 OWN = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -70,6 +71,7 @@ def check_trackers(names: Sequence[str]) -> None:
             hint = "pip install -e '.[trackers]'" if name in OWN else f"pip install {name}"
             raise ConfigError(f"tracker {name!r} is not installed ({hint}); installed trackers: "
                               f"{', '.join(available) or 'none'}")
+    check_services(names)  # a server that is down, online W&B without a key: one line, before any work
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -152,10 +154,8 @@ def _tracker_classes():
 
             # the run's own file store, unless the user points MLflow at a server or another store; MLflow 3 keeps the
             # file store in maintenance mode and refuses it unless MLFLOW_ALLOW_FILE_STORE is set
-            uri = os.environ.get("MLFLOW_TRACKING_URI")
-            if not uri:
-                uri = self.store.resolve().as_uri()
-                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or self.store.resolve().as_uri()
+            mlflow_environment(uri)  # the file store allowed, HTTP retries bounded
             mlflow.set_tracking_uri(uri)
             super().start()
 
@@ -201,8 +201,16 @@ class Trackers:
                 log_with.append(own[name](run_name, folders[name]))
             else:
                 log_with.append(name)
-        self.accelerator = Accelerator(log_with=log_with, project_dir=str(root))
-        self.accelerator.init_trackers(run_name, config=config)
+        try:
+            self.accelerator = Accelerator(log_with=log_with, project_dir=str(root))
+            self.accelerator.init_trackers(run_name, config=config)
+        except OSError as error:
+            if error.filename is not None:
+                raise
+            raise RunError(f"trackers {', '.join(map(str, names))} could not start: {_first_line(error)}") from None
+        except Exception as error:  # the tracker's service or package: one line naming it, never its traceback
+            raise RunError(f"trackers {', '.join(map(str, names))} could not start: {type(error).__name__}: "
+                           f"{_first_line(error)}") from None
 
     def log(self, row: dict[str, Any], step: int) -> None:
         values = {k: float(v) for k, v in row.items()
@@ -228,6 +236,11 @@ class Trackers:
         # not ``end_training()``: it also destroys the torch.distributed process group, which the runner owns
         for tracker in self.accelerator.trackers:
             tracker.finish()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "no detail"
 
 
 def _prompts(path: Path) -> list[str]:
