@@ -451,3 +451,17 @@ def test_shared_aliases_that_stay_small_and_self_reference(tmp_path):
         strict_yaml.load("a: &x [1, *x]\n", "cycle.yaml")
     with pytest.raises(ConfigError, match="more than 10,000,000"):
         strict_yaml.load("a: " + "x" * 10_000_001, "long.yaml")
+
+
+def test_training_knobs_refuse_bench_but_not_eval_or_grad_snr(tmp_path, capsys):
+    """bench refuses the grid before any run; evaluating such a config (its untrained model) is no training."""
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "algorithm.guidance=0"]) == 2
+    assert "algorithm.guidance 0 with cfg_grad cond trains nothing" in _one_error_line(capsys)
+    assert not (tmp_path / "runs" / "smoke" / "toy2d_mode").exists()
+    small = ["model.args.pretrain_steps=30", "model.args.hidden=32"]
+    assert main(["eval", TOY, *small, "algorithm.guidance=0", "--samples", "1"]) == 0
+    assert main(["eval", TOY, *small, "algorithm.ema=true", "algorithm.ema_every=1000", "--samples", "1"]) == 0
+    capsys.readouterr()
+    assert main(["grad-snr", TOY, *small, "algorithm.guidance=0", "train.prompts_per_step=2", "algorithm.group_size=4",
+                 "--batches", "3", "--quiet"]) == 0
+    assert "the gradient is exactly 0 in 3 of 3 batches" in capsys.readouterr().out

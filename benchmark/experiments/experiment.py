@@ -31,7 +31,6 @@ from algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from algorithms.sde import sigma_schedule
 from benchmark.experiments.argument_ranges import check_ranges
 from benchmark.experiments.config import ExperimentConfig
-from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
@@ -224,7 +223,6 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     alg_config = config.algorithm_config()
     check_world_size(config, alg_config, world_size)
     check_update(config, alg_config)
-    check_trains_something(config, alg_config)
     check_prompt_sampler(config, alg_config)
     try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
         stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)

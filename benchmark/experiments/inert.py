@@ -1,4 +1,7 @@
-"""Knob combinations that cannot train, or cannot change the evaluated model, refused at load with the reason.
+"""Knob combinations that cannot train, or cannot change the evaluated model, refused with the reason by ``train``
+(``Runner.run``) and ``bench`` (``run_suite``) before anything is written. Only where training starts: ``eval`` of
+such a config (its untrained model at g = 0 is a fair question), ``export`` or ``eval`` of a run trained before this
+check, and ``grad-snr`` (which then reports the zero gradient) are not refused.
 
 * ``algorithm.guidance: 0`` with ``cfg_grad: cond`` (the default): every algorithm's loss goes through the guided
   velocity ``u + g (c - u)`` (``models.base.FlowModel.velocity``), whose unconditional branch ``u`` carries no

@@ -36,6 +36,7 @@ from algorithms.rollout import sample_generators, sample_ode
 from benchmark.experiments import experiment
 from benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
 from benchmark.experiments.config import ExperimentConfig, declared_secrets, resolved_dict
+from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.experiments.samples import save_samples
 from benchmark.experiments.tracking import Trackers
@@ -258,6 +259,7 @@ class Runner:
             raise ConfigError(f"run directory {run_dir} holds a run of a different config; choose another run_dir")
         if is_finished(run_dir, cfg):
             return run_dir
+        check_trains_something(cfg, cfg.algorithm_config())  # training only: eval and export of such a config work
         self.build()
         created = _Created(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 import algorithms
 from benchmark.experiments.config import ExperimentConfig, apply_overrides, read_yaml
 from benchmark.experiments.loading import build_config
+from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.executors import Resources, resolve_resources
 from benchmark.experiments.recipes import recipe
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
@@ -350,6 +351,8 @@ def run_suite(
     """
     configs = expand(suite, runs_dir, overrides)
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
+    for config in todo:  # a run that could not change its evaluated model: refused before any run starts
+        check_trains_something(config, config.algorithm_config())
     clashes = [c for c in todo if holds_other_config(c.resolved_run_dir(), c)]
     if clashes:  # refused before any run starts
         first = clashes[0].resolved_run_dir()
