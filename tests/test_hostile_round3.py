@@ -465,3 +465,13 @@ def test_training_knobs_refuse_bench_but_not_eval_or_grad_snr(tmp_path, capsys):
     assert main(["grad-snr", TOY, *small, "algorithm.guidance=0", "train.prompts_per_step=2", "algorithm.group_size=4",
                  "--batches", "3", "--quiet"]) == 0
     assert "the gradient is exactly 0 in 3 of 3 batches" in capsys.readouterr().out
+
+
+def test_a_tracker_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", _enospc)  # as its writer thread's error comes back
+    run = tmp_path / "run"
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 2
+    assert _one_error_line(capsys) == f"flowzoo: error: {run / 'trackers'}: No space left on device"

@@ -28,15 +28,17 @@ to accelerate as it is: it gets the config and the rows, not the images.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from benchmark.experiments.tracker_services import check_services, mlflow_environment
 from flowzoo.errors import ConfigError, RunError
+from flowzoo.io import naming
 
 #: the trackers flowzoo configures itself (directories, offline mode, images); their Python package
 OWN = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -189,7 +191,7 @@ class Trackers:
     def __init__(self, names: Sequence[str], run_name: str, run_dir: Path, config: dict[str, Any]):
         from accelerate import Accelerator
 
-        self.run_dir = Path(run_dir)
+        self.run_dir, self.names = Path(run_dir), [str(n) for n in names]
         root = self.run_dir / "trackers"
         own = _tracker_classes() if any(n in OWN for n in names) else {}
         folders = {"tensorboard": root / "tensorboard", "wandb": root, "mlflow": root / "mlruns"}
@@ -212,14 +214,28 @@ class Trackers:
             raise RunError(f"trackers {', '.join(map(str, names))} could not start: {type(error).__name__}: "
                            f"{_first_line(error)}") from None
 
+    @contextlib.contextmanager
+    def _reporting(self, what: str) -> Iterator[None]:
+        """A tracker's failure during the run is one line: an OS error (a full disk under its writer's background
+        thread raises one without a path) names ``trackers/``; any other names the trackers and the cause."""
+        try:
+            with naming(self.run_dir / "trackers"):
+                yield
+        except OSError:
+            raise
+        except Exception as error:  # the tracker's service (a server gone mid-run) or package
+            raise RunError(f"trackers {', '.join(self.names)}: {what} failed: {type(error).__name__}: "
+                           f"{_first_line(error)}") from None
+
     def log(self, row: dict[str, Any], step: int) -> None:
         values = {k: float(v) for k, v in row.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v)) and k != "step"}
-        self.accelerator.log(values, step=step)
-        if "eval_reward" in row:  # an evaluation row: its sample grid, when the run saved one
-            grid = self.run_dir / "samples" / f"step_{step}.png"
-            if grid.is_file():
-                self.log_images(grid, _prompts(grid.with_suffix(".json")), step)
+        with self._reporting(f"logging step {step}"):
+            self.accelerator.log(values, step=step)
+            if "eval_reward" in row:  # an evaluation row: its sample grid, when the run saved one
+                grid = self.run_dir / "samples" / f"step_{step}.png"
+                if grid.is_file():
+                    self.log_images(grid, _prompts(grid.with_suffix(".json")), step)
 
     def log_images(self, path: Path, prompts: Sequence[str], step: int) -> None:
         """Log the image file ``path`` (a sample grid) at ``step`` to every tracker that takes images, with
@@ -234,8 +250,9 @@ class Trackers:
 
     def finish(self) -> None:
         # not ``end_training()``: it also destroys the torch.distributed process group, which the runner owns
-        for tracker in self.accelerator.trackers:
-            tracker.finish()
+        with self._reporting("finishing"):
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
 
 
 def _first_line(error: BaseException) -> str:
