@@ -475,3 +475,16 @@ def test_a_tracker_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, capsys
     run = tmp_path / "run"
     assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 2
     assert _one_error_line(capsys) == f"flowzoo: error: {run / 'trackers'}: No space left on device"
+
+
+def test_study_of_baseline_only_runs_is_one_line(tmp_path, capsys):
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2  # was a KeyError
+    err = capsys.readouterr().err.strip()
+    assert err == (f"study: error: only the baseline 'flow_grpo' has runs in {runs}; a study pairs other cells with it "
+                   "(give the runs of the algorithms to compare, or another --baseline)")
+    assert not (tmp_path / "study").exists()

@@ -396,6 +396,9 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tu
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
+    if set(runs["algorithm"]) == {baseline}:
+        raise ConfigError(f"only the baseline {baseline!r} has runs in {runs_dir}; a study pairs other cells with it "
+                          f"(give the runs of the algorithms to compare, or another --baseline)")
     unknown = [cell for cell in also_vs if cell not in set(runs["algorithm"])]
     if unknown:
         cells = ", ".join(sorted(set(runs["algorithm"])))
