@@ -158,6 +158,10 @@ class AlgorithmConfig:
         ``benchmark.experiments.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
 
 
+#: the largest |log pi_theta - log pi_old| over the on-policy (sample, step) pairs of an update's first optimizer
+#: step: 0 up to rounding when the update recomputes what the rollout sampled; precision (bf16/fp16 rollouts against
+#: a float32 recompute) or a nondeterministic kernel makes it grow, and the first PPO ratio is then not 1
+ONPOLICY_DRIFT = "onpolicy_max_abs_log_ratio"
 #: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
 CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
 
@@ -679,10 +683,12 @@ class Algorithm:
         offset, batch = self.dist.local_span(len(traj))  # minibatches are drawn over the global batch
         weight = torch.exp(traj.log_weight).float()
         tally = UpdateTally(self.clip_subsets(traj))
+        first_drift = None  # max |log pi_theta - log pi_old| of the first optimizer step's on-policy pairs
         for minibatch in self.minibatch_rows(batch, self.trained_rows(advantages), offset, len(traj)):
             pairs = self.dist.sum(int(traj.train[minibatch].sum()))
             if pairs == 0:
                 continue
+            drift = [] if first_drift is None else None
             self.optimizer.zero_grad(set_to_none=True)
             fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
             for rows, t in self.transition_chunks(traj, minibatch):
@@ -696,13 +702,21 @@ class Algorithm:
                 else:
                     loss.backward()
                 tally.add(rows, terms, out.log_prob, old, kl, per_sample)
+                if drift is not None:  # before any optimizer step: 0 unless sampling and training disagree
+                    on_policy = ~traj.off_policy[rows.cpu()].to(old.device)
+                    drift.append((out.log_prob.detach() - old)[on_policy].abs().max(dim=0, keepdim=True).values
+                                 if bool(on_policy.any()) else old.new_zeros(1))
             if fused:
                 torch.stack(fused).sum().backward()
+            if drift is not None:  # every process sets it at the same minibatch (this rank may hold none of it)
+                first_drift = float(torch.cat(drift).max()) if drift else 0.0
             tally.grad_norms.append(self.optimizer_step())
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
         result, subsets = tally.finish(self.dist)
         for column, value in subsets.items():
             self.log(column, value)
+        if first_drift is not None:  # the largest over processes
+            self.log(ONPOLICY_DRIFT, max(self.dist.all_gather_object(first_drift)))
         return result
 
     # ---- state ----------------------------------------------------------------------------------------------

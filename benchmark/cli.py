@@ -377,6 +377,8 @@ def parser() -> argparse.ArgumentParser:
                     help="prompts per iteration, group_size samples each")
     pf.add_argument("--gpu-check", action="store_true", help="one Flow-GRPO and one OP-GRPO iteration of a random "
                     "SD3.5-Medium-sized transformer at 512 px, bf16, LoRA r32 (docs/perf.md); needs --device cuda")
+    pf.add_argument("--precision", action="store_true", help="per trained step, how far the update's recomputed "
+                    "log-probs drift from the rollout's in float32, bfloat16 and float16 (docs/perf.md)")
 
     rc = _command(sub, "recipes", _cmd_recipes, "the table of every algorithm's recipe values with their sources",
                   "Reads benchmark/hyperparams/*.yaml and the registered algorithms' defaults.")

@@ -212,6 +212,7 @@ def test_two_workers_on_one_study_never_run_the_same_trial(tmp_path):
     counted = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(counted) == 4  # exactly the budget, however the workers interleave
     assert len({t.number for t in counted}) == 4
+    assert len({tuple(sorted(t.params.items())) for t in counted}) == 4  # no two workers drew the same values
     assert all(t.user_attrs.get("over_budget") for t in trials if t.state.name == "FAIL")
     trial_dirs = sorted(p.name for p in (runs / "mini" / "tuning" / "toy2d_mode" / "flow_grpo").glob("trial*"))
     assert trial_dirs == [f"trial{t.number}" for t in sorted(counted, key=lambda t: t.number)]

@@ -330,6 +330,10 @@ def open_study(storage, suite: Suite, design: TuningDesign, cell: Cell, trial_se
     return study
 
 
+#: how far apart the sampler seeds of two workers start (more trials than this in one cell would be needed to collide)
+WORKER_SEED_STRIDE = 7919
+
+
 def make_sampler(design: TuningDesign, trial_seed: int):
     """The design's TPE sampler, seeded for the next trial (seed + trials so far: a serial study is reproducible)."""
     import optuna
@@ -353,7 +357,7 @@ def _short(value: Any) -> str:
 
 
 def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, storage_url: str, trials_dir: Path,
-              threads: int | None = None) -> None:
+              threads: int | None = None, worker_index: int = 0) -> None:
     """Trials of one cell until its budget is spent (complete + pruned + running elsewhere)."""
     import optuna
     from optuna.trial import TrialState
@@ -366,7 +370,9 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
         fail_dead_trials(study)
         if counted(study) >= budget:
             return
-        study.sampler = make_sampler(design, len(study.trials))
+        # seeded by the trials so far and this worker's index: two workers that ask at the same moment must not
+        # draw the same values (worker 0 alone: a serial tune is reproducible)
+        study.sampler = make_sampler(design, len(study.trials) + WORKER_SEED_STRIDE * worker_index)
         started = time.perf_counter()
         study.optimize(objective, n_trials=1, catch=(OverBudget,))
         last = max((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == _process_id()),
@@ -378,11 +384,11 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
 
 
 def _worker(suite_ref: str, tasks: str | None, algorithms: str | None, trials: int | None, storage_url: str,
-            trials_dir: str, threads: int | None) -> None:
+            trials_dir: str, threads: int | None, worker_index: int = 0) -> None:
     suite, design = load_tuning(suite_ref)
     budget = trials or design.trials
     for cell in tuning_cells(suite, design, tasks, algorithms):
-        tune_cell(suite, design, cell, budget, storage_url, Path(trials_dir), threads)
+        tune_cell(suite, design, cell, budget, storage_url, Path(trials_dir), threads, worker_index)
 
 
 def load_tuning(suite_ref: str) -> tuple[Suite, TuningDesign]:
@@ -417,6 +423,6 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
         _worker(*args, None)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for future in [pool.submit(_worker, *args, 1) for _ in range(workers)]:
+            for future in [pool.submit(_worker, *args, 1, index) for index in range(workers)]:
                 future.result()
     return suite, design, cells, url

@@ -20,6 +20,12 @@ def command(args) -> int:
     overrides = parse_overrides(args.overrides)
     if args.gpu_check:
         return gpu.main(args.device, overrides, repeats=args.repeats)
+    if args.precision:
+        from benchmark.perf.precision import format_drift, measure
+
+        print(format_drift(measure(args.model_path, args.device, args.lora_rank, prompts=args.prompts,
+                                   overrides=overrides)))
+        return 0
     model = load_model(args.model_path, args.device, args.lora_rank)
     result = run(model, overrides, repeats=args.repeats, prompts_per_step=args.prompts, device=args.device)
     print(format_result(result, args.device))

@@ -30,8 +30,9 @@ PROMPT = "a photo of a cat"
 GUIDANCE = 4.5
 
 
-def load_model(path: str | None, device: str, lora_rank: int):
-    """The SD3 adapter on ``path``, or on a tiny random pipeline written to a temporary directory."""
+def load_model(path: str | None, device: str, lora_rank: int, dtype: str = "float32"):
+    """The SD3 adapter on ``path``, or on a tiny random pipeline written to a temporary directory, computing in
+    ``dtype`` (half precisions under autocast)."""
     from models.sd3 import SD3Model
 
     if path is None:
@@ -39,8 +40,8 @@ def load_model(path: str | None, device: str, lora_rank: int):
         (tmp / "tok").mkdir()
         path = str(build_tiny_sd3(tmp / "sd3", tmp / "tok"))
         return SD3Model(path=path, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=lora_rank,
-                        lora_alpha=2 * lora_rank, device=device)
-    return SD3Model(path=path, lora_rank=lora_rank, lora_alpha=2 * lora_rank, device=device)
+                        lora_alpha=2 * lora_rank, device=device, dtype=dtype)
+    return SD3Model(path=path, lora_rank=lora_rank, lora_alpha=2 * lora_rank, device=device, dtype=dtype)
 
 
 def make_algorithm(model, overrides: dict, seed: int = 0, name: str = "flow_grpo"):
