@@ -71,8 +71,9 @@ def staged_directory(out: str | os.PathLike, what: str = "--out") -> Iterator[Pa
         from flowzoo.errors import ConfigError
 
         raise ConfigError(f"{what} {str(out)!r} is a file, not a directory; give a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    anchor = out.absolute()  # "." has no name and is its own parent: the stage goes beside the folder it names
+    anchor.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{anchor.name}.partial-", dir=anchor.parent))
     try:
         with _mapped(stage, out):
             yield stage
