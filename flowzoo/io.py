@@ -60,17 +60,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             raise
 
 
+def check_out_dir(out: str | os.PathLike, what: str = "--out") -> Path:
+    """``out`` as a Path; ``ConfigError`` when it exists and is not a directory (before any work)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        from flowzoo.errors import ConfigError
+
+        raise ConfigError(f"{what} {str(out)!r} is a file, not a directory; give a directory")
+    return out
+
+
 @contextlib.contextmanager
 def staged_directory(out: str | os.PathLike, what: str = "--out") -> Iterator[Path]:
     """An output folder written all or nothing: yields a fresh temporary sibling of ``out`` to write into. On success
     the stage becomes ``out`` (renamed, when ``out`` did not exist) or its files are moved into ``out`` one rename
     each (other files there are kept); on any error the stage is removed, ``out`` is as it was, and an OS error
     names the path under ``out`` it was writing."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        from flowzoo.errors import ConfigError
-
-        raise ConfigError(f"{what} {str(out)!r} is a file, not a directory; give a directory")
+    out = check_out_dir(out, what)
     anchor = out.absolute()  # "." has no name and is its own parent: the stage goes beside the folder it names
     anchor.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{anchor.name}.partial-", dir=anchor.parent))

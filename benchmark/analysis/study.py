@@ -39,7 +39,7 @@ from benchmark.analysis.loading import SkippedRun, find_run_dirs, load_runs, rea
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
 from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
-from flowzoo.io import atomic_write, atomic_write_text, staged_directory
+from flowzoo.io import atomic_write, atomic_write_text, check_out_dir, staged_directory
 from models.shipped import refuse_shipped
 
 #: the study's metrics, in report order: (name, effects.Metric)
@@ -477,9 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
-        refuse_shipped(args.out, "--out")  # as every other output
+        refuse_shipped(check_out_dir(args.out), "--out")  # as every other output
         if args.save_metrics:
-            refuse_shipped(args.save_metrics, "--save-metrics")
+            refuse_shipped(check_out_dir(args.save_metrics, "--save-metrics"), "--save-metrics")
         timing = read_timing(args.timing) if args.timing else None
         claim_set = claims_of(suite_name(args.suite)) if args.claims else None
         skipped: list[SkippedRun] = []
