@@ -253,3 +253,21 @@ def test_the_report_writes_a_tuned_file_a_suite_reads(tmp_path):
     tuned_suite = load_suite(str(write_suite(tmp_path, tuned=str(out / "tuned"))))
     config = next(c for c in expand(tuned_suite, runs) if (c.task, c.algorithm_name) == ("toy2d_mode", "flow_grpo"))
     assert config.algorithm["lr"] == record["algorithm_keys"]["lr"]
+
+
+def test_a_dead_trial_requeued_by_two_workers_runs_once():
+    """Two workers that both find one dead trial both re-queue it; only the lower-numbered copy runs, the other
+    ends uncounted (as an over-budget trial does), so the budget is not spent on a duplicate."""
+    import optuna
+
+    from benchmark.experiments.tuning import _duplicate_retry
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    for _ in range(2):
+        study.enqueue_trial({"lr": 1e-4}, user_attrs={"retry_of": 3, "retries": 1})
+    first, second = study.ask(), study.ask()
+    assert first.number < second.number
+    assert not _duplicate_retry(first) and _duplicate_retry(second)
+    fresh = study.ask()
+    assert not _duplicate_retry(fresh)  # not a retry at all

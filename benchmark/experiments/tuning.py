@@ -206,6 +206,18 @@ def _retry(study, trial) -> None:
     study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retries": trial.user_attrs.get("retries", 0) + 1})
 
 
+def _duplicate_retry(trial) -> bool:
+    """Whether this trial re-runs a dead trial that a lower-numbered trial already re-runs (or re-ran)."""
+    from optuna.trial import TrialState
+
+    if "retry_of" not in trial.user_attrs:
+        return False
+    key = (trial.user_attrs["retry_of"], trial.user_attrs.get("retries"))
+    live = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+    return any(t.number < trial.number and (t.user_attrs.get("retry_of"), t.user_attrs.get("retries")) == key
+               for t in trial.study.get_trials(deepcopy=False, states=live))
+
+
 def fail_dead_trials(study) -> None:
     """Fail (and re-run) the running trials of this host whose process is dead: no waiting for the heartbeat."""
     import optuna
@@ -242,6 +254,9 @@ class Objective:
 
         trial.set_user_attr("worker", _process_id())
         if counted(trial.study, before=trial.number) >= self.budget:
+            trial.set_user_attr("over_budget", True)
+            raise OverBudget(trial.number)
+        if _duplicate_retry(trial):  # two workers both re-queued one dead trial: the lower-numbered copy runs it
             trial.set_user_attr("over_budget", True)
             raise OverBudget(trial.number)
         values = {name: knob.suggest(trial, name) for name, knob in self.cell.all_knobs().items()}
