@@ -115,6 +115,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         refuse_shipped(args.out, "--out")
     refuse_shipped(args.runs, "--runs")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
+    if args.tuned is not None:  # every cell at its algorithm's tuned recipe (checked where the cells expand)
+        suite.tuned = args.tuned
     from benchmark.experiments.executors import make_grid
 
     executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs), suite.name)
@@ -297,6 +299,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
     b.add_argument("overrides", nargs="*", default=[], help="key=value overrides applied to every run")
     b.add_argument("--runs", default="runs", metavar="DIR", help="directory of run directories")
+    b.add_argument("--tuned", default=None, metavar="DIR", help="run each cell at its algorithm's tuned recipe "
+                   "from DIR/<task>/<algorithm>.yaml (`flowzoo tune --out OUT` writes OUT/tuned; replaces the suite's "
+                   "tuned: key); give it its own --runs")
     b.add_argument("--workers", type=int, default=None, metavar="N",
                    help="parallel runs (default: number of CPUs); with a submitit executor, jobs at once (default: "
                         "no limit on slurm)")
