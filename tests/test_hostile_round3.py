@@ -1,15 +1,14 @@
-"""The third hostile-input probe (issue 44): each case it found mishandled, reproduced from the command line or at
-the function a command calls.
+"""The third hostile-input probe (issue 44; sections by its item numbers): each case it found mishandled, reproduced
+from the command line or at the function a command calls.
 
 Every case ends in one line on stderr and exit 2, or does the right thing; nothing written is lost or half-written.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import errno
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -207,6 +206,20 @@ def test_an_ema_that_never_moves_is_refused(tmp_path, capsys, overrides, total):
     load_config(TOY, ["algorithm.ema=true", "algorithm.ema_every=5", "train.steps=4"])  # moves after step 4
 
 
+def test_training_knobs_refuse_bench_but_not_eval_or_grad_snr(tmp_path, capsys):
+    """bench refuses the grid before any run; evaluating such a config (its untrained model) is no training."""
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "algorithm.guidance=0"]) == 2
+    assert "algorithm.guidance 0 with cfg_grad cond trains nothing" in _one_error_line(capsys)
+    assert not (tmp_path / "runs" / "smoke" / "toy2d_mode").exists()
+    small = ["model.args.pretrain_steps=30", "model.args.hidden=32"]
+    assert main(["eval", TOY, *small, "algorithm.guidance=0", "--samples", "1"]) == 0
+    assert main(["eval", TOY, *small, "algorithm.ema=true", "algorithm.ema_every=1000", "--samples", "1"]) == 0
+    capsys.readouterr()
+    assert main(["grad-snr", TOY, *small, "algorithm.guidance=0", "train.prompts_per_step=2", "algorithm.group_size=4",
+                 "--batches", "3", "--quiet"]) == 0
+    assert "the gradient is exactly 0 in 3 of 3 batches" in capsys.readouterr().out
+
+
 def test_grad_snr_on_a_zero_gradient_says_so(tmp_path, capsys):
     """A random tiny network never passes the strict GenEval check: every reward 0, every advantage 0, every gradient
     exactly 0. It printed "cosine +0.0000 (se 0.0000)", read as pure noise."""
@@ -226,7 +239,7 @@ def test_grad_snr_line_with_some_zero_batches_and_too_few_for_an_se():
     assert "2 of 4 batches had an exactly zero gradient" in line and "nan" not in line
 
 
-# ---- 6. a full disk: one line naming the path, no half-written output folder ---------------------------------------
+# ---- 5. a full disk: one line naming the path, no half-written output folder -----------------------------------------
 def _enospc(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no filename
 
@@ -319,7 +332,20 @@ def test_export_on_a_full_disk_leaves_no_output_folder(tmp_path, capsys, monkeyp
     _no_partial_siblings(tmp_path)
 
 
-# ---- 7 (smaller): --algorithms outside the suite; the study's --out in the shipped weights ---------------------------
+def test_bench_on_a_full_disk_reports_each_failed_run_in_one_line(tmp_path, capsys, monkeypatch):
+    import torch as torch_module
+
+    monkeypatch.setattr(torch_module, "save", _enospc)
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--seeds", "0", "train.steps=1",
+                 "train.eval_every=0"]) == 1
+    err = capsys.readouterr().err
+    run = tmp_path / "runs" / "smoke" / "toy2d_mode" / "flow_grpo" / "s0"
+    assert [line for line in err.splitlines() if line.startswith("failed")] == [
+        f"failed: {run}: {run / 'checkpoint.pt'}: No space left on device"], err
+    assert "Traceback" not in err
+
+
+# ---- 7. smaller: --algorithms outside the suite; the study's outputs and degenerate input ----------------------------
 def test_bench_algorithms_outside_the_suite_is_refused(tmp_path, capsys):
     assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--algorithms", "awm"]) == 2
     assert _one_error_line(capsys) == ("flowzoo: error: --algorithms: suite smoke does not run awm; its algorithms: "
@@ -359,20 +385,21 @@ def test_study_refuses_an_existing_file_as_out(tmp_path, capsys):
     assert "is a file, not a directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
 
 
-def test_bench_on_a_full_disk_reports_each_failed_run_in_one_line(tmp_path, capsys, monkeypatch):
-    import torch as torch_module
+def test_study_of_baseline_only_runs_is_one_line(tmp_path, capsys):
+    from benchmark.analysis.study import main as study_main
 
-    monkeypatch.setattr(torch_module, "save", _enospc)
-    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--seeds", "0", "train.steps=1",
-                 "train.eval_every=0"]) == 1
-    err = capsys.readouterr().err
-    run = tmp_path / "runs" / "smoke" / "toy2d_mode" / "flow_grpo" / "s0"
-    assert [line for line in err.splitlines() if line.startswith("failed")] == [
-        f"failed: {run}: {run / 'checkpoint.pt'}: No space left on device"], err
-    assert "Traceback" not in err
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2  # was a KeyError
+    err = capsys.readouterr().err.strip()
+    assert err == (f"study: error: only the baseline 'flow_grpo' has runs in {runs}; a study pairs other cells with it "
+                   "(give the runs of the algorithms to compare, or another --baseline)")
+    assert not (tmp_path / "study").exists()
 
 
-# ---- 7. trackers' services: bounded, one line naming the service ----------------------------------------------------
+
+# ---- 6. trackers' services: bounded, one line naming the service -----------------------------------------------------
 TOY_TRAIN = ["model.args.pretrain_steps=30", "model.args.hidden=32", "train.eval_every=0", "train.save_samples=false",
              "train.prompts_per_step=2", "algorithm.group_size=4", "train.steps=2", "--quiet"]
 
@@ -418,7 +445,17 @@ def test_wandb_online_without_a_key_is_one_line(tmp_path, capsys, monkeypatch):
     assert "tracker wandb: WANDB_MODE=online needs a W&B API key" in err and not (tmp_path / "run").exists()
 
 
-# ---- 7. YAML alias bombs are refused before anything is built ------------------------------------------------------
+def test_a_tracker_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", _enospc)  # as its writer thread's error comes back
+    run = tmp_path / "run"
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 2
+    assert _one_error_line(capsys) == f"flowzoo: error: {run / 'trackers'}: No space left on device"
+
+
+# ---- 6. YAML alias bombs are refused before anything is built --------------------------------------------------------
 def _alias_bomb(levels: int = 8) -> str:
     """~700 bytes whose nested aliases expand to 10^levels leaves."""
     names = [f"l{i}" for i in range(levels)]
@@ -451,40 +488,3 @@ def test_shared_aliases_that_stay_small_and_self_reference(tmp_path):
         strict_yaml.load("a: &x [1, *x]\n", "cycle.yaml")
     with pytest.raises(ConfigError, match="more than 10,000,000"):
         strict_yaml.load("a: " + "x" * 10_000_001, "long.yaml")
-
-
-def test_training_knobs_refuse_bench_but_not_eval_or_grad_snr(tmp_path, capsys):
-    """bench refuses the grid before any run; evaluating such a config (its untrained model) is no training."""
-    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "algorithm.guidance=0"]) == 2
-    assert "algorithm.guidance 0 with cfg_grad cond trains nothing" in _one_error_line(capsys)
-    assert not (tmp_path / "runs" / "smoke" / "toy2d_mode").exists()
-    small = ["model.args.pretrain_steps=30", "model.args.hidden=32"]
-    assert main(["eval", TOY, *small, "algorithm.guidance=0", "--samples", "1"]) == 0
-    assert main(["eval", TOY, *small, "algorithm.ema=true", "algorithm.ema_every=1000", "--samples", "1"]) == 0
-    capsys.readouterr()
-    assert main(["grad-snr", TOY, *small, "algorithm.guidance=0", "train.prompts_per_step=2", "algorithm.group_size=4",
-                 "--batches", "3", "--quiet"]) == 0
-    assert "the gradient is exactly 0 in 3 of 3 batches" in capsys.readouterr().out
-
-
-def test_a_tracker_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("tensorboard")
-    from torch.utils.tensorboard import SummaryWriter
-
-    monkeypatch.setattr(SummaryWriter, "add_scalar", _enospc)  # as its writer thread's error comes back
-    run = tmp_path / "run"
-    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 2
-    assert _one_error_line(capsys) == f"flowzoo: error: {run / 'trackers'}: No space left on device"
-
-
-def test_study_of_baseline_only_runs_is_one_line(tmp_path, capsys):
-    from benchmark.analysis.study import main as study_main
-
-    runs = tmp_path / "runs"
-    for seed in range(3):
-        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
-    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2  # was a KeyError
-    err = capsys.readouterr().err.strip()
-    assert err == (f"study: error: only the baseline 'flow_grpo' has runs in {runs}; a study pairs other cells with it "
-                   "(give the runs of the algorithms to compare, or another --baseline)")
-    assert not (tmp_path / "study").exists()
