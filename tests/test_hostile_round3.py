@@ -272,6 +272,26 @@ def test_train_on_a_full_disk_names_the_file_and_keeps_the_last_checkpoint(tmp_p
     assert main(args) == 0 and (run / "done.json").is_file()  # and the run resumes to the end
 
 
+def test_naming_gives_a_pathless_write_error_its_path_and_leaves_others_alone(tmp_path):
+    from flowzoo.io import atomic_torch_save, naming
+
+    def torch_writer_failed(*args, **kwargs):  # what torch.save raises when its zip writer cannot write
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "save", torch_writer_failed)
+        with pytest.raises(OSError) as caught:
+            atomic_torch_save({}, tmp_path / "c.pt")
+    assert caught.value.filename == str(tmp_path / "c.pt") and "write failed" in caught.value.strerror
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
+    with pytest.raises(OSError) as caught, naming(tmp_path / "x"):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/elsewhere")
+    assert caught.value.filename == "/elsewhere"  # an error that names its path keeps it
+    with pytest.raises(RuntimeError, match="a bug"), naming(tmp_path / "x"):
+        raise RuntimeError("a bug")
+
+
 def test_every_atomic_write_on_a_full_disk_names_its_path(tmp_path, capsys, monkeypatch):
     import os
 
