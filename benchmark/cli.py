@@ -173,13 +173,14 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
     from benchmark.experiments.recipes import recipe_table
+    from flowzoo.io import atomic_write_text
 
     from models.shipped import refuse_shipped
 
     table = recipe_table()
     if args.out:
         refuse_shipped(args.out, "--out")
-        Path(args.out).write_text(table)
+        atomic_write_text(args.out, table)  # whole or not at all; a full disk names the file
         print(f"recipes written to {args.out}")
     else:
         print(table, end="")

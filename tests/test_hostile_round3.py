@@ -508,3 +508,11 @@ def test_shared_aliases_that_stay_small_and_self_reference(tmp_path):
         strict_yaml.load("a: &x [1, *x]\n", "cycle.yaml")
     with pytest.raises(ConfigError, match="more than 10,000,000"):
         strict_yaml.load("a: " + "x" * 10_000_001, "long.yaml")
+
+def test_recipes_out_on_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "fsync", _enospc)
+    assert main(["recipes", "--out", str(tmp_path / "recipes.md")]) == 2
+    assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'recipes.md'}: No space left on device"
+    assert list(tmp_path.iterdir()) == []
