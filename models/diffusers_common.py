@@ -118,7 +118,8 @@ class PlainTransformer:
         weight = next(iter(base.values()))
         self.module = type(transformer).from_config(transformer.config)
         self.module.load_state_dict(base)
-        self.module.requires_grad_(False).eval().to(device=weight.device, dtype=weight.dtype)
+        # torch's own to(): diffusers' override (0.42) warns on stderr about a dtype cast of its float32-module list
+        torch.nn.Module.to(self.module.requires_grad_(False).eval(), device=weight.device, dtype=weight.dtype)
         plain = dict(self.module.named_parameters())
         # (copy's parameter, source parameter) for every weight; (copy's weight, peft layer) for every LoRA layer
         self.pairs = [(plain[k.replace(".base_layer.", ".")], p) for k, p in transformer.named_parameters()

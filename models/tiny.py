@@ -223,7 +223,9 @@ class TinyModel(DiffusersFlowModel):
         if tensors is not None:
             load_networks(self.transformer, self.text_encoder, tensors)
         for module in (self.text_encoder, self.transformer):
-            module.requires_grad_(False).eval().to(device=self.device, dtype=self.dtype)
+            # torch's own to(): diffusers' override (0.42) warns on stderr about a dtype cast of its (empty) list of
+            # float32 modules, a line a one-line CLI error must not carry; the tiny networks keep no module apart
+            torch.nn.Module.to(module.requires_grad_(False).eval(), device=self.device, dtype=self.dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + TINY_LORA_INIT_OFFSET)  # peft's gaussian init of LoRA A draws from the global generator
             targets = lora_targets or self.default_lora_targets

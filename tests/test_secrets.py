@@ -215,7 +215,9 @@ def test_killed_run_resumes_with_the_key_from_the_environment(tmp_path, judge, m
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert judge.holding.wait(180), "the run never reached step 4"
-        assert len(pd.read_csv(killed / "metrics.csv")) == 4 and (killed / "checkpoint.pt").is_file()
+        # step 2's evaluation and checkpoint wrote rows 0-2; step 3's row may still be waiting for the next write
+        # (metrics.csv is rewritten at evaluations and checkpoints, and otherwise at most every 5 s)
+        assert len(pd.read_csv(killed / "metrics.csv")) in (3, 4) and (killed / "checkpoint.pt").is_file()
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
