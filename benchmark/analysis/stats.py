@@ -51,6 +51,7 @@ from benchmark.analysis.aggregate import (aggregate_iqm_ci, iqm, percentile_inte
 from benchmark.analysis.loading import RUN_KEYS, SkippedRun, check_budgets, load_runs, run_summary
 from benchmark.analysis.targets import (Target, as_target, base_rewards, baseline_finals, check_baseline,
                                         describe_target, target_function, task_targets)
+from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing  # noqa: F401 (re-exported: one definition)
 from flowzoo.errors import ConfigError
 
 
@@ -60,8 +61,6 @@ COSTS = effects.COSTS
 
 COST_LABELS = {"step": "steps", "nfe": "NFE", "wall_s": "wall-clock"}
 
-
-DEFAULT_SMOOTH = 3
 
 
 DEFAULT_CONFIDENCE = 0.95
@@ -74,13 +73,6 @@ DEFAULT_BOOTSTRAP_SEED = 0
 
 
 TARGET_TOLERANCE = effects.TARGET_TOLERANCE
-
-
-def smooth_trailing(values, window: int = DEFAULT_SMOOTH) -> np.ndarray:
-    """Trailing mean over the last ``window`` values (fewer at the start): out[i] = mean(values[max(0, i-w+1):i+1])."""
-    if window < 1:
-        raise ConfigError(f"smoothing window must be >= 1, got {window}")
-    return pd.Series(np.asarray(values, dtype=float)).rolling(window, min_periods=1).mean().to_numpy()
 
 
 def eval_curves(runs: pd.DataFrame, smooth: int = DEFAULT_SMOOTH) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from benchmark.experiments.runner import Runner
 from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
 from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
 from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
+from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
 from flowzoo.errors import ConfigError, FlowZooError
 
 #: seconds between a worker's heartbeats, and the silence after which another host's trial counts as dead
@@ -47,8 +48,6 @@ RETRIES = 3  # a trial killed more often than this is left failed (the budget th
 def curve_value(curve, objective: str) -> float:
     """The objective of one run's eval-reward curve (its evaluations in order, the step-0 one first): ``auc`` the
     mean over them, ``final`` the mean of the last 3 (the study's smoothed final reward)."""
-    from benchmark.analysis.stats import DEFAULT_SMOOTH, smooth_trailing
-
     values = np.asarray(curve, dtype=float)
     if objective == "auc":
         return float(values.mean())
