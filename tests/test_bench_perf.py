@@ -48,3 +48,29 @@ def test_bench_perf_pair(benchmark, fresh, variant):
     ours, reference = seconds["ours"][1:], seconds["reference"][1:]  # the first pair warms up
     benchmark.extra_info.update(ours_s=ours, reference_s=reference,
                                 ratio=statistics.median(o / r for o, r in zip(ours, reference)))
+
+
+#: iterations per timed variant: the toy step is ~50 ms, the tiny one ~2 s
+TIER_STEPS = {"toy": 5, "tiny": 1}
+
+
+@pytest.mark.parametrize("tier", ["toy", "tiny"])
+def test_bench_tier_step_pair(benchmark, tier):
+    """A study cell's training step (benchmark/perf/tier_steps.py): the tier's fast path (ours) against the per-step
+    path every tier ran before (reference), interleaved from the same state. The toy tier fuses its update (one call
+    and one backward per minibatch, fused AdamW) and draws its rollout noise 7 steps at a time; the tiny tier keeps the
+    per-step update (fusing measured 5-7% slower there, docs/perf.md), so its ratio guards against a regression."""
+    from benchmark.perf import tier_steps
+
+    alg = tier_steps.build_cell(tier)
+    state = __import__("copy").deepcopy(alg.state_dict())
+    seconds = {"ours": [], "reference": []}
+
+    def pair():
+        seconds["ours"].append(tier_steps.timed_step(alg, state, "fast", TIER_STEPS[tier]))
+        seconds["reference"].append(tier_steps.timed_step(alg, state, "per_step", TIER_STEPS[tier]))
+
+    benchmark.pedantic(pair, rounds=6 if tier == "toy" else 4, iterations=1, warmup_rounds=0)
+    ours, reference = seconds["ours"][1:], seconds["reference"][1:]  # the first pair warms up
+    benchmark.extra_info.update(ours_s=ours, reference_s=reference,
+                                ratio=statistics.median(o / r for o, r in zip(ours, reference)))
