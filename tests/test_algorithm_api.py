@@ -110,7 +110,7 @@ def test_on_policy_rows_keep_their_columns(toy_model, toy_prompts):
     alg = algorithms.get("flow_grpo")(toy_model, rewards.build("toy_mode"), {"group_size": 4}, seed=0)
     row = alg.step(prompts, meta).row()
     fields = {f for f in StepStats.__dataclass_fields__ if f != "extra"}
-    assert set(row) == fields | {"nfe_step", "zero_std_frac"}
+    assert set(row) == fields | {"nfe_step", "zero_std_frac", "onpolicy_max_abs_log_ratio"}
 
 
 def test_off_policy_frac_is_the_realised_share_every_iteration(toy_model, toy_prompts):
