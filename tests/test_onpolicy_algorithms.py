@@ -298,7 +298,10 @@ def test_on_policy_first_update_ratio_is_one_at_every_trained_step(toy_model, to
 
     def spy(traj, rows, t, live=None):
         out, kl = original(traj, rows, t, live)
-        recorded.setdefault(t, []).append(torch.exp(out.log_prob.detach() - traj.log_probs[rows, t]))
+        ratio = torch.exp(out.log_prob.detach() - traj.log_probs[rows, t])
+        steps = torch.as_tensor(t).expand(len(rows))  # a fused tier scores all trained steps at once
+        for step in steps.unique().tolist():
+            recorded.setdefault(step, []).append(ratio[steps == step])
         recorded.setdefault("train", traj.train)
         return out, kl
 
