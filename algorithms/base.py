@@ -703,7 +703,7 @@ class Algorithm:
                     loss.backward()
                 tally.add(rows, terms, out.log_prob, old, kl, per_sample)
                 if drift is not None:  # before any optimizer step: 0 unless sampling and training disagree
-                    on_policy = ~traj.off_policy[rows.cpu()].to(old.device)
+                    on_policy = ~traj.off_policy[rows.to(traj.off_policy.device)].to(old.device)
                     drift.append((out.log_prob.detach() - old)[on_policy].abs().max(dim=0, keepdim=True).values
                                  if bool(on_policy.any()) else old.new_zeros(1))
             if fused:

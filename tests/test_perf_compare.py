@@ -31,5 +31,6 @@ def test_unreadable_json_is_one_error_line(tmp_path, capsys):
 
 def test_committed_baseline_is_readable():
     ratios = perf_compare.ratios("benchmark/perf/baseline.json")
-    assert set(ratios) == {f"test_bench_perf_pair[{v}]" for v in ("defaults", "recompute", "released_two_steps")}
+    assert set(ratios) == {f"test_bench_perf_pair[{v}]" for v in ("defaults", "recompute", "released_two_steps")} | {
+        f"test_bench_tier_step_pair[{tier}]" for tier in ("toy", "tiny")}
     assert all(0 < r < 5 for r in ratios.values())

@@ -67,10 +67,13 @@ class Recorder:
         score, step = alg.score_transition, alg.optimizer.step
 
         def spy_score(tr, rows, t):
-            with torch.no_grad():
-                now = transition_log_prob(alg.model, tr, rows, t)
-            ratio = torch.exp(now - rollout_log_probs[rows, t])
-            self.calls.append((self.steps, t, rows.tolist(), ratio))
+            steps = torch.as_tensor(t).expand(len(rows))  # a fused tier scores all trained steps in one call
+            for step in steps.unique().tolist():
+                picked = rows[steps == step]
+                with torch.no_grad():
+                    now = transition_log_prob(alg.model, tr, picked, step)
+                ratio = torch.exp(now - rollout_log_probs[picked, step])
+                self.calls.append((self.steps, step, picked.tolist(), ratio))
             return score(tr, rows, t)
 
         def spy_step(*args, **kwargs):
