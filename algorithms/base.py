@@ -303,7 +303,10 @@ class Algorithm:
         self.num_steps = self.config.num_steps or model.default_num_steps
         self.config.check_num_steps(self.num_steps)  # the knobs bounded by T, once T is known (the model's default)
         self.shift = model.default_shift if self.config.shift is None else self.config.shift  # sigma-schedule shift
-        self.sigmas = sigma_schedule(self.num_steps, self.shift, grid=self.sigma_grid())
+        grid = self.sigma_grid()
+        # the model's own scheduler stretches its grid to a terminal sigma (Qwen-Image); another grid is left alone
+        terminal = model.shift_terminal if grid == model.default_sigma_grid else None
+        self.sigmas = sigma_schedule(self.num_steps, self.shift, grid=grid, terminal=terminal)
         self.update_generator = torch.Generator().manual_seed(seed + UPDATE_ORDER_OFFSET)
         #: the moving average of the trainable weights the run evaluates with (``ema``), or None
         self.ema = (WeightEMA(model.trainable_parameters(), self.config.ema_decay, self.config.ema_every)
@@ -316,9 +319,10 @@ class Algorithm:
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def sigma_grid(self) -> SigmaGrid:
-        """The grid of the training sigmas (``algorithms.sde.sigma_schedule``): diffusers' (SD3's scheduler);
+        """The grid of the training sigmas (``algorithms.sde.sigma_schedule``): the model's pipeline's
+        (``default_sigma_grid``: SD3's scheduler for sd3 / wan / tiny, FluxPipeline's for flux and qwen_image);
         DanceGRPO and MixGRPO read theirs from their config."""
-        return "diffusers"
+        return self.model.default_sigma_grid
 
     def step_plan(self, batch: int) -> StepPlan:
         """Flow-GRPO's plan: SDE at every step, train the first int(T * timestep_fraction) steps of every sample."""

@@ -194,7 +194,7 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next
 
 
 #: the sigma grids of :func:`sigma_schedule` (the one list: configs type ``sigma_grid`` with it)
-SigmaGrid = Literal["diffusers", "linspace"]
+SigmaGrid = Literal["diffusers", "linspace", "flux"]
 SIGMA_GRIDS = get_args(SigmaGrid)
 
 
@@ -209,7 +209,8 @@ def inverse_time_shift(s: torch.Tensor | float, shift: float) -> torch.Tensor | 
 
 
 def sigma_schedule(
-    num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, grid: str = "diffusers"
+    num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, grid: str = "diffusers",
+    terminal: float | None = None,
 ) -> torch.Tensor:
     """The ``num_steps + 1`` sigmas (1 -> 0) of a sampling schedule with a static ``shift``.
 
@@ -219,6 +220,13 @@ def sigma_schedule(
     * ``grid="linspace"``: ``shift(linspace(1, 0, num_steps + 1))``, the grid DanceGRPO and MixGRPO build
       (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py:311-313, Tencent-Hunyuan/MixGRPO
       fastvideo/train_grpo_flux.py:187-189, both with ``sd3_time_shift``).
+    * ``grid="flux"``: ``shift(linspace(1, 1/T, T))`` and a final 0, the grid ``FluxPipeline`` and
+      ``QwenImagePipeline`` hand their scheduler (diffusers 0.42, pipeline_flux.py ``sigmas = np.linspace(1.0, 1 /
+      num_inference_steps, num_inference_steps)``). Their resolution-dependent ``mu`` (exponential time shift
+      ``e^mu / (e^mu + 1/t - 1)``) is the static shift with ``shift = e^mu``, so the adapters pass ``e^mu`` here.
+
+    ``terminal``: diffusers' ``shift_terminal`` (Qwen-Image's scheduler: 0.02): the shifted sigmas before the final 0
+    are stretched so that the last one equals it, ``1 - (1 - s) (1 - terminal) / (1 - s_last)``.
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -226,11 +234,22 @@ def sigma_schedule(
         raise ValueError(f"shift must be > 0, got {shift}")
     if grid not in SIGMA_GRIDS:
         raise ValueError(f"unknown sigma grid {grid!r}; known: {', '.join(SIGMA_GRIDS)}")
+    if terminal is not None and not 0 < terminal < 1:
+        raise ValueError(f"terminal must lie in (0, 1), got {terminal}")
     if grid == "linspace":
+        if terminal is not None:
+            raise ValueError("the linspace grid ends at 0 and takes no terminal")
         return time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift).float()
-    sigma_min = time_shift(1.0 / num_train_timesteps, shift)
-    grid_t = torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)
-    return torch.cat([time_shift(grid_t, shift), torch.zeros(1, dtype=torch.float64)]).float()
+    if grid == "flux":
+        body = time_shift(torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64), shift)
+    else:
+        sigma_min = time_shift(1.0 / num_train_timesteps, shift)
+        body = time_shift(torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64), shift)
+    if terminal is not None:  # diffusers FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal
+        if num_steps < 2:
+            raise ValueError(f"a terminal sigma needs num_steps >= 2, got {num_steps}")
+        body = 1 - (1 - body) * (1 - terminal) / (1 - body[-1])
+    return torch.cat([body, torch.zeros(1, dtype=torch.float64)]).float()
 
 
 def dpm_solver_pp_2m_step(

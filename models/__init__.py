@@ -16,6 +16,7 @@ names = REGISTRY.names
 
 from models import toy2d  # noqa: E402,F401
 from models import sd3, wan  # noqa: E402,F401
+from models import flux, qwen_image  # noqa: E402,F401
 from models import tiny  # noqa: E402,F401
 
 __all__ = ["Condition", "FlowModel", "REGISTRY", "register", "get", "names"]

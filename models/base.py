@@ -67,6 +67,11 @@ class FlowModel:
     sample_kind: ClassVar[str] = "points"
     default_guidance: float = 1.0
     default_shift: float = 1.0
+    #: the sigma grid of the model's own pipeline (``algorithms.sde.sigma_schedule``'s ``grid``): "diffusers" (SD3's
+    #: scheduler) or "flux" (FluxPipeline / QwenImagePipeline: linspace(1, 1/T, T) shifted)
+    default_sigma_grid: str = "diffusers"
+    #: the last non-zero sigma the pipeline's scheduler stretches its grid to (diffusers ``shift_terminal``), or None
+    shift_terminal: float | None = None
     default_num_steps: int = 10
     default_eval_num_steps: int = 20
     #: samples per evaluation chunk when ``train.eval_batch`` is unset (memory against per-call overhead)
@@ -169,13 +174,18 @@ class FlowModel:
             v_cond = self.predict(x, sigma, cond)
             with torch.no_grad():
                 v_uncond = self.predict(x, sigma, self.null_condition(batch))
-            return v_uncond + g * (v_cond - v_uncond)
+            return self.guide(v_cond, v_uncond, g)
         both = Condition.cat([cond, self.null_condition(batch)])
         v = self.predict(torch.cat([x, x]), torch.cat([sigma, sigma]), both)
         v_cond, v_uncond = v.chunk(2)
         if detach_uncond:
             v_uncond = v_uncond.detach()
-        return v_uncond + g * (v_cond - v_uncond)
+        return self.guide(v_cond, v_uncond, g)
+
+    def guide(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, guidance: float) -> torch.Tensor:
+        """How the two CFG branches combine: ``v_u + g (v_c - v_u)``. An adapter whose pipeline rescales the result
+        (Qwen-Image's norm-preserving CFG) overrides it."""
+        return v_uncond + guidance * (v_cond - v_uncond)
 
     def split_cfg_pays(self) -> bool:
         """Whether ``cfg_batch: auto`` runs the detached unconditional branch as its own no_grad call: it saves the

@@ -169,7 +169,8 @@ class DeclaredDefaults(FlowModel):
         super().__init__()
         self.name = model_cls.name
         self.sample_kind = model_cls.sample_kind
-        for attr in ("default_guidance", "default_shift", "default_num_steps", "default_eval_num_steps"):
+        for attr in ("default_guidance", "default_shift", "default_num_steps", "default_eval_num_steps",
+                     "default_sigma_grid", "shift_terminal"):
             setattr(self, attr, getattr(model_cls, attr))
         self._parameter = torch.nn.Parameter(torch.zeros(1))
 
@@ -274,4 +275,6 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
         eval_prompts = eval_prompts[: config.train.eval_prompts]
     eval_steps = config.train.eval_num_steps or model.default_eval_num_steps
     return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts,
-                      sigma_schedule(eval_steps, algorithm.shift), dist)  # evaluation uses the training shift
+                      # evaluation uses the training shift on the model's own pipeline grid
+                      sigma_schedule(eval_steps, algorithm.shift, grid=model.default_sigma_grid,
+                                     terminal=model.shift_terminal), dist)
