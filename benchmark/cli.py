@@ -3,6 +3,7 @@
     flowzoo train CONFIG [key=value ...]     one run
     flowzoo bench SUITE [--runs DIR] [--workers N] [--executor local|submitit-local|slurm] [--out DIR] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
+    flowzoo study RUNS_DIR --suite SUITE [--out DIR] [--claims SET] [--timing CSV] [--vs CELL,...] ...
     flowzoo list
     flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
     flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]
@@ -140,6 +141,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     refuse_shipped(args.out, "--out")
     out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
     print(f"report written to {out}")
+    return 0
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from benchmark.analysis.study import StudyRequest, write_study
+    from benchmark.experiments.suite import load_suite
+
+    suite = load_suite(args.suite)  # a bad name fails here, in one line, before anything is read
+    out = args.out or str(Path("reports") / suite.name)
+    vs = tuple(c.strip() for c in (args.vs or "").split(",") if c.strip())
+    request = StudyRequest(args.runs_dir, out, args.suite, args.baseline, vs, args.claims or "auto", args.timing,
+                           args.seed_sets, args.replicate_on, args.smooth, args.resamples, args.save_metrics)
+    print(f"study written to {write_study(request)}")
     return 0
 
 
@@ -340,6 +354,40 @@ def parser() -> argparse.ArgumentParser:
                    help="reward target: '0.9gain' or '90%%gain' of the way from the base model to the baseline's "
                         "final reward (default 0.9gain), '0.9x' or '90%%' of the baseline's final reward, or an "
                         "absolute value '0.8'")
+
+    st = _command(sub, "study", _cmd_study, "a study's page: paired effects, the claims' verdicts on every seed set",
+                  "Reads every run under RUNS_DIR and writes DIR/README.md and index.html: the claims' forest plots, "
+                  "the\nverdicts, each task's eval-reward curves of every cell against steps and NFE, then the tables; "
+                  "with\nruns.csv, effects.csv, gains.csv, curves.csv, claims.csv and claim_estimates.csv. Each seed "
+                  "set (the\nsuite's seed_sets that ran, the seeds run outside them as 'other', or --seed-sets) is "
+                  "judged apart,\nwith its own target. A hand-written DIR/ANSWER.md is kept and shown under the "
+                  "title.\nExit 0 when written; 2 for a bad option, suite, claim set or seed set, or unreadable runs "
+                  "(one line,\nnothing written).")
+    st.add_argument("runs_dir", metavar="RUNS_DIR", help="the suite's runs (e.g. runs/op-grpo-study)")
+    st.add_argument("--suite", required=True, metavar="SUITE",
+                    help="suite name (see `flowzoo list`) or YAML path: its seed_sets and its claims: key")
+    st.add_argument("--out", default=None, metavar="DIR", help="output folder (default: reports/<suite name>)")
+    st.add_argument("--claims", default=None, metavar="SET",
+                    help="claim set to judge: op-grpo-toy, op-grpo-tiny-counting, op-grpo-tiny-rare-counting, or "
+                         "none (default: the suite's claims: key, else the set whose task the suite holds)")
+    st.add_argument("--vs", default=None, metavar="CELL,...", help="cells (algorithm or algorithm@variant) to pair "
+                    "the others with besides the baseline (the claim set's own, e.g. op_grpo, are added when they ran)")
+    st.add_argument("--baseline", default="flow_grpo", help="the cell every other is paired with; its gain sets the "
+                    "targets")
+    st.add_argument("--seed-sets", action="append", default=None, metavar="SPEC",
+                    help="the seed sets to judge instead of every one that ran: the suite's set names "
+                         "(exploration,replication) or a set of your own, NAME=SEEDS (unseen=300-309); repeatable")
+    st.add_argument("--replicate-on", default=None, metavar="SET",
+                    help="say 'replicated' when the held-out 'replication' set and this set agree (default: when "
+                         "exploration and replication agree)")
+    st.add_argument("--timing", default=None, metavar="CSV",
+                    help="per-step costs measured interleaved (python -m benchmark.analysis.study_timing) for the "
+                         "wall-clock-to-target estimates; copied into DIR as timing.csv")
+    st.add_argument("--smooth", type=int, default=3, help="evaluations averaged into the final reward and the "
+                    "curves the costs are read on")
+    st.add_argument("--resamples", type=at_most(1_000_000), default=10_000, help="bootstrap resamples (>= 100)")
+    st.add_argument("--save-metrics", default=None, metavar="DIR", help="also copy every run's config.yaml and "
+                    "metrics.csv trimmed to the columns the study reads into DIR (a committable record)")
 
     pt = _command(sub, "pretrain", _cmd_pretrain, "pretrain the tiny tier on synthetic data (resumable)",
                   "Trains the tiny text-to-image model from scratch; the shipped weights are replaced only when "

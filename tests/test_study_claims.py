@@ -213,13 +213,13 @@ def test_decoupled_claims_follow_the_several_fold_rule(tmp_path):
 
 
 @pytest.mark.parametrize("suite, task, label", [
-    ("tiny-counting-study", "tiny_counting_sparse", "(tiny text-to-image, strict counting)"),
-    ("tiny-rare-counting-study", "tiny_counting_rare", "(tiny text-to-image, strict counting, rare prompts)"),
+    ("op-grpo-tiny-counting", "tiny_counting_sparse", "(tiny text-to-image, strict counting)"),
+    ("op-grpo-tiny-rare-counting", "tiny_counting_rare", "(tiny text-to-image, strict counting, rare prompts)"),
 ])
 def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
     """Each tiny study's claim set judges the same rules on its own task: OP-GRPO at step 20 vs Flow-GRPO's 50 and the
     buffer-prompt control at 50 (reuse saves on top); the toy claims are not in it."""
-    from benchmark.analysis.study_claims import claims_of
+    from benchmark.analysis.study_claims import claim_set, match_claim_set
 
     for seed in range(6):
         wobble = 0.001 * seed
@@ -228,16 +228,17 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
         _write(tmp_path, f"{task}@buffer_prompts", "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo", "flow_grpo@buffer_prompts"),
                                                  resamples=500)
-    verdicts = claims_table(table, effects, seed_sets, claims_of(suite)).set_index("claim")["verdict all"]
+    assert match_claim_set(table["task"]).name == suite  # runs without a named claim set: matched by their task
+    verdicts = claims_table(table, effects, seed_sets, claim_set(suite).claims).set_index("claim")["verdict all"]
     assert _verdict(verdicts, f"OP-GRPO needs 34.2% of Flow-GRPO's steps to reach its final performance {label}"
                     ).startswith("contradicted (saves steps")
     assert _verdict(verdicts, f"OP-GRPO's off-policy reuse saves steps on top of its choice of prompts {label}"
                     ) == "reproduced"
     assert _verdict(verdicts, "DAPO's dynamic sampling, needs no more steps") == "not tested"
     assert not any("sparse binary reward" in claim or "video" in claim for claim in verdicts.index)
-    with pytest.raises(ConfigError, match="suite 'quick' has no claim set; suites with one: op-grpo-study, "
-                                          "tiny-counting-study, tiny-rare-counting-study"):
-        claims_of("quick")
+    with pytest.raises(ConfigError, match="--claims 'quick': no such claim set; claim sets: op-grpo-toy, "
+                                          "op-grpo-tiny-counting, op-grpo-tiny-rare-counting"):
+        claim_set("quick")
 
 
 def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_path):
@@ -246,7 +247,7 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
     target', and the wall-clock table leaves the set out."""
     from benchmark.analysis.effects import NO_TARGET
     from benchmark.analysis.study import verdict as effect_verdict
-    from benchmark.analysis.study_claims import claims_of
+    from benchmark.analysis.study_claims import claim_set
 
     task = "tiny_counting_sparse"
     for seed in range(6):
@@ -254,7 +255,7 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
         _write(tmp_path, task, "flow_grpo", seed, [0.2, 0.2, 0.1, 0.1, 0.1, 0.1 + wobble])
         _write(tmp_path, task, "op_grpo", seed, [0.2, 0.3, 0.5, 0.5, 0.5, 0.5 + wobble])
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=300)
-    verdicts = claims_table(table, effects, seed_sets, claims_of("tiny-counting-study")).set_index("claim")
+    verdicts = claims_table(table, effects, seed_sets, claim_set("op-grpo-tiny-counting").claims).set_index("claim")
     row = verdicts.loc[next(c for c in verdicts.index if c.startswith("OP-GRPO needs 34.2%"))]
     assert row["verdict all"] == "not tested (no target)" and "no target" in row["measured all"]
     steps = effects[(effects["metric"] == "steps_to_80") & (effects["reference"] == "flow_grpo")].iloc[0]

@@ -111,15 +111,17 @@ def role(algorithm: str) -> str:
     return "methods" if root is None or root == algorithm else "variants"
 
 
-def styles(algorithms) -> dict[str, tuple]:
+def styles(algorithms, base=None) -> dict[str, tuple]:
     """{algorithm: (colour, line style, marker)} for every algorithm, stable whatever subset a figure draws: within a
-    family each member has its own shade, line style and (after the family's own method) marker."""
+    family each member has its own shade, line style and (after the family's own method) marker. ``base``: maps a
+    name to the algorithm whose family it belongs to (a study's control cell ``flow_grpo@variance`` to
+    ``flow_grpo``)."""
     import matplotlib
 
     maps = {root: declared(root, "colormap") for root in registry.names() if declared(root, "colormap")}
     groups: dict[str | None, list[str]] = {}  # families without a colour map of their own share the greys (None)
     for algorithm in sorted(set(algorithms)):
-        root = family(algorithm)
+        root = family(base(algorithm) if base else algorithm)
         groups.setdefault(root if root in maps else None, []).append(algorithm)
     out = {}
     for root, members in groups.items():

@@ -1,10 +1,13 @@
-"""A study's analysis: paired effects vs a baseline on fixed metrics, verdicts on exploration and held-out seeds.
+"""A study's analysis: paired effects vs a baseline on fixed metrics, verdicts on every seed set.
 
-    python -m benchmark.analysis.study RUNS_DIR --out DIR [--suite op-grpo-study] [--baseline flow_grpo] [--also-vs op_grpo]
-                              [--claims] [--timing timing.csv] [--save-metrics DIR]
+    flowzoo study RUNS_DIR --suite SUITE [--out DIR] [--claims SET] [--timing timing.csv] [--vs op_grpo] ...
 
-Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes ``DIR/README.md``
-(tables), ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric),
+(``python -m benchmark.analysis.study RUNS_DIR --out DIR [--suite S] [--also-vs C] [--claims] ...`` is its older
+spelling, kept as an alias: :func:`main`.) :func:`write_study` does the work.
+
+Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes the
+page ``DIR/README.md`` and ``DIR/index.html`` (figures, then tables: :mod:`benchmark.analysis.study_page`),
+``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric),
 ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps) and ``DIR/gains.csv`` (each cell's gain over the base
 model per seed set, :func:`gains`: whether the baseline learns, so whether its targets are well-conditioned). A task
 named ``<task>@<variant>`` (a control run with other keys, e.g. ``toy2d_sep64_sparse@no_reuse``) is the cell
@@ -18,8 +21,10 @@ comes from :mod:`benchmark.analysis.effects`, the report's statistics path:
   the baseline's noisy plateau, so no verdict uses it.
 * **Paired effects** (cell - reference over the seeds both ran) with 95% bootstrap CIs that re-estimate the target
   inside every resample, ratios of restricted means with theirs, and the smallest detectable effect (MDE).
-* **Seed sets**: with ``--suite``, the suite's ``seed_sets`` (e.g. ``exploration`` and ``replication``) are analysed
-  apart, each with its own target from its own baseline runs, and together (``all``); without, all seeds form one set.
+* **Seed sets** (:mod:`benchmark.analysis.study_sets`): with ``--suite``, each of the suite's ``seed_sets`` that ran
+  (e.g. ``exploration`` and ``replication``) and the seeds that ran outside them (``other``), or the sets named with
+  ``--seed-sets``, are analysed apart, each with its own target from its own baseline runs, and together (``all``);
+  without, all seeds form one set. The claims (:mod:`benchmark.analysis.study_claims`) are judged on each.
 * **Wall-clock** (``--timing``): steps ratio x the per-step cost ratio measured interleaved in one process
   (:mod:`benchmark.analysis.study_timing`), never the runs' own ``wall_s`` (which carries the shared machine's load).
 """
@@ -29,17 +34,39 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import effects
-from benchmark.analysis.loading import SkippedRun, find_run_dirs, load_runs, read_metrics
+from benchmark.analysis import effects, study_page
+from benchmark.analysis.loading import (
+    SkippedRun,
+    find_run_dirs,
+    load_runs,
+    read_metrics,
+)
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
-from benchmark.analysis.study_claims import CLAIM_SETS, claims_of, claims_table, render_claims
+from benchmark.analysis.study_claims import (
+    CLAIM_SETS,
+    NO_CLAIMS,
+    ClaimSet,
+    claim_set,
+    judge,
+    match_claim_set,
+    render_claims,
+    shown_sets,
+)
+from benchmark.analysis.study_sets import (
+    REPLICATION_SETS,
+    parse_seed_sets,
+    replication_pair,
+    seed_sets_of,
+)
+from benchmark.analysis.study_sets import seed_list as _seed_list
 from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
-from flowzoo.io import atomic_write, atomic_write_text, check_out_dir, staged_directory
+from flowzoo.io import atomic_write, check_out_dir, staged_directory
 from models.shipped import refuse_shipped
 
 #: the study's metrics, in report order: (name, effects.Metric)
@@ -60,7 +87,6 @@ DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", 
 STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
 VARIANT_SEP = "@"  # task@variant: a control cell of task
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
-ALL_SEEDS = "all"
 
 
 def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
@@ -72,27 +98,6 @@ def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
     out["algorithm"] = out["algorithm"].astype(str).where(variant == "", out["algorithm"].astype(str) + VARIANT_SEP
                                                            + variant)
     return out
-
-
-def suite_name(suite: str | None) -> str | None:
-    """The name of ``suite`` (a name or a YAML path), None without one."""
-    if not suite:
-        return None
-    from benchmark.experiments.suite import load_suite
-
-    return load_suite(suite).name
-
-
-def seed_sets_of(suite: str | None, seeds) -> dict[str, list[int]]:
-    """{name: seeds}: the suite's ``seed_sets`` restricted to the seeds that ran, plus ``all``."""
-    seeds = sorted(int(s) for s in set(seeds))
-    sets: dict[str, list[int]] = {}
-    if suite:
-        from benchmark.experiments.suite import load_suite
-
-        for name, listed in load_suite(suite).seed_sets.items():
-            sets[name] = [s for s in listed if s in seeds]
-    return {**sets, ALL_SEEDS: seeds}
 
 
 def run_table(runs: pd.DataFrame, data: dict[str, effects.TaskRuns], baseline: str,
@@ -230,17 +235,6 @@ def mean_curves(runs: pd.DataFrame, every: int = 20) -> pd.DataFrame:
     return evals.pivot_table(index=["task", "algorithm"], columns="step", values="eval_reward", aggfunc="mean")
 
 
-def _seed_list(seeds) -> str:
-    """Sorted seeds with runs of consecutive ones as ranges: [0, 1, 2, 5] -> '0-2, 5'."""
-    seeds, parts = sorted(int(seed) for seed in seeds), []
-    for seed in seeds:
-        if parts and parts[-1][1] == seed - 1:
-            parts[-1][1] = seed
-        else:
-            parts.append([seed, seed])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
-
-
 def _fmt(value, digits: int = 3) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}g}"
 
@@ -248,9 +242,13 @@ def _fmt(value, digits: int = 3) -> str:
 def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, list[int]], baseline: str,
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
            wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None,
-           skipped: list[SkippedRun] | None = None) -> str:
+           skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
+           figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS) -> str:
+    """The study's README: the title, ``lead`` (a hand-written answer, the claims' figures), the generated answer,
+    ``figure_lines`` (the curves), then the definitions and every table."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
-    lines = [f"# Study: paired effects vs {baseline}", "", *_answer_lines(claims, gain_rows, baseline),
+    lines = [f"# Study: paired effects vs {baseline}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
+             *(figure_lines or []),
              f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
              "model (restricted means over the budget; a run that never reaches a target is censored there, "
              "Kaplan-Meier), final reward and AUC; primary: `steps_to_80`. `steps_to_final` (the baseline's own final "
@@ -261,7 +259,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", "",
              *_skipped_lines(table, skipped or [])]
     if claims is not None and len(claims):
-        lines += render_claims(claims)
+        lines += render_claims(claims, pair)
     if gain_rows is not None and len(gain_rows):
         lines += _gain_lines(gain_rows, baseline)
     if wall is not None and len(wall):
@@ -341,15 +339,22 @@ def _answer_lines(claims: pd.DataFrame | None, gain_rows: pd.DataFrame | None, b
                      f"({conditioning(g)})" for _, g in rows.iterrows()]
             lines.append(f"* `{baseline}` gain over the base on `{task}`: " + "; ".join(parts) + ".")
     if claims is not None and len(claims):
+        shown = shown_sets(claims)
         if "replication" in claims:
             rank = claims["replication"].map(lambda r: 0 if r in ("replicated: reproduced", "replicated: contradicted")
                                              else 1 if r.startswith("replicated") else 2)
             ordered = claims.assign(_rank=rank).sort_values("_rank", kind="stable")
             for _, row in ordered.iterrows():
-                figures = "; ".join(f"{s}: {row[f'verdict {s}']}" for s in ("exploration", "replication"))
+                figures = "; ".join(f"{s}: {row[f'verdict {s}']}" for s in shown)
                 lines.append(f"* **{row['replication']}**: {row['claim']} ({figures}).")
         elif "verdict" in claims:
             lines += [f"* **{row['verdict']}**: {row['claim']}." for _, row in claims.iterrows()]
+        elif len(shown) == 1:
+            lines += [f"* **{row[f'verdict {shown[0]}']}**: {row['claim']} (seeds `{shown[0]}`)."
+                      for _, row in claims.iterrows()]
+        else:  # several sets, none of them compared for replication
+            lines += [f"* {row['claim']}: " + "; ".join(f"{s}: **{row[f'verdict {s}']}**" for s in shown) + "."
+                      for _, row in claims.iterrows()]
     if not lines:
         return []
     return ["## Answer", "", "The baseline's gain decides whether the cost targets mean anything; each claim's "
@@ -388,10 +393,12 @@ def _effect_rows(rows: pd.DataFrame) -> list[str]:
 
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
                   suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES,
-                  skipped: list[SkippedRun] | None = None
+                  skipped: list[SkippedRun] | None = None, seed_sets: dict[str, list[int] | None] | None = None,
+                  optional_vs: tuple[str, ...] = ()
                   ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
     """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs);
-    the runs left out as unusable are appended to ``skipped`` (``load_runs``)."""
+    the runs left out as unusable are appended to ``skipped`` (``load_runs``). ``seed_sets``: the sets to analyse
+    (:func:`seed_sets_of`'s ``chosen``); ``optional_vs``: references added when they ran (a claim set's)."""
     runs = split_variants(load_runs(runs_dir, skipped))
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
@@ -409,7 +416,9 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tu
         data = effects.task_runs(curves, last_rows)
     except ValueError as error:
         raise ConfigError(f"{runs_dir}: {error}; a study counts each run once") from None
-    seed_sets = seed_sets_of(suite, runs["seed"])
+    seed_sets = seed_sets_of(suite, runs["seed"], seed_sets)
+    also_vs = (*also_vs, *(c for c in optional_vs
+                           if c in set(runs["algorithm"]) and c not in also_vs and c != baseline))
     table = run_table(runs, data, baseline, smooth)
     effect_rows = study_effects(data, baseline, also_vs, seed_sets, resamples)
     return table, effect_rows, seed_sets, runs
@@ -451,8 +460,106 @@ def read_timing(path: str) -> pd.DataFrame:
     return timing
 
 
+#: ``claims`` of a :class:`StudyRequest`: the suite's ``claims:`` key, else the claim set whose task ran
+CLAIMS_AUTO = "auto"
+
+
+@dataclass
+class StudyRequest:
+    """What ``flowzoo study`` is asked (its options, with their defaults)."""
+
+    runs_dir: str
+    out: str
+    suite: str | None = None
+    baseline: str = "flow_grpo"
+    vs: tuple[str, ...] = ()
+    claims: str = CLAIMS_AUTO  # a claim set's name, "none", or CLAIMS_AUTO
+    timing: str | None = None
+    seed_sets: list[str] | None = None  # --seed-sets values (:func:`parse_seed_sets`)
+    replicate_on: str | None = None
+    smooth: int = DEFAULT_SMOOTH
+    resamples: int = effects.DEFAULT_RESAMPLES
+    save_metrics: str | None = None
+
+
+def _claim_set(request: StudyRequest, suite) -> ClaimSet | None:
+    """The claim set to judge before the runs are read: named, the suite's own, or (CLAIMS_AUTO with a suite) the one
+    whose task the suite holds; None when there is none or it is to be matched on the runs' tasks."""
+    if request.claims == NO_CLAIMS:
+        return None
+    if request.claims != CLAIMS_AUTO:
+        return claim_set(request.claims)
+    if suite is None:
+        return None
+    if suite.claims:
+        return claim_set(suite.claims, f"suite {suite.name}: claims:")
+    return match_claim_set(task.partition(VARIANT_SEP)[0] for task in suite.tasks)
+
+
+def write_study(request: StudyRequest) -> Path:
+    """The study of ``request.runs_dir`` written into ``request.out`` (all or nothing): README.md and index.html (the
+    page: :mod:`benchmark.analysis.study_page`), figures/, runs.csv, effects.csv, gains.csv, curves.csv and, with
+    claims, claims.csv and claim_estimates.csv, with timing, wall_clock.csv; returns README.md's path. FlowZooError
+    (before anything is written) for bad options or runs; an OS error while writing names its path."""
+    if request.resamples < 100:
+        raise ConfigError(f"--resamples must be >= 100, got {request.resamples}")
+    if request.smooth < 1:
+        raise ConfigError(f"--smooth must be >= 1, got {request.smooth}")
+    out = check_out_dir(request.out)
+    refuse_shipped(out, "--out")  # as every other output
+    if request.save_metrics:
+        refuse_shipped(check_out_dir(request.save_metrics, "--save-metrics"), "--save-metrics")
+    timing = read_timing(request.timing) if request.timing else None
+    suite = None
+    if request.suite:
+        from benchmark.experiments.suite import load_suite
+
+        suite = load_suite(request.suite)
+    claims_of = _claim_set(request, suite)
+    matched = request.claims == CLAIMS_AUTO and suite is None  # match the runs' tasks once they are read
+    optional = claims_of.references if claims_of else (
+        tuple(dict.fromkeys(r for cs in CLAIM_SETS.values() for r in cs.references)) if matched else ())
+    skipped: list[SkippedRun] = []
+    table, effect_rows, seed_sets, runs = analyze_study(
+        request.runs_dir, request.baseline, tuple(request.vs), request.suite, request.smooth, request.resamples,
+        skipped, parse_seed_sets(request.seed_sets), optional)
+    if matched:
+        claims_of = match_claim_set(table["task"])
+    pair = replication_pair(seed_sets, request.replicate_on)
+    claims, estimates = (judge(table, effect_rows, seed_sets, claims_of.claims, pair) if claims_of
+                         else (None, None))
+    wall = wall_clock_ratios(effect_rows, timing, request.baseline) if timing is not None else None
+    gain_rows = gains(table, seed_sets)
+    curves = mean_curves(runs)
+    frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
+    if claims is not None:
+        frames["claims.csv"] = claims
+        frames["claim_estimates.csv"] = estimates
+    if timing is not None:
+        if Path(request.timing).resolve() != (out / "timing.csv").resolve():
+            frames["timing.csv"] = timing
+        frames["wall_clock.csv"] = wall
+    if request.save_metrics:
+        with staged_directory(request.save_metrics, "--save-metrics") as stage:
+            saved = save_trimmed_metrics(request.runs_dir, stage)
+        print(f"saved {saved} runs' metrics to {request.save_metrics}")
+    with staged_directory(out) as stage:
+        for name, frame in frames.items():
+            atomic_write(stage / name, lambda f, frame=frame: frame.to_csv(f, index=False))
+        atomic_write(stage / "curves.csv", curves.to_csv)
+        lead = study_page.hand_written_answer(out) + study_page.claim_figures(estimates, stage)
+        figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
+        markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
+                          gain_rows, skipped, lead, figure_lines, pair)
+        study_page.write_page(stage, markdown, title=f"Study: {suite.name if suite else out.name}")
+    return out / "README.md"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study", description=__doc__.split("\n\n")[0])
+    """``python -m benchmark.analysis.study``: the options before ``flowzoo study`` (``--also-vs``, ``--claims`` as a
+    switch), kept as an alias of the same analysis."""
+    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study", description=__doc__.split("\n\n")[0]
+                                     + " An alias of `flowzoo study` (flowzoo study --help).")
     parser.add_argument("runs_dir")
     parser.add_argument("--out", required=True, help="report directory (README.md, runs.csv, effects.csv)")
     parser.add_argument("--baseline", default="flow_grpo")
@@ -462,62 +569,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=effects.DEFAULT_RESAMPLES)
     parser.add_argument("--timing", default=None, help="per-step cost table of benchmark.analysis.study_timing (CSV) for "
                         "the wall-clock-to-target estimates; copied into --out as timing.csv")
-    parser.add_argument("--claims", action="store_true", help="add the OP-GRPO paper's claims table of the "
-                        f"--suite ({', '.join(CLAIM_SETS)}; the toy study's without --suite; needs --also-vs "
-                        "op_grpo)")
+    parser.add_argument("--claims", action="store_true", help="add the claims table of the --suite's claim set "
+                        "(its claims: key; without --suite, the claim set whose task ran; needs --also-vs op_grpo)")
     parser.add_argument("--save-metrics", default=None, metavar="DIR", help="also copy every run's config.yaml "
                         "and its metrics.csv trimmed to the columns the study reads into DIR (a committable "
                         "record the report can be regenerated from)")
     parser.add_argument("--also-vs", default="", help="comma-separated cells (algorithm or algorithm@variant) to "
                         "pair the other cells with as well, e.g. op_grpo")
     args = parser.parse_args(argv)
+    also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
+    request = StudyRequest(args.runs_dir, args.out, args.suite, args.baseline, also_vs,
+                           CLAIMS_AUTO if args.claims else NO_CLAIMS, args.timing, smooth=args.smooth,
+                           resamples=args.resamples, save_metrics=args.save_metrics)
     try:
-        if args.resamples < 100:
-            raise ConfigError(f"--resamples must be >= 100, got {args.resamples}")
-        also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
-        refuse_shipped(check_out_dir(args.out), "--out")  # as every other output
-        if args.save_metrics:
-            refuse_shipped(check_out_dir(args.save_metrics, "--save-metrics"), "--save-metrics")
-        timing = read_timing(args.timing) if args.timing else None
-        claim_set = claims_of(suite_name(args.suite)) if args.claims else None
-        skipped: list[SkippedRun] = []
-        table, effect_rows, seed_sets, runs = analyze_study(args.runs_dir, args.baseline, also_vs, args.suite,
-                                                            args.smooth, args.resamples, skipped)
-    except FlowZooError as error:
-        print(f"study: error: {error}", file=sys.stderr)
-        return 2
-    claims = claims_table(table, effect_rows, seed_sets, claim_set) if args.claims else None
-    wall = wall_clock_ratios(effect_rows, timing, args.baseline) if timing is not None else None
-    out = Path(args.out)
-    gain_rows = gains(table, seed_sets)
-    curves = mean_curves(runs)
-    frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
-    if claims is not None:
-        frames["claims.csv"] = claims
-    if timing is not None:
-        if Path(args.timing).resolve() != (out / "timing.csv").resolve():
-            frames["timing.csv"] = timing
-        frames["wall_clock.csv"] = wall
-    try:  # each output folder all or nothing; an OS error (a full disk) is one line naming its path
-        if args.save_metrics:
-            with staged_directory(args.save_metrics, "--save-metrics") as stage:
-                saved = save_trimmed_metrics(args.runs_dir, stage)
-            print(f"saved {saved} runs' metrics to {args.save_metrics}")
-        with staged_directory(out) as stage:
-            for name, frame in frames.items():
-                atomic_write(stage / name, lambda f, frame=frame: frame.to_csv(f, index=False))
-            atomic_write(stage / "curves.csv", curves.to_csv)
-            atomic_write_text(stage / "README.md", render(table, effect_rows, seed_sets, args.baseline, args.smooth,
-                                                          curves, claims, wall, gain_rows, skipped))
-    except (FlowZooError, OSError) as error:
+        path = write_study(request)
+    except (FlowZooError, OSError) as error:  # an OS error (a full disk) is one line naming its path
         line = str(error) if isinstance(error, FlowZooError) else os_error_line(error)
         if line is None:  # an OS error without a path: a bug
             raise
         print(f"study: error: {line}", file=sys.stderr)
         return 2
-    print(f"wrote {out / 'README.md'}")
+    print(f"wrote {path}")
     return 0
 
 

@@ -7,34 +7,44 @@ Verdicts: **reproduced**, **contradicted**, **inconclusive** (then the CI width 
 could have seen), or **not tested**. Every rule is written next to its claim below and in the report, before the
 figure, so the verdict is mechanical; all intervals are 95% bootstrap CIs over seeds that re-estimate the target in
 every resample (:mod:`benchmark.analysis.effects`). The rules were fixed before the runs of the separable-task study were
-looked at. Each claim is judged on each seed set of the study (``exploration``, the held-out ``replication``) apart;
-the row says **replicated** only when both sets give the same verdict (:func:`replication`).
+looked at. Each claim is judged on every seed set of the study apart (the designers' ``exploration`` and held-out
+``replication`` seeds, and any set a user names), each with its own target; the row says **replicated** only when the
+two sets it compares give the same verdict (:func:`replication`: by default exploration and replication, or the
+held-out set and a user's own).
+
+Each judged claim also carries its figure as numbers (:func:`estimate`: the ratio or difference, its 95% CI, the
+paper's value and the verdict zones its rule draws), which the study page plots (``claim_estimates.csv``).
 
 Input: the study's run table and paired effects (:func:`benchmark.analysis.study.analyze_study`, with ``op_grpo`` among the
 ``also_vs`` references) on the sparse task ``toy2d_sep64_sparse`` and the dense task ``toy2d_sep64_dense`` (suite
 ``op-grpo-study``), or on the tiny tier's sparse counting task (suite ``tiny-counting-study``, a subset of the same
-rules: :data:`CLAIM_SETS`).
+rules). A claim set belongs to the suite that designed it (its ``claims:`` key names one of :data:`CLAIM_SETS`), so a
+renamed copy of the suite keeps it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy.stats import fisher_exact
 
 from benchmark.analysis.stats import bootstrap_ci
+from benchmark.analysis.study_sets import REPLICATION_SETS
 from flowzoo.errors import ConfigError
 
 SPARSE, DENSE = "toy2d_sep64_sparse", "toy2d_sep64_dense"
 #: the cost the steps claims are judged on: steps to 80% of Flow-GRPO's gain, a target its runs cross decisively (the
 #: paper's "reach Flow-GRPO's final reward" puts the target on the baseline's noisy plateau; benchmark/analysis/study.py)
 STEPS_METRIC = "steps_to_80"
-REPLICATION_SETS = ("exploration", "replication")
 PAPER_STEPS_RATIO = 0.342
 #: clip rates that differ by less than this are "no practical difference" (claim: 11.8% vs > 40%)
 CLIP_MARGIN = 0.02
+#: the paper's gap between the two clip rates: > 40% naive - 11.8% with the correction
+PAPER_CLIP_GAP = 0.40 - 0.118
 PROPORTION_CELLS = {"op_grpo@p12.5": "12.5%", "op_grpo": "25%", "op_grpo@p37.5": "37.5%", "op_grpo@p50": "50%"}
 
 
@@ -61,8 +71,34 @@ def _paired(table: pd.DataFrame, task: str, algorithm: str, reference: str, colu
     return (a.loc[seeds, column] - b.loc[seeds, column]).to_numpy(float), float(b.loc[seeds, column].mean())
 
 
-def _row(claim: str, rule: str, measured: str, verdict: str) -> dict:
-    return {"claim": claim, "rule": rule, "measured": measured, "verdict": verdict}
+def _row(claim: str, rule: str, measured: str, verdict: str, figure: dict | None = None) -> dict:
+    return {"claim": claim, "rule": rule, "measured": measured, "verdict": verdict, "figure": figure}
+
+
+INF = math.inf
+
+
+def estimate(label: str, kind: str, value: float, low: float, high: float, unit: str = "", paper: float = math.nan,
+             reproduced: tuple[float, float] = (math.nan, math.nan),
+             contradicted: tuple[float, float] = (math.nan, math.nan)) -> dict:
+    """A claim's figure on one seed set as numbers: ``kind`` 'ratio' (drawn on a log axis) or 'difference' (in
+    ``unit``), the estimate and its 95% CI, the paper's own value (NaN when the paper gives none) and the verdict
+    zones of the rule: a CI inside ``reproduced`` reproduces the claim, one inside ``contradicted`` contradicts it
+    (NaN bounds: no such zone; a claim judged by whether its CI covers ``paper`` has none)."""
+    return {"label": label, "kind": kind, "unit": unit, "estimate": float(value), "ci_low": float(low),
+            "ci_high": float(high), "paper": float(paper), "reproduced_low": float(reproduced[0]),
+            "reproduced_high": float(reproduced[1]), "contradicted_low": float(contradicted[0]),
+            "contradicted_high": float(contradicted[1])}
+
+
+def _tag(task: str) -> str:
+    """A task's short name in a figure: its last word (toy2d_sep64_sparse -> sparse)."""
+    return task.rsplit("_", 1)[-1]
+
+
+def _ratio_label(algorithm: str, reference: str, metric: str, task: str) -> str:
+    unit = metric.partition("_to_")[0]
+    return f"{algorithm} / {reference}: {unit.upper() if unit == 'nfe' else unit} ({_tag(task)})"
 
 
 def _saving_side(low: float, high: float, saving: str) -> str:
@@ -71,10 +107,13 @@ def _saving_side(low: float, high: float, saving: str) -> str:
 
 
 def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: str, rule: str, judge,
-                       reference: str = "flow_grpo", metric: str = STEPS_METRIC, also: str | None = None) -> dict:
+                       reference: str = "flow_grpo", metric: str = STEPS_METRIC, also: str | None = None,
+                       paper: float = math.nan, reproduced=(math.nan, math.nan),
+                       contradicted=(math.nan, math.nan)) -> dict:
     """A claim on ``algorithm`` / ``reference`` cost to 80% of the gain (steps, or ``metric``): ``judge(low, high)``
     of the ratio's CI gives the verdict; no runs or no CI are 'not tested' / 'inconclusive (no CI)'. ``also``: a
-    second metric whose ratio the measured text shows beside it (e.g. NFE next to steps)."""
+    second metric whose ratio the measured text shows beside it (e.g. NFE next to steps). ``paper``, ``reproduced``,
+    ``contradicted``: the figure's marks (:func:`estimate`), which must say what ``judge`` decides."""
     e = _effect(effects, task, reference, algorithm, metric)
     if e is None:
         return _row(claim, rule, "no runs", "not tested")
@@ -88,9 +127,11 @@ def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: 
     other = _effect(effects, task, reference, algorithm, also) if also else None
     if other is not None:
         measured += f"; {also.split('_')[0]} ratio {other['ratio']:.2f} {_ci(other['ratio_low'], other['ratio_high'])}"
+    figure = estimate(_ratio_label(algorithm, reference, metric, task), "ratio", e["ratio"], e["ratio_low"],
+                      e["ratio_high"], paper=paper, reproduced=reproduced, contradicted=contradicted)
     if not (math.isfinite(e["ratio_low"]) and math.isfinite(e["ratio_high"])):
-        return _row(claim, rule, measured, "inconclusive (no CI)")
-    return _row(claim, rule, measured, judge(float(e["ratio_low"]), float(e["ratio_high"])))
+        return _row(claim, rule, measured, "inconclusive (no CI)", figure)
+    return _row(claim, rule, measured, judge(float(e["ratio_low"]), float(e["ratio_high"])), figure)
 
 
 def _steps_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
@@ -102,7 +143,7 @@ def _steps_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
         if low <= PAPER_STEPS_RATIO <= high:
             return "reproduced"
         return f"contradicted ({_saving_side(low, high, 'saves steps, fewer than claimed')})"
-    return _steps_ratio_claim(effects, task, "op_grpo", claim, rule, judge)
+    return _steps_ratio_claim(effects, task, "op_grpo", claim, rule, judge, paper=PAPER_STEPS_RATIO)
 
 
 def _reuse_claim(table: pd.DataFrame, effects: pd.DataFrame) -> dict:
@@ -119,13 +160,18 @@ def _reuse_claim(table: pd.DataFrame, effects: pd.DataFrame) -> dict:
     saving = -float(total["diff"])
     measured = (f"S = {saving:.1f} steps; no_reuse - OP-GRPO = {reuse['diff']:+.1f} {_ci(reuse['ci_low'], reuse['ci_high'])}"
                 f" steps (MDE {reuse['mde']:.1f}, n {int(reuse['n'])})")
+    zones = (((saving / 2, INF), (-INF, saving / 2)) if saving > 0 else ((math.nan, math.nan), (-INF, INF)))
+    figure = estimate(f"op_grpo@no_reuse - op_grpo: steps ({_tag(SPARSE)})", "difference", reuse["diff"],
+                      reuse["ci_low"], reuse["ci_high"], "steps", reproduced=zones[0], contradicted=zones[1])
     if saving <= 0:
-        return _row(claim, rule, measured, "contradicted (OP-GRPO saves no steps here)")
+        return _row(claim, rule, measured, "contradicted (OP-GRPO saves no steps here)", figure)
     if reuse["ci_low"] > saving / 2:
-        return _row(claim, rule, measured, "reproduced")
+        return _row(claim, rule, measured, "reproduced", figure)
     if reuse["ci_high"] < saving / 2:
-        return _row(claim, rule, measured, "contradicted (the buffer's prompt choice, not reuse, saves the steps)")
-    return _row(claim, rule, measured, f"inconclusive (CI width {reuse['ci_high'] - reuse['ci_low']:.1f} steps)")
+        return _row(claim, rule, measured, "contradicted (the buffer's prompt choice, not reuse, saves the steps)",
+                    figure)
+    return _row(claim, rule, measured, f"inconclusive (CI width {reuse['ci_high'] - reuse['ci_low']:.1f} steps)",
+                figure)
 
 
 def _clip_claim(table: pd.DataFrame) -> dict:
@@ -139,11 +185,14 @@ def _clip_claim(table: pd.DataFrame) -> dict:
     naive = sequence + diff.mean()
     measured = (f"off-policy clip rate: sequence {sequence:.3f}, naive {naive:.3f}; difference {diff.mean():+.3f} "
                 f"{_ci(low, high)} (n {diff.size}; clip range 0.05, 4 minibatches)")
+    figure = estimate(f"op_grpo_naive_is - op_grpo: off-policy clip ({_tag(SPARSE)})", "difference", diff.mean(), low,
+                      high, "clip rate", paper=PAPER_CLIP_GAP, reproduced=(CLIP_MARGIN, INF),
+                      contradicted=(-INF, CLIP_MARGIN))
     if low > CLIP_MARGIN:
-        return _row(claim, rule, measured, "reproduced (direction; levels differ from the paper's)")
+        return _row(claim, rule, measured, "reproduced (direction; levels differ from the paper's)", figure)
     if high < CLIP_MARGIN:
-        return _row(claim, rule, measured, "contradicted")
-    return _row(claim, rule, measured, f"inconclusive (CI width {high - low:.3f})")
+        return _row(claim, rule, measured, "contradicted", figure)
+    return _row(claim, rule, measured, f"inconclusive (CI width {high - low:.3f})", figure)
 
 
 def _late_steps_claim(table: pd.DataFrame) -> dict:
@@ -160,11 +209,13 @@ def _late_steps_claim(table: pd.DataFrame) -> dict:
     profile = ", ".join(f"{cell[c].mean():.3g}" for c in sorted(steps, key=lambda c: int(c.rsplit("t", 1)[1])))
     measured = (f"mean |log ratio| by step 0..9: {profile}; late - early {np.mean(l - e):+.3g} {_ci(low, high)} "
                 f"(n {len(cell)})")
+    figure = estimate(f"no_truncation |log ratio|: steps 8-9 - 0-1 ({_tag(SPARSE)})", "difference",
+                      np.mean(l - e), low, high, "|log ratio|", reproduced=(0, INF), contradicted=(-INF, 0))
     if low > 0:
-        return _row(claim, rule, measured, "reproduced")
+        return _row(claim, rule, measured, "reproduced", figure)
     if high < 0:
-        return _row(claim, rule, measured, "contradicted")
-    return _row(claim, rule, measured, f"inconclusive (CI width {high - low:.3g})")
+        return _row(claim, rule, measured, "contradicted", figure)
+    return _row(claim, rule, measured, f"inconclusive (CI width {high - low:.3g})", figure)
 
 
 #: the decoupled methods' papers: DiffusionNFT "3-25x more efficient than FlowGRPO" (Zheng et al., arXiv 2509.16117:
@@ -186,7 +237,8 @@ def _decoupled_claim(effects: pd.DataFrame, algorithm: str, task: str, label: st
         if low > SEVERAL_FOLD:
             return f"contradicted ({_saving_side(low, high, 'fewer steps, not several-fold')})"
         return "inconclusive"
-    return _steps_ratio_claim(effects, task, algorithm, claim, rule, judge)
+    return _steps_ratio_claim(effects, task, algorithm, claim, rule, judge, reproduced=(0, SEVERAL_FOLD),
+                              contradicted=(SEVERAL_FOLD, INF))
 
 
 #: the prompt-curriculum controls (flow_grpo with a prompt sampler: algorithms/prompt_samplers), fixed with their rows
@@ -212,7 +264,8 @@ def _curriculum_claim(effects: pd.DataFrame, cell: str, task: str, label: str) -
         if high < MATCH_MARGIN:
             return "reproduced" + (" (fewer steps than OP-GRPO)" if high < 1 else "")
         return "contradicted (needs more steps than OP-GRPO)" if low > MATCH_MARGIN else "inconclusive"
-    return _steps_ratio_claim(effects, task, cell, claim, rule, judge, reference="op_grpo", also="nfe_to_80")
+    return _steps_ratio_claim(effects, task, cell, claim, rule, judge, reference="op_grpo", also="nfe_to_80",
+                              reproduced=(0, MATCH_MARGIN), contradicted=(MATCH_MARGIN, INF))
 
 
 def _saving_judge(low: float, high: float) -> str:
@@ -224,13 +277,17 @@ def _saving_judge(low: float, high: float) -> str:
     return "contradicted (no saving)" if low == 1 else "inconclusive"
 
 
+#: the zones of :func:`_saving_judge` (a CI exactly at 1 from below is "no saving": contradicted)
+SAVING_ZONES = {"reproduced": (0, 1), "contradicted": (1, INF)}
+
+
 def _filter_cost_claim(effects: pd.DataFrame, cell: str, task: str, label: str) -> dict:
     claim = (f"{CURRICULUM_CELLS[cell]} saves samples, not only steps: fewer NFE to 80% of the gain than Flow-GRPO's "
              f"uniform prompts, its extra rollouts counted ({label})")
     rule = (f"NFE to 80% of the gain, {cell} / flow_grpo: reproduced if the CI lies below 1; contradicted if at or "
             "above 1")
     return _steps_ratio_claim(effects, task, cell, claim, rule, _saving_judge, metric="nfe_to_80",
-                              also=STEPS_METRIC)
+                              also=STEPS_METRIC, **SAVING_ZONES)
 
 
 def _reuse_on_top_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
@@ -238,14 +295,14 @@ def _reuse_on_top_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
     rule = ("steps to 80% of the gain, op_grpo / flow_grpo@buffer_prompts (the same buffer-prompt share, no "
             "off-policy sample): reproduced if the CI lies below 1; contradicted if at or above 1")
     return _steps_ratio_claim(effects, task, "op_grpo", claim, rule, _saving_judge,
-                              reference="flow_grpo@buffer_prompts")
+                              reference="flow_grpo@buffer_prompts", **SAVING_ZONES)
 
 
 def _reuse_alone_claim(effects: pd.DataFrame, task: str, label: str) -> dict:
     claim = f"OP-GRPO's off-policy reuse alone, with uniformly drawn prompts, saves steps over Flow-GRPO ({label})"
     rule = ("steps to 80% of the gain, op_grpo@uniform_prompts (replay_prompts: batch) / flow_grpo: reproduced if "
             "the CI lies below 1; contradicted if at or above 1")
-    return _steps_ratio_claim(effects, task, "op_grpo@uniform_prompts", claim, rule, _saving_judge)
+    return _steps_ratio_claim(effects, task, "op_grpo@uniform_prompts", claim, rule, _saving_judge, **SAVING_ZONES)
 
 
 def _instability(table: pd.DataFrame, algorithm: str) -> tuple[int, int]:
@@ -271,11 +328,17 @@ def _ablation_claim(table: pd.DataFrame, effects: pd.DataFrame, algorithm: str, 
              if off is not None and ref_off is not None else "")
     measured = (f"unstable {bad}/{n} (OP-GRPO {ref_bad}/{ref_n}, p {p:.2g}); final reward vs OP-GRPO "
                 f"{final['diff']:+.3f} {_ci(final['ci_low'], final['ci_high'])} (MDE {final['mde']:.3f}){share}")
+    # drawn: the final-reward half of the rule (the instability counts' Fisher test is in the table)
+    figure = estimate(f"{algorithm} - op_grpo: final reward ({_tag(SPARSE)})", "difference", final["diff"],
+                      final["ci_low"], final["ci_high"], "reward", reproduced=(-INF, 0),
+                      contradicted=(-final["mde"], INF) if bad == 0 else (math.nan, math.nan))
     if p < 0.05 or final["ci_high"] < 0:
-        return _row(claim, rule, measured, "reproduced")
+        return _row(claim, rule, measured, "reproduced", figure)
     if bad == 0 and final["ci_low"] > -final["mde"]:
-        return _row(claim, rule, measured, f"contradicted on this task (instability rate < {bound:.0%} at 95%)")
-    return _row(claim, rule, measured, f"inconclusive (final-reward CI width {final['ci_high'] - final['ci_low']:.3f})")
+        return _row(claim, rule, measured, f"contradicted on this task (instability rate < {bound:.0%} at 95%)",
+                    figure)
+    return _row(claim, rule, measured, f"inconclusive (final-reward CI width {final['ci_high'] - final['ci_low']:.3f})",
+                figure)
 
 
 def _proportion_claim(effects: pd.DataFrame) -> dict:
@@ -353,21 +416,45 @@ def _tiny_claims(task: str, label: str):
     return claims
 
 
-#: suite name -> its claims; a study analysed without a suite gets the toy study's
-CLAIM_SETS = {
-    "op-grpo-study": _toy_claims,
-    "tiny-counting-study": _tiny_claims(TINY_SPARSE, "tiny text-to-image, strict counting"),
-    "tiny-rare-counting-study": _tiny_claims(TINY_RARE, "tiny text-to-image, strict counting, rare prompts"),
-}
+@dataclass(frozen=True)
+class ClaimSet:
+    """A study's claims with what they read: ``tasks`` (the first is the one every claim set's steps claim reads:
+    how runs without a named claim set are matched to one) and ``references``, the cells besides the baseline its
+    claims pair others with (the study adds those that ran)."""
+
+    name: str
+    claims: Callable[[pd.DataFrame, pd.DataFrame], list[dict]]
+    tasks: tuple[str, ...]
+    references: tuple[str, ...] = ("op_grpo", "flow_grpo@buffer_prompts")
+    description: str = ""
 
 
-def claims_of(suite: str | None):
-    """The claim set of ``suite`` (a name); ConfigError naming the suites that have one."""
-    if suite is None:
-        return _toy_claims
-    if suite not in CLAIM_SETS:
-        raise ConfigError(f"--claims: suite {suite!r} has no claim set; suites with one: {', '.join(CLAIM_SETS)}")
-    return CLAIM_SETS[suite]
+#: every claim set by name; a suite names its own with its ``claims:`` key (benchmark/suites/*.yaml)
+CLAIM_SETS = {cs.name: cs for cs in (
+    ClaimSet("op-grpo-toy", _toy_claims, (SPARSE, DENSE),
+             description="the OP-GRPO paper's claims on the toy tier's sparse and dense tasks (suite op-grpo-study)"),
+    ClaimSet("op-grpo-tiny-counting", _tiny_claims(TINY_SPARSE, "tiny text-to-image, strict counting"),
+             (TINY_SPARSE,), description="the same rules on the tiny tier's counting task (tiny-counting-study)"),
+    ClaimSet("op-grpo-tiny-rare-counting",
+             _tiny_claims(TINY_RARE, "tiny text-to-image, strict counting, rare prompts"), (TINY_RARE,),
+             description="the same rules on the tiny tier's rare counting prompts (tiny-rare-counting-study)"),
+)}
+NO_CLAIMS = "none"
+
+
+def claim_set(name: str, option: str = "--claims") -> ClaimSet:
+    """The claim set called ``name``; ConfigError naming the valid ones."""
+    if name not in CLAIM_SETS:
+        raise ConfigError(f"{option} {name!r}: no such claim set; claim sets: {', '.join(CLAIM_SETS)} (or "
+                          f"{NO_CLAIMS})")
+    return CLAIM_SETS[name]
+
+
+def match_claim_set(tasks) -> ClaimSet | None:
+    """The claim set whose first task ran (runs of a suite that names none); None when no claim set's does."""
+    tasks = set(tasks)
+    found = [cs for cs in CLAIM_SETS.values() if cs.tasks[0] in tasks]
+    return found[0] if len(found) == 1 else None
 
 
 def replication(verdicts: list[str]) -> str:
@@ -378,13 +465,16 @@ def replication(verdicts: list[str]) -> str:
     return f"replicated: {heads.pop()}" if len(heads) == 1 else "not replicated"
 
 
-def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[int]] | None = None,
-                 claims=_toy_claims) -> pd.DataFrame:
-    """One row per claim: claim, rule, and per seed set ``measured <set>`` and ``verdict <set>``; with both
-    ``exploration`` and ``replication`` sets, ``replication`` says whether their verdicts agree. Without seed sets
-    (an effects table of one set), the columns are ``measured`` and ``verdict``."""
+def judge(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[int]] | None = None,
+          claims=_toy_claims, pair: tuple[str, str] = REPLICATION_SETS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the claims table, the figures' table). Claims: one row per claim, with claim, rule, and per seed set
+    ``measured <set>`` and ``verdict <set>``; when both sets of ``pair`` were judged, ``replication`` says whether
+    their verdicts agree. Without seed sets (an effects table of one set) the columns are ``measured`` and
+    ``verdict``. Figures: one row per (claim, seed set) with a figure (:func:`estimate`), its verdict beside it."""
     if "seed_set" not in effects or not seed_sets:
-        return pd.DataFrame(claims(table, effects))
+        per_set = {"all": claims(table, effects)}
+        flat = pd.DataFrame([{k: v for k, v in row.items() if k != "figure"} for row in per_set["all"]])
+        return flat, _figures(per_set)
     names = [name for name in seed_sets if name in set(effects["seed_set"])]
     per_set = {}
     for name in names:
@@ -395,24 +485,48 @@ def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str
         row = {"claim": first["claim"], "rule": first["rule"]}
         for name in names:
             row[f"measured {name}"], row[f"verdict {name}"] = per_set[name][i]["measured"], per_set[name][i]["verdict"]
-        if all(name in per_set for name in REPLICATION_SETS):
-            row["replication"] = replication([per_set[name][i]["verdict"] for name in REPLICATION_SETS])
+        if all(name in per_set for name in pair):
+            row["replication"] = replication([per_set[name][i]["verdict"] for name in pair])
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), _figures(per_set)
 
 
-def render_claims(claims: pd.DataFrame) -> list[str]:
+FIGURE_COLUMNS = ("claim", "seed_set", "verdict", "label", "kind", "unit", "estimate", "ci_low", "ci_high", "paper",
+                  "reproduced_low", "reproduced_high", "contradicted_low", "contradicted_high")
+
+
+def _figures(per_set: dict[str, list[dict]]) -> pd.DataFrame:
+    rows = [{"claim": row["claim"], "seed_set": name, "verdict": row["verdict"], **row["figure"]}
+            for name, claims in per_set.items() for row in claims if row.get("figure")]
+    return pd.DataFrame(rows, columns=list(FIGURE_COLUMNS))
+
+
+def claims_table(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[int]] | None = None,
+                 claims=_toy_claims, pair: tuple[str, str] = REPLICATION_SETS) -> pd.DataFrame:
+    """The claims table of :func:`judge`."""
+    return judge(table, effects, seed_sets, claims, pair)[0]
+
+
+def shown_sets(claims: pd.DataFrame) -> list[str]:
+    """The seed sets a claims table shows: every judged set but ``all``, or ``all`` when it is the only one."""
     sets = [c[len("verdict "):] for c in claims.columns if c.startswith("verdict ")]
+    return [s for s in sets if s != "all"] or sets
+
+
+def render_claims(claims: pd.DataFrame, pair: tuple[str, str] = REPLICATION_SETS) -> list[str]:
+    sets = [c[len("verdict "):] for c in claims.columns if c.startswith("verdict ")]
+    agree = ("exploration and the held-out replication seeds agree" if tuple(pair) == REPLICATION_SETS
+             else f"seed sets `{pair[0]}` and `{pair[1]}` agree")
     lines = ["## The paper's claims", "",
              "Each verdict follows the rule in its row, applied mechanically by `benchmark/analysis/study_claims.py` on each "
              "seed set apart (each with its own target from its own Flow-GRPO runs); **replicated** only when the "
-             "exploration and the held-out replication seeds agree. Sparse task unless the claim says otherwise.", ""]
+             f"{agree}. Sparse task unless the claim says otherwise.", ""]
     if not sets:
         lines += ["| claim | rule | measured (95% CI) | verdict |", "|---|---|---|---|"]
         for _, row in claims.iterrows():
             lines.append(f"| {row['claim']} | {row['rule']} | {row['measured']} | **{row['verdict']}** |")
         return lines + [""]
-    shown = [s for s in sets if s != "all"] or sets
+    shown = shown_sets(claims)
     replicated = "replication" in claims
     lines += ["| claim | rule | " + " | ".join(f"{s}: measured (95% CI) | {s}: verdict" for s in shown)
               + (" | replication |" if replicated else " |"),

@@ -64,6 +64,9 @@ class Suite:
     tuning: dict | None = None
     #: a directory of tuned configurations, DIR/<task>/<algorithm>.yaml: each cell runs at its algorithm's tuned recipe
     tuned: str | None = None
+    #: the claim set a study of this suite judges (``flowzoo study``; benchmark/analysis/study_claims.py CLAIM_SETS): it
+    #: belongs to the suite file, so a renamed copy of the suite keeps its claims; unused by the runs
+    claims: str | None = None
 
 
 def suite_names() -> list[str]:
