@@ -184,3 +184,55 @@ def test_wan_checkpoint_exports_for_wan_pipeline(tmp_path):
             "prompt_embeds"], return_dict=False)[0]
     assert (got - expected).abs().max() < 1e-5
     assert (got - base).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["flux", "qwen_image"])
+def test_flux_and_qwen_image_checkpoints_export_for_their_pipelines(tmp_path, name):
+    """A (hand-made, sealed) checkpoint of a flux / qwen_image run: FluxPipeline / QwenImagePipeline
+    .load_lora_weights gives the transformer its LoRA's velocity."""
+    import diffusers
+
+    import models
+    from benchmark.experiments.checkpoints import seal
+    from benchmark.experiments.loading import load_config
+    from flowzoo.io import atomic_torch_save
+    from tests import tiny_pipelines as tiny
+
+    if name == "flux":
+        (tmp_path / "tok").mkdir()
+        base = tiny.build_tiny_flux(tmp_path / "base", tmp_path / "tok")
+        size = {"resolution": tiny.FLUX_RESOLUTION, "max_sequence_length": tiny.FLUX_MAX_SEQ}
+    else:
+        base = tiny.build_tiny_qwen_image(tmp_path / "base")
+        size = {"resolution": tiny.QWEN_RESOLUTION, "max_sequence_length": tiny.QWEN_MAX_SEQ}
+    args = {"path": str(base), **size, "lora_rank": 4, "lora_alpha": 8, "device": "cpu"}
+    (tmp_path / "p.txt").write_text("a photo of a cat\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"task": f"tiny_{name}", "algorithm": {"name": "dance_grpo"}, "model": {"name": name, "args": args},
+              "reward": "jpeg_compressibility", "train": {"steps": 2},
+              "prompts": {"source": "files", "train": str(tmp_path / "p.txt"), "test": str(tmp_path / "p.txt")}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    ours = models.get(name)(**args)
+    torch.manual_seed(3)
+    lora = {k: v + 0.05 * torch.randn_like(v) for k, v in ours.trainable_state_dict().items()}  # "trained"
+    ours.load_trainable_state_dict(lora)
+    state = {"step": 1, "algorithm": {"model": lora}, "rows": [{"step": 0}, {"step": 1}], "wall_s": 0.0, "nfe": 0}
+    atomic_torch_save(seal(state, load_config(run / "config.yaml")), run / "checkpoint.pt")
+
+    out = tmp_path / "lora"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    pipeline = {"flux": "FluxPipeline", "qwen_image": "QwenImagePipeline"}[name]
+    assert f"{pipeline}.from_pretrained(BASE).load_lora_weights" in (out / "README.md").read_text()
+    pipe = getattr(diffusers, pipeline).from_pretrained(base)
+    pipe.load_lora_weights(out)
+    ours.transformer, transformer = pipe.transformer, ours.transformer  # the same call on diffusers' loaded weights
+    x, sigma, cond = torch.randn(1, *ours.latent_shape), torch.tensor([0.7]), ours.encode(["a photo of a cat"])
+    with torch.no_grad():
+        got = ours.predict(x, sigma, cond)
+        ours.transformer = transformer
+        expected = ours.predict(x, sigma, cond)
+        with ours.reference():
+            base_v = ours.predict(x, sigma, cond)
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - base_v).abs().max() > 1e-4

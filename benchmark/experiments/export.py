@@ -5,8 +5,8 @@ The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last 
 ``get_peft_model_state_dict`` with the pipeline class's own ``save_lora_weights`` write
 ``DIR/pytorch_lora_weights.safetensors`` (keys ``transformer.<module>.lora_A.weight``/``lora_B.weight``, the
 adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
-``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs) gives the
-trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
+``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs,
+``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
 has the SD3 layout and loads with
 ``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")``.
 ``DIR/README.md`` is a model card: the run's config and its final metrics. Every file is written atomically.
@@ -24,7 +24,8 @@ from flowzoo.errors import RunError
 from flowzoo.io import _UMASK, atomic_write_text, staged_directory
 
 #: model name -> the diffusers pipeline class whose LoRA format (and ``save_lora_weights``) its transformer uses
-LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline"}
+LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline",
+                "flux": "FluxPipeline", "qwen_image": "QwenImagePipeline"}
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 
 
