@@ -41,8 +41,8 @@ report: setup  ## rewrite reports/quick/ from runs/quick/
 # the committed example reports in headless Chromium (the OS package, installed when missing and possible): fails
 # on a missing image, a broken link, or a first screen without a figure; writes docs/report-<name>-first-screen.png.
 # Without a browser only the static checks run, and the output says that the browser part was skipped and why.
-REPORT_CHECK ?= reports/example-quick
-REPORT_CHECK_TABLES ?= reports/example-op-grpo-study
+REPORT_CHECK ?= reports/example-quick reports/example-op-grpo-study reports/example-tiny-counting-study reports/example-tiny-rare-counting-study
+REPORT_CHECK_TABLES ?=
 report-check: setup  ## check the example reports in headless Chromium (images, links, a figure on the first screen)
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \

@@ -258,6 +258,13 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
     verdicts = claims_table(table, effects, seed_sets, claim_set("op-grpo-tiny-counting").claims).set_index("claim")
     row = verdicts.loc[next(c for c in verdicts.index if c.startswith("OP-GRPO needs 34.2%"))]
     assert row["verdict all"] == "not tested (no target)" and "no target" in row["measured all"]
+    # the forest plot still draws the claim's row (its zones, the paper's value, the verdict) with no estimate
+    from benchmark.analysis.study_claims import judge
+
+    drawn = judge(table, effects, seed_sets, claim_set("op-grpo-tiny-counting").claims)[1]
+    steps_row = drawn[drawn["label"] == "op_grpo / flow_grpo: steps (sparse)"].iloc[0]
+    assert steps_row["verdict"] == "not tested (no target)" and np.isnan(steps_row["estimate"])
+    assert steps_row["paper"] == pytest.approx(0.342)
     steps = effects[(effects["metric"] == "steps_to_80") & (effects["reference"] == "flow_grpo")].iloc[0]
     assert effect_verdict(steps) == NO_TARGET
     final = effects[(effects["metric"] == "final_reward") & (effects["reference"] == "flow_grpo")].iloc[0]

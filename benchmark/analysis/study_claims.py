@@ -117,9 +117,12 @@ def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: 
     e = _effect(effects, task, reference, algorithm, metric)
     if e is None:
         return _row(claim, rule, "no runs", "not tested")
+    label = _ratio_label(algorithm, reference, metric, task)
     if not math.isfinite(float(e["target"])):  # every run censored at the budget: a ratio of 1 that compares nothing
+        empty = estimate(label, "ratio", math.nan, math.nan, math.nan, paper=paper, reproduced=reproduced,
+                         contradicted=contradicted)  # drawn as its zones and its verdict
         return _row(claim, rule, "no target: Flow-GRPO's mean final reward does not exceed the base model's in these "
-                    "seeds", "not tested (no target)")
+                    "seeds", "not tested (no target)", empty)
     unit = metric.split("_")[0]
     measured = (f"ratio {e['ratio']:.2f} {_ci(e['ratio_low'], e['ratio_high'])} ({e['algorithm_mean']:.0f} vs "
                 f"{e['reference_mean']:.0f} {unit}, reached {int(e['reached'])}/{int(e['n'])} vs "
@@ -127,7 +130,7 @@ def _steps_ratio_claim(effects: pd.DataFrame, task: str, algorithm: str, claim: 
     other = _effect(effects, task, reference, algorithm, also) if also else None
     if other is not None:
         measured += f"; {also.split('_')[0]} ratio {other['ratio']:.2f} {_ci(other['ratio_low'], other['ratio_high'])}"
-    figure = estimate(_ratio_label(algorithm, reference, metric, task), "ratio", e["ratio"], e["ratio_low"],
+    figure = estimate(label, "ratio", e["ratio"], e["ratio_low"],
                       e["ratio_high"], paper=paper, reproduced=reproduced, contradicted=contradicted)
     if not (math.isfinite(e["ratio_low"]) and math.isfinite(e["ratio_high"])):
         return _row(claim, rule, measured, "inconclusive (no CI)", figure)

@@ -225,5 +225,5 @@ def plot_cell_curves(curves: pd.DataFrame, task: str, x: str, targets: dict[str,
         ax.set_ylabel("eval reward")
     for ax in flat[len(groups):]:
         ax.set_visible(False)
-    fig.suptitle(f"{task}: eval reward vs {figures.X_AXES[x]} (mean over seeds, 95% bands)")
+    fig.suptitle(f"{task}: eval reward vs {figures.X_AXES[x]}")
     return figures.save_figure(fig, stem, formats=("png",))
