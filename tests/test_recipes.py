@@ -118,6 +118,34 @@ EXPECTED = {
     ("wan", "flow_grpo"): FLOW_WAN, ("wan", "op_grpo"): dict(FLOW_WAN, **OP_SHARE, replay_k=2), ("wan", "flow_grpo_fast"): FAST_WAN,
     ("wan", "dance_grpo"): DANCE_WAN, ("wan", "mix_grpo"): MIX_WAN, ("wan", "mix_grpo_flash"): dict(MIX_WAN, **FLASH),
 }
+# FLUX: DanceGRPO's LoRA recipe and MixGRPO's recipe as released for FLUX.1-dev (lora.sh, mix.sh above)
+DANCE_FLUX = dict(
+    DANCE_SD3,
+    num_steps=12, guidance=1.0, shift=3.0,  # DG lora.sh:42 sampling_steps, :37 cfg 0.0, :50 shift
+    cfg_grad="cond",  # no CFG in DanceGRPO's FLUX trainer: the class default stands (nothing to detach)
+)
+MIX_FLUX = dict(MIX_SD3, num_steps=25, guidance=1.0, shift=3.0)  # MG mix.sh:54 sampling_steps 25, :139 cfg 0.0, :151
+# Qwen-Image: Flow-GRPO's pickscore_qwenimage (FG config/grpo.py:519-561 at 27b6ef8, base.py at 27b6ef8,
+# scripts/train_qwenimage.py at 27b6ef8) and DanceGRPO's finetune_qwenimage_grpo.sh "qwen.sh" (full fine-tuning there)
+FAST_QWEN = dict(
+    group_size=16, num_steps=10, guidance=4.0,  # FG grpo.py:532,526,528
+    cfg_grad="both",  # FG train_qwenimage.py:217-227: one call on [cond; neg], nothing detached
+    kernel="flow_grpo", noise_level=1.2, sde_window_size=2, sde_window_range=None,  # FG grpo.py:544-546
+    shared_noise=False, shared_prefix=False,  # FG grpo.py:542 same_latent False
+    clip_range=1e-4, adv_clip=5.0, kl_beta=0.0,  # FG base.py:94,92; grpo.py:540
+    adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4,  # FG grpo.py:541 global_std; stat_tracking.py:27
+    lr=3e-4, minibatches=2, inner_epochs=1,  # FG base.py:71; grpo.py:533,538-539
+    ema=False,  # FG grpo.py:543
+)
+DANCE_QWEN = dict(
+    DANCE_FLUX, num_steps=20,  # DG qwen.sh:41
+    lr=3e-4,  # ours: LoRA (DanceGRPO's Qwen-Image run fine-tunes all weights at 1e-5, qwen.sh:32)
+)
+EXPECTED.update({
+    ("flux", "dance_grpo"): DANCE_FLUX, ("flux", "mix_grpo"): MIX_FLUX,
+    ("flux", "mix_grpo_flash"): dict(MIX_FLUX, **FLASH),
+    ("qwen_image", "flow_grpo_fast"): FAST_QWEN, ("qwen_image", "dance_grpo"): DANCE_QWEN,
+})
 PER_TASK = {
     ("sd3_pickscore", "flow_grpo"): {"kl_beta": 0.01},  # FG grpo.py:227
     ("sd3_pickscore", "op_grpo"): {"kl_beta": 0.01},
@@ -126,7 +154,8 @@ PER_TASK = {
     ("sd3_ocr", "awm"): {"kl_beta": 3e-3},  # AWM dgx_awm.py:194
     ("sd3_pickscore", "awm"): {"kl_beta": 1e-4, "time_type": "discrete", "solver": "dpm2"},  # AWM dgx_awm.py:326-367
 }
-PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video"]
+PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video", "paper-flux-hpsv2",
+                "paper-qwen-image-pickscore"]
 
 
 @pytest.fixture
