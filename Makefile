@@ -32,7 +32,7 @@ perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fa
 	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
 	$(PY) -m benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
 
-gpu-check: setup  ## Flow-GRPO and OP-GRPO at SD3.5-Medium size on one GPU (random weights, docs/perf.md)
+gpu-check: setup  ## SD3.5-Medium (Flow-GRPO, OP-GRPO), FLUX.1-dev (DanceGRPO, MixGRPO) and Qwen-Image (Flow-GRPO-Fast) sized random models on one GPU: s/iteration, peak memory (docs/perf.md)
 	$(VENV)/bin/flowzoo perf --gpu-check --device cuda $(PERF_ARGS)
 
 report: setup  ## rewrite reports/quick/ from runs/quick/
@@ -40,6 +40,8 @@ report: setup  ## rewrite reports/quick/ from runs/quick/
 
 # the committed example reports in headless Chromium (the OS package, installed when missing and possible): fails
 # on a missing image, a broken link, or a first screen without a figure; writes docs/report-<name>-first-screen.png.
+# Then reruns the first 3 steps of every cell of reports/example-quick (fingerprint.json): fails when today's code
+# or recipe gives other numbers, i.e. when the example is stale (~1 CPU-minute).
 # Without a browser only the static checks run, and the output says that the browser part was skipped and why.
 REPORT_CHECK ?= reports/example-quick reports/example-op-grpo-study reports/example-tiny-counting-study reports/example-tiny-rare-counting-study
 REPORT_CHECK_TABLES ?=
@@ -49,6 +51,7 @@ report-check: setup  ## check the example reports in headless Chromium (images, 
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
 		echo "report-check: could not install chromium from the OS packages (needs root and apt-get)"
 	$(PY) -m benchmark.analysis.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
+	$(PY) -m benchmark.analysis.freshness reports/example-quick --suite quick
 
 clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache

@@ -93,7 +93,7 @@ def section(markdown, title):
 def test_all_files_exist(written):
     out, index, _, _ = written
     assert index == out / "index.md"
-    expected = ["index.md", "index.html", "tables/toy_a_final.tex", "tables/toy_b_final.tex",
+    expected = ["index.md", "index.html", "fingerprint.json", "tables/toy_a_final.tex", "tables/toy_b_final.tex",
                 "tables/toy_a_ablation.tex"]
     for task in ("toy_a", "toy_b"):
         for x in ("step", "nfe", "wall_s"):

@@ -9,6 +9,7 @@ plots them.
 Layout of ``out_dir``::
 
     index.md, index.html          the report (the HTML is the markdown rendered by markdown-it-py: no network, no JS)
+    fingerprint.json              each cell's first rows and config, rerun by benchmark.analysis.freshness
     tables/<task>_final.tex       booktabs final-reward table per task
     tables/<task>_ablation.tex    booktabs ablation table per task (when runs of ablations or of the methods they
                                   ablate exist)
@@ -37,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.analysis import figures, stats, targets
+from benchmark.analysis.freshness import write_fingerprint
 from benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
@@ -818,4 +820,5 @@ def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
         markdown = "\n".join(lines).rstrip("\n") + "\n"
         atomic_write_text(stage / "index.md", markdown)
         atomic_write_text(stage / "index.html", markdown_to_html(markdown, base_dir=stage))
+        write_fingerprint(runs_dir, stage)  # what `python -m benchmark.analysis.freshness` reruns
     return out_dir / "index.md"

@@ -1,0 +1,188 @@
+"""Is a committed report still what today's code computes? ``fingerprint.json`` and its check.
+
+``flowzoo report`` writes ``fingerprint.json`` beside ``index.md``: for the lowest seed of every (task, algorithm)
+cell, the run's stored config and its first ``STEPS`` training rows (``COLUMNS``: the base model's evaluation at step
+0, then the rewards, loss and gradient norm of steps 1..STEPS). A report copied into the repository keeps it.
+
+``python -m benchmark.analysis.freshness REPORT_DIR --suite NAME`` then asks today's code two questions per cell:
+
+* the recipe: the suite expanded today gives the cell's config; a difference from the stored one in what makes a run
+  (its identity, :func:`benchmark.experiments.checkpoints.run_identity`) names the keys that changed;
+* the numerics: the stored config rerun for ``STEPS`` steps in a temporary directory must give the stored rows (to
+  ``RTOL``/``ATOL``: float rounding across machines, far below any change of a recipe or of the math).
+
+A training row does not depend on ``train.steps`` (no schedule reads the run's length), so ``STEPS`` steps of a
+400-step run are the first ``STEPS`` rows of that run. Exit status 1 when a cell is stale (each named, with why), 2
+for bad input. On the toy tier a cell costs about a second: the quick report's 26 cells take well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from benchmark.analysis.loading import find_run_dirs, read_metrics
+from flowzoo.errors import ConfigError, RunError
+from flowzoo.io import atomic_write_text
+from flowzoo.schema import differing_keys
+
+FINGERPRINT_FILE = "fingerprint.json"
+STEPS = 3
+COLUMNS = ("eval_reward", "reward_mean", "reward_std", "loss", "grad_norm")
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def _rows(metrics, steps: int) -> list[dict]:
+    rows = []
+    for _, row in metrics[metrics["step"] <= steps].sort_values("step").iterrows():
+        values = {c: float(row[c]) for c in COLUMNS if c in row.index and not math.isnan(float(row[c]))}
+        if int(row["step"]) > 0:  # the evaluation at a run's last step is not a training row of a longer run
+            values.pop("eval_reward", None)
+        rows.append({"step": int(row["step"]), **values})
+    return rows
+
+
+def fingerprint_runs(runs_dir, steps: int = STEPS) -> dict:
+    """The fingerprint of a runs directory: per (task, algorithm), its lowest seed's config and first rows."""
+    cells: dict[str, dict] = {}
+    for run_dir in find_run_dirs(runs_dir):
+        try:
+            config = yaml.safe_load((run_dir / "config.yaml").read_text())
+            metrics = read_metrics(run_dir / "metrics.csv")
+        except (OSError, yaml.YAMLError, UnicodeDecodeError, ConfigError, RunError):
+            continue  # the report lists unreadable runs; a fingerprint holds only what can be rerun
+        if not isinstance(config, dict) or metrics["step"].max() < steps:
+            continue
+        key = f"{config.get('task')}/{(config.get('algorithm') or {}).get('name')}"
+        seed = int(config.get("seed", 0))
+        if key in cells and cells[key]["seed"] <= seed:
+            continue
+        config = {k: v for k, v in config.items() if k != "run_dir"}
+        cells[key] = {"seed": seed, "config": config, "rows": _rows(metrics, steps)}
+    return {"steps": steps, "columns": list(COLUMNS), "cells": dict(sorted(cells.items()))}
+
+
+def write_fingerprint(runs_dir, out_dir) -> Path:
+    path = Path(out_dir) / FINGERPRINT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(fingerprint_runs(runs_dir), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_fingerprint(report_dir) -> dict:
+    path = Path(report_dir) / FINGERPRINT_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no fingerprint (reports written by `flowzoo report` carry one; rewrite the "
+                          f"report from its runs)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: not a readable fingerprint ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), dict) or not isinstance(data.get("steps"), int):
+        raise ConfigError(f"{path}: not a fingerprint (needs steps and cells)")
+    return data
+
+
+def _identity(config_dict: dict) -> dict:
+    from benchmark.experiments.checkpoints import run_identity
+    from benchmark.experiments.config import declared_secrets
+    from benchmark.experiments.loading import build_config
+
+    return run_identity(config_dict, declared_secrets(build_config(config_dict)))
+
+
+def recipe_changes(cell: dict, today: dict | None) -> list[str]:
+    """Keys of the run's identity in which today's expansion of the suite differs from the stored config."""
+    if today is None:
+        return ["(the suite no longer has this cell)"]
+    return differing_keys(_identity(cell["config"]), _identity(today))
+
+
+def rerun_rows(cell: dict, steps: int, work_dir: Path) -> list[dict]:
+    """The stored config rerun for ``steps`` steps by today's code: its first rows."""
+    from benchmark.experiments.loading import build_config
+    from benchmark.experiments.runner import Runner
+
+    data = copy.deepcopy(cell["config"])
+    data["train"] = {**(data.get("train") or {}), "steps": steps}
+    data["run_dir"] = str(work_dir)
+    Runner(build_config(data), progress=False).run()
+    return _rows(read_metrics(work_dir / "metrics.csv"), steps)
+
+
+def row_differences(stored: list[dict], now: list[dict]) -> list[str]:
+    """``step 2 reward_mean 0.4810 -> 0.4795`` for every value outside RTOL/ATOL (a missing value differs)."""
+    out = []
+    by_step = {r["step"]: r for r in now}
+    for row in stored:
+        other = by_step.get(row["step"], {})
+        for column in sorted(set(row) | set(other) - {"step"}):
+            if column == "step":
+                continue
+            a, b = row.get(column), other.get(column)
+            if a is None or b is None or not math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL):
+                fa = "missing" if a is None else f"{a:.6g}"
+                fb = "missing" if b is None else f"{b:.6g}"
+                out.append(f"step {row['step']} {column} {fa} -> {fb}")
+    return out
+
+
+def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, progress=print) -> dict[str, list[str]]:
+    """Per fingerprinted cell, why it is stale (empty list: fresh). ``cells``: a subset of ``task/algorithm``."""
+    from benchmark.experiments.config import resolved_dict
+    from benchmark.experiments.suite import expand, load_suite
+
+    fingerprint = read_fingerprint(report_dir)
+    known = fingerprint["cells"]
+    wanted = list(known) if cells is None else cells
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        raise ConfigError(f"--cells {unknown[0]}: not in {Path(report_dir) / FINGERPRINT_FILE}; cells: "
+                          f"{', '.join(known)}")
+    suite = load_suite(suite_name)
+    with tempfile.TemporaryDirectory(prefix="flowzoo-fresh-") as tmp:
+        today = {}
+        for config in expand(suite, Path(tmp) / "expanded"):
+            key = f"{config.task}/{config.algorithm_name}"
+            if key in known and config.seed == known[key]["seed"]:
+                today[key] = {k: v for k, v in resolved_dict(config).items() if k != "run_dir"}
+        verdicts = {}
+        for i, key in enumerate(wanted, 1):
+            cell = known[key]
+            why = [f"recipe: {k}" for k in recipe_changes(cell, today.get(key))]
+            why += row_differences(cell["rows"], rerun_rows(cell, fingerprint["steps"], Path(tmp) / f"cell{i}"))
+            verdicts[key] = why
+            progress(f"[{i}/{len(wanted)}] {key}: " + ("fresh" if not why else "STALE: " + "; ".join(why[:4])))
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.analysis.freshness",
+        description="Rerun the first steps of every cell of a report's fingerprint.json with today's code and "
+                    "recipe; exit 1 when a cell differs (the report is stale: regenerate it).")
+    parser.add_argument("report", help="a report directory holding fingerprint.json (e.g. reports/example-quick)")
+    parser.add_argument("--suite", required=True, help="the suite whose runs made the report (e.g. quick)")
+    parser.add_argument("--cells", default=None, help="comma-separated task/algorithm subset (default: every cell)")
+    args = parser.parse_args(argv)
+    try:
+        cells = [c.strip() for c in args.cells.split(",") if c.strip()] if args.cells else None
+        verdicts = check_fresh(args.report, args.suite, cells)
+    except (ConfigError, RunError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    stale = [k for k, why in verdicts.items() if why]
+    print(f"{args.report}: {len(verdicts) - len(stale)} of {len(verdicts)} cells fresh"
+          + (f"; stale: {', '.join(stale)} (regenerate the report from new runs)" if stale else ""))
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
