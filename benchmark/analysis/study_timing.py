@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmark.experiments.runner import train
-from benchmark.experiments.suite import expand, load_suite
+from benchmark.experiments.suite import expand, first_seed_only, load_suite
 from flowzoo.errors import ConfigError, FlowZooError
 
 
@@ -35,17 +35,14 @@ def cell_configs(suite_name: str, cells: list[str], steps: int, runs_dir: Path) 
     """``{cell: ExperimentConfig}`` for seed 0 (or the suite's first seed) of each ``TASK/ALGORITHM`` cell."""
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
-    suite = load_suite(suite_name)
+    suite = first_seed_only(load_suite(suite_name))
     overrides = [f"train.steps={steps}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
                  "train.eval_samples_per_prompt=1", "train.save_samples=false"]
-    configs = {}
-    for config in expand(suite, runs_dir, overrides):
-        cell = f"{config.task}/{config.algorithm_name}"
-        if cell in cells and cell not in configs:
-            configs[cell] = config
+    every = {f"{c.task}/{c.algorithm_name}": c for c in expand(suite, runs_dir, overrides)}
+    configs = {cell: every[cell] for cell in cells if cell in every}
     missing = [cell for cell in cells if cell not in configs]
     if missing:
-        known = sorted({f"{c.task}/{c.algorithm_name}" for c in expand(suite, runs_dir, overrides)})
+        known = sorted(every)
         raise ConfigError(f"--cells {','.join(missing)}: not in suite {suite.name}; cells: {', '.join(known)}")
     return configs
 

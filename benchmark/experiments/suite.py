@@ -18,6 +18,7 @@ step in the paper suites; then the command line.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -206,6 +207,14 @@ def _grid(suite: Suite):
                 continue
             for seed in task_seeds:
                 yield task, task_cfg, alg, seed
+
+
+def first_seed_only(suite: Suite) -> Suite:
+    """A copy of the suite that runs each task's first seed only (one run per cell): expanding it validates one
+    config per cell instead of one per run (the OP-GRPO study: 46 instead of 460)."""
+    tasks = {task: ({**cfg, "seeds": list(cfg["seeds"])[:1]} if isinstance(cfg, dict) and "seeds" in cfg else cfg)
+             for task, cfg in suite.tasks.items()}
+    return dataclasses.replace(suite, seeds=list(suite.seeds)[:1], tasks=tasks, seed_sets={})
 
 
 def run_dir_of(suite: Suite, runs_dir: Path, task: str, alg: str, seed: int) -> Path:
