@@ -35,3 +35,25 @@ def test_architecture_is_sd35_medium():
 def test_gpu_check_refuses_the_cpu():
     with pytest.raises(ConfigError, match="device 'cpu' is not a GPU"):
         perf_gpu.main("cpu", {})
+
+
+def test_dry_run_of_the_flux_and_qwen_image_checks(capsys):
+    """FLUX- and Qwen-Image-shaped random transformers under the adapters' code, each at its released recipe."""
+    from benchmark.perf import gpu_large
+
+    results = dict(gpu_large.dry_run())
+    assert list(results) == ["flux: dance_grpo", "flux: mix_grpo", "qwen_image: flow_grpo_fast"]
+    for result in results.values():
+        assert result["seconds"] > 0 and result["peak_gib"] > 0 and result["num_steps"] == 6
+    assert results["flux: dance_grpo"]["nfe"] == 2 * 6  # G 2 x T 6, no CFG (FLUX's guidance is distilled)
+    assert results["qwen_image: flow_grpo_fast"]["nfe"] == 2 * 2 * 6  # true CFG 4 doubles each call
+    out = capsys.readouterr().out
+    assert out.count("s/iteration") == 3 and "peak memory" in out
+
+
+def test_large_architectures_are_the_released_configs():
+    from benchmark.perf import gpu_large
+
+    flux, qwen = gpu_large.FLUX1_DEV, gpu_large.QWEN_IMAGE
+    assert (flux["num_layers"], flux["num_single_layers"], flux["joint_attention_dim"]) == (19, 38, 4096)
+    assert flux["guidance_embeds"] and (qwen["num_layers"], qwen["joint_attention_dim"]) == (60, 3584)

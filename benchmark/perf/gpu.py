@@ -13,6 +13,10 @@ states (``group_size``, default 4, one prompt):
   reported as such and the check goes on;
 * OP-GRPO: iterations with the buffer filled (half the groups replayed), seconds per iteration and peak memory.
 
+Then the FLUX.1-dev- and Qwen-Image-shaped checks of ``benchmark/perf/gpu_large.py`` (seconds per iteration and peak
+memory at DanceGRPO's, MixGRPO's and Flow-GRPO-Fast's released recipes for those models), one model in memory at a
+time.
+
 ``dry_run`` runs the same code with tiny dimensions on the CPU in float32 (tests/test_gpu_check.py), where the
 gradient check must hold to 1e-5; in bf16 on the GPU it is printed, not asserted.
 """
@@ -157,6 +161,13 @@ def main(device: str, overrides: dict, repeats: int = 3, arch: dict | None = Non
               f"device {device}, built in {time.perf_counter() - t0:.0f} s")
     results = check(model, overrides, repeats, device)
     print(report(results, device, header))
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    # beside SD3.5-Medium: FLUX.1-dev- and Qwen-Image-shaped models at their released recipes (gpu_large.py)
+    from benchmark.perf import gpu_large
+
+    gpu_large.main(device, {k: v for k, v in overrides.items() if k == "group_size"}, repeats, dtype)
     return 0
 
 
