@@ -47,6 +47,7 @@ from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
 from flowzoo.streams import UPDATE_ORDER_OFFSET
 from models.base import FlowModel
+from models.sharding import full_tensor, gathered, is_sharded, like
 from rewards.base import Reward
 from rewards.errors import RewardError
 from rewards.multi import MultiReward
@@ -634,8 +635,10 @@ class Algorithm:
         """One optimizer step on the accumulated gradients: summed over ranks, clipped to ``max_grad_norm`` (0: no
         clipping), applied, then the weight EMA updated; returns the gradient norm before clipping."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.dist.all_reduce_gradients(params)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm or math.inf))
+        # a sharded parameter's gradient was already summed over ranks by FSDP's reduce-scatter (models/sharding.py)
+        self.dist.all_reduce_gradients([p for p in params if not is_sharded(p)])
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm or math.inf)
+        grad_norm = float(full_tensor(grad_norm))  # over every shard: a DTensor when the parameters are sharded
         self.optimizer.step()
         if self.ema is not None:
             self.ema.update()
@@ -679,6 +682,28 @@ class Algorithm:
                 if len(rows):
                     yield rows, t
 
+    def lockstep_padding(self, calls: int) -> int:
+        """How many network calls this process adds to its ``calls`` so that every process makes as many: a sharded
+        transformer's every call is a collective (models/sharding.py), and a process whose share of a minibatch has
+        fewer trained (sample, step) chunks than another's would otherwise leave it waiting. 0 unless sharded."""
+        if not self.model.sharded:
+            return 0
+        return max(self.dist.all_gather_object(calls)) - calls
+
+    def _padding_call(self, traj: Trajectory, fused: list[torch.Tensor]) -> None:
+        """The collectives of one update chunk, with no effect on the update: sample 0's first transition scored
+        (with the KL reference's call when there is one) and back-propagated with weight 0 (zero gradients)."""
+        rows = torch.zeros(1, dtype=torch.long, device=traj.train.device)
+        out = self.score_transition(traj, rows, 0)  # not a kept rollout graph: its buffers serve one backward
+        if self.config.kl_beta > 0:
+            with torch.no_grad(), self.model.reference():
+                self.score_transition(traj, rows, 0)
+        loss = out.log_prob.sum() * 0.0
+        if self.model.fused_update:
+            fused.append(loss)
+        else:
+            loss.backward()
+
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         """PPO-clip epochs over the rollout batch (Flow-GRPO's loss): per trained transition, the clipped surrogate of
         the ratio pi_theta / pi_old plus beta x KL to the reference, each sample scaled by exp(traj.log_weight),
@@ -695,7 +720,10 @@ class Algorithm:
             drift = [] if first_drift is None else None
             self.optimizer.zero_grad(set_to_none=True)
             fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
-            for rows, t in self.transition_chunks(traj, minibatch):
+            chunks = list(self.transition_chunks(traj, minibatch))
+            for _ in range(self.lockstep_padding(len(chunks))):
+                self._padding_call(traj, fused)
+            for rows, t in chunks:
                 out, kl = self._step_terms(traj, rows, t, traj.live)
                 old = traj.log_probs[rows, t]
                 terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
@@ -737,12 +765,25 @@ class Algorithm:
             state["prompt_sampler"] = sampler_state
         if self.ema is not None:  # only then: a checkpoint without EMA is the one it always was
             state["ema"] = self.ema.state_dict()
-        return state
+        # a sharded model's weights, moments and copies gathered whole (a collective: every process calls
+        # state_dict), so the checkpoint is the one a single process writes and resumes on any number of processes
+        return gathered(state) if self.model.sharded else state
+
+    def _optimizer_state_for_shards(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A full optimizer state dict with each tensor of a sharded parameter's state cut to this process's shard
+        (the checkpoint holds full tensors, ``state_dict``)."""
+        if not self.model.sharded:
+            return saved
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        state = {index: {k: like(v, params[index]) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                         for k, v in per_param.items()} if 0 <= index < len(params) else per_param
+                 for index, per_param in saved.get("state", {}).items()}
+        return {**saved, "state": state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = state["iteration"]
         self.model.load_trainable_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._optimizer_state_for_shards(state["optimizer"]))
         self.update_generator.set_state(state["update_generator"])
         self.load_extra_state(state["extra"])
         if self.prompt_sampler is not None and "prompt_sampler" in state:

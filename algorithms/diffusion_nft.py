@@ -50,6 +50,7 @@ from algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
 from models.base import at_least_float32
+from models.sharding import full_tensor, like
 
 #: (flat, uprate, uphold) of the released decay schedules ``return_decay`` (train_nft_sd3.py:169-189)
 DECAY_SCHEDULES = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}
@@ -96,13 +97,14 @@ class OldPolicy:
                     parameter.copy_(value)
 
     def state_dict(self) -> list[torch.Tensor]:
-        return [w.detach().cpu().clone() for w in self.weights]
+        # whole tensors (gathered from every process when the model is sharded: a collective)
+        return [full_tensor(w.detach()).cpu().clone() for w in self.weights]
 
     def load_state_dict(self, weights: list[torch.Tensor]) -> None:
         if len(weights) != len(self.weights) or any(a.shape != b.shape for a, b in zip(weights, self.weights)):
             raise FlowZooError("the checkpoint's DiffusionNFT old-policy weights do not match the model's trainable "
                                "parameters")
-        self.weights = [w.to(device=p.device, dtype=p.dtype).clone() for w, p in zip(weights, self.weights)]
+        self.weights = [like(w, p).clone() for w, p in zip(weights, self.weights)]  # this process's shard if sharded
 
 
 @dataclass

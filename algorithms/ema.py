@@ -20,6 +20,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from models.sharding import full_tensor, like
+
 
 class WeightEMA:
     """The moving average of ``parameters`` (the trainable tensors, updated in place by the optimizer)."""
@@ -59,14 +61,15 @@ class WeightEMA:
                     parameter.copy_(value)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "shadow": [t.detach().cpu().clone() for t in self.shadow]}
+        # whole tensors (gathered from every process when the model is sharded: a collective)
+        return {"steps": self.steps, "shadow": [full_tensor(t.detach()).cpu().clone() for t in self.shadow]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         shadow = state["shadow"]
         if len(shadow) != len(self.shadow) or any(a.shape != b.shape for a, b in zip(shadow, self.shadow)):
             raise ValueError("the checkpoint's EMA weights do not match the model's trainable parameters")
         self.steps = int(state["steps"])
-        self.shadow = [t.to(device=p.device, dtype=p.dtype).clone() for t, p in zip(shadow, self.shadow)]
+        self.shadow = [like(t, p).clone() for t, p in zip(shadow, self.shadow)]  # this process's shard if sharded
 
 
 def load_average(model, algorithm_state: dict[str, Any]) -> bool:

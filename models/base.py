@@ -83,6 +83,14 @@ class FlowModel:
     #: overhead outweighs its arithmetic (a small network) and the activations of every trained step fit at once;
     #: large models keep per-step calls. The same gradient and update to float rounding (tests/test_fused_update.py)
     fused_update: ClassVar[bool] = False
+    #: whether the runner can shard this model's transformer(s) with FSDP2 (``models/sharding.py``): adapters
+    #: built on transformer blocks say so and name the block lists in ``shard_blocks``
+    shardable: ClassVar[bool] = False
+    #: the attribute names of the transformer's block ``ModuleList``s that FSDP2 wraps one block at a time (None: every
+    #: ``ModuleList`` attribute of the transformer whose name ends in ``blocks``)
+    shard_blocks: ClassVar[tuple[str, ...] | None] = ()
+    #: set by ``models.sharding.shard_model``: the transformer's parameters are DTensors sharded over the processes
+    sharded: bool = False
 
     #: where the network runs; every tensor a rollout or an update computes with is created on it
     device: torch.device = torch.device("cpu")
@@ -128,6 +136,11 @@ class FlowModel:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def fsdp_modules(self) -> list[torch.nn.Module]:
+        """The modules FSDP2 shards (``shardable`` adapters: the transformer, and the frozen reference copy of a full
+        fine-tuning); each holds the block lists ``shard_blocks`` names."""
+        return []
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError

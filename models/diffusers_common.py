@@ -43,6 +43,17 @@ WAN_LORA_TARGETS = ATTENTION_PROJECTIONS
 #: weights are the base weights plus the LoRA delta, ``compiled`` through that copy under ``torch.compile``
 NoGradPath = Literal["peft", "merged", "compiled"]
 NO_GRAD_PATHS: tuple[str, ...] = get_args(NoGradPath)
+#: what RL trains (model arg ``finetune``): a peft LoRA on ``lora_targets`` (the reference policy: the adapter
+#: disabled), or every weight of the transformer (``full``; the reference policy: a frozen copy of the starting
+#: transformer, sharded like it under FSDP)
+Finetune = Literal["lora", "full"]
+FINETUNES: tuple[str, ...] = get_args(Finetune)
+
+
+def check_finetune(value: str, model: str) -> str:
+    if value not in FINETUNES:
+        raise ConfigError(f"model {model!r}: unknown finetune {value!r}; valid: {', '.join(FINETUNES)}")
+    return value
 
 
 def check_no_grad_path(value: str, model: str) -> str:
@@ -169,6 +180,12 @@ class DiffusersFlowModel(FlowModel):
     negative_prompt: ClassVar[str] = ""
     #: the LoRA targets when the config names none (per model, as its released trainers list them)
     default_lora_targets: ClassVar[tuple[str, ...]] = ()
+    #: FSDP2 shards the transformer block by block (``models/sharding.py``); ``shard_blocks`` None: every block list
+    #: of the transformer (an adapter names its own where it knows them)
+    shardable: ClassVar[bool] = True
+    shard_blocks: ClassVar[tuple[str, ...] | None] = None
+    #: what RL trains (:data:`Finetune`), set by the constructor
+    finetune: str = "lora"
 
     def __init__(
         self,
@@ -183,8 +200,10 @@ class DiffusersFlowModel(FlowModel):
         max_sequence_length: int = 256,
         component_dtypes: dict[str, str] | None = None,
         cache_size: int = 1024,
+        finetune: Finetune = "lora",
     ) -> None:
         super().__init__()
+        check_finetune(finetune, self.name)
         root = check_pipeline_dir(path, self.env_var, self.name)
         self.path = root
         self.dtype = resolve_dtype(dtype)
@@ -212,15 +231,35 @@ class DiffusersFlowModel(FlowModel):
         self.transformer = self.pipe.transformer
         self.num_train_timesteps = int(self.pipe.scheduler.config.get("num_train_timesteps", 1000))
 
-        targets = lora_targets or self.default_lora_targets
-        self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), targets)
+        self._setup_training(finetune, int(lora_rank), float(lora_alpha), lora_targets or self.default_lora_targets)
         if gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
 
-    # ---- LoRA ---------------------------------------------------------------------------------------------
+    # ---- what trains: LoRA or every weight ---------------------------------------------------------------
+    def _setup_training(self, finetune: str, rank: int, alpha: float, targets: Sequence[str]) -> None:
+        """A LoRA on ``targets`` (``finetune: lora``), or every transformer weight trainable with a frozen copy of the
+        starting transformer as the reference policy (``full``)."""
+        self.finetune = check_finetune(finetune, self.name)
+        self._policy_transformer = self.transformer
+        self._reference_transformer = None
+        if finetune == "lora":
+            self._lora_names = self._add_lora(rank, alpha, targets)
+            return
+        import copy
+
+        self._lora_names = []
+        self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+        for param in self.transformer.parameters():
+            # full fine-tuning trains in the network's own dtype (float32 for the tiny tier; a bf16 base trains bf16
+            # weights, as the released full fine-tuning recipes do)
+            param.requires_grad_(True)
+
+    def fsdp_modules(self) -> list[torch.nn.Module]:
+        return [m for m in (self._policy_transformer, self._reference_transformer) if m is not None]
+
     def _add_lora(self, rank: int, alpha: float, targets: Sequence[str]) -> list[str]:
         from peft import LoraConfig
 
@@ -240,30 +279,48 @@ class DiffusersFlowModel(FlowModel):
         return names
 
     def _lora_params(self) -> dict[str, torch.nn.Parameter]:
-        params = dict(self.transformer.named_parameters())
+        """The trainable parameters by name: the LoRA's, or (``finetune: full``) every weight of the transformer."""
+        params = dict(self._policy_transformer.named_parameters())
+        if self.finetune == "full":
+            return params
         return {name: params[name] for name in self._lora_names}
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return list(self._lora_params().values())
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone() for name, p in self._lora_params().items()}
+        """Full tensors by name (a sharded model gathers each: every process must call it)."""
+        from models.sharding import full_tensor
+
+        return {name: full_tensor(p.detach()).clone() for name, p in self._lora_params().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load full tensors (a sharded model keeps this process's shard of each)."""
+        from models.sharding import like
+
         params = self._lora_params()
         missing, unexpected = set(params) - set(state), set(state) - set(params)
         if missing or unexpected:
+            what = "LoRA" if self.finetune == "lora" else "full fine-tuning"
             raise ConfigError(
-                f"LoRA state does not match model {self.name!r}: missing {sorted(missing)[:3]}, "
+                f"{what} state does not match model {self.name!r}: missing {sorted(missing)[:3]}, "
                 f"unexpected {sorted(unexpected)[:3]}"
             )
         with torch.no_grad():
             for name, p in params.items():
-                p.copy_(state[name])
+                p.copy_(like(state[name], p))
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
-        """The frozen base transformer: the LoRA adapter disabled (diffusers ``disable_adapters``)."""
+        """The frozen base transformer: the LoRA adapter disabled (diffusers ``disable_adapters``), or under
+        ``finetune: full`` the frozen copy of the starting transformer in ``self.transformer``'s place."""
+        if self.finetune == "full":
+            self.transformer = self._reference_transformer
+            try:
+                yield
+            finally:
+                self.transformer = self._policy_transformer
+            return
         params = self.trainable_parameters()
         flags = [p.requires_grad for p in params]
         self.transformer.disable_adapters()
@@ -282,7 +339,8 @@ class DiffusersFlowModel(FlowModel):
     def network(self) -> torch.nn.Module:
         """The transformer a call made now runs: the peft one with autograd on or under ``no_grad_path: peft``,
         else the up-to-date :class:`PlainTransformer` (merged weights, or base weights inside ``reference()``)."""
-        if self.no_grad_path == "peft" or torch.is_grad_enabled():
+        if self.no_grad_path == "peft" or torch.is_grad_enabled() or self.finetune == "full" or self.sharded:
+            # nothing to merge in a full fine-tuning; a sharded transformer's weights exist whole only inside its calls
             return self.transformer
         if getattr(self, "_plain", None) is None:
             self._plain = PlainTransformer(self.transformer, self.no_grad_path == "compiled")

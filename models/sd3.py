@@ -17,7 +17,7 @@ import torch
 
 from models import register
 from models.base import Condition
-from models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel
+from models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
 from flowzoo.errors import ConfigError
 
 
@@ -31,6 +31,7 @@ class SD3Model(DiffusersFlowModel):
     pipeline_class = "StableDiffusion3Pipeline"
     env_var = "FLOWZOO_SD3_PATH"
     default_lora_targets = SD3_LORA_TARGETS  # the joint attention only, as the SD3 releases train
+    shard_blocks = ("transformer_blocks",)  # the SD3Transformer2DModel block list FSDP2 wraps (models/sharding.py)
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class SD3Model(DiffusersFlowModel):
         gradient_checkpointing: bool = False,
         cache_size: int = 1024,
         max_sequence_length: int = 128,  # Flow-GRPO's scripts/train_sd3.py encodes prompts with 128 T5 tokens
+        finetune: Finetune = "lora",
     ) -> None:
         super().__init__(
             path,
@@ -56,6 +58,7 @@ class SD3Model(DiffusersFlowModel):
             gradient_checkpointing=gradient_checkpointing,
             max_sequence_length=max_sequence_length,
             cache_size=cache_size,
+            finetune=finetune,
         )
         factor = self.pipe.vae_scale_factor * self.transformer.config.patch_size
         if int(resolution) <= 0 or int(resolution) % factor:

@@ -34,8 +34,8 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
 from models import register
 from models.base import Condition, FlowModel
-from models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, NoGradPath, check_no_grad_path,
-                                     resolve_device)
+from models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, Finetune, NoGradPath,
+                                     check_finetune, check_no_grad_path, resolve_device)
 from models.tiny_data import DATASETS, image_shape
 from models.tiny_text import WordTokenizer, build_text_encoder
 
@@ -175,6 +175,7 @@ class TinyModel(DiffusersFlowModel):
     default_eval_num_steps = 10
     negative_prompt = ""
     default_lora_targets = SD3_LORA_TARGETS  # an SD3 transformer without dual attention: every attention projection
+    shard_blocks = ("transformer_blocks",)  # SD3Transformer2DModel's joint blocks (FSDP2, models/sharding.py)
 
     def __init__(
         self,
@@ -190,6 +191,7 @@ class TinyModel(DiffusersFlowModel):
         cache_size: int = 4096,
         dtype: str = "float32",
         no_grad_path: NoGradPath = "merged",
+        finetune: Finetune = "lora",
     ) -> None:
         FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
         if data not in DATASETS:
@@ -199,6 +201,7 @@ class TinyModel(DiffusersFlowModel):
         if int(lora_rank) <= 0:
             raise ConfigError(f"lora_rank must be a positive integer, got {lora_rank!r}")
         self.no_grad_path = check_no_grad_path(no_grad_path, "tiny")  # docs/tiny.md, Speed
+        check_finetune(finetune, "tiny")
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]  # the networks' dtype (float64: the dtype test); the shipped weights are float32
         self.num_train_timesteps = 1000
@@ -228,8 +231,8 @@ class TinyModel(DiffusersFlowModel):
             torch.nn.Module.to(module.requires_grad_(False).eval(), device=self.device, dtype=self.dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + TINY_LORA_INIT_OFFSET)  # peft's gaussian init of LoRA A draws from the global generator
-            targets = lora_targets or self.default_lora_targets
-            self._lora_names = self._add_lora(int(lora_rank), float(lora_alpha), targets)
+            # finetune: full trains every transformer weight instead (its reference: a frozen copy)
+            self._setup_training(finetune, int(lora_rank), float(lora_alpha), lora_targets or self.default_lora_targets)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
 

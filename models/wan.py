@@ -19,7 +19,7 @@ import torch
 from flowzoo.errors import ConfigError
 from models import register
 from models.base import Condition
-from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel
+from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune
 
 
 @register("wan")
@@ -32,6 +32,7 @@ class WanModel(DiffusersFlowModel):
     pipeline_class = "WanPipeline"
     env_var = "FLOWZOO_WAN_PATH"
     default_lora_targets = WAN_LORA_TARGETS  # attn1 and attn2, as Flow-GRPO's Wan trainer
+    shard_blocks = ("blocks",)  # the WanTransformer3DModel block list FSDP2 wraps (models/sharding.py)
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class WanModel(DiffusersFlowModel):
         gradient_checkpointing: bool = False,
         cache_size: int = 1024,
         max_sequence_length: int = 512,
+        finetune: Finetune = "lora",
     ) -> None:
         super().__init__(
             path,
@@ -60,6 +62,7 @@ class WanModel(DiffusersFlowModel):
             gradient_checkpointing=gradient_checkpointing,
             max_sequence_length=max_sequence_length,
             cache_size=cache_size,
+            finetune=finetune,
             component_dtypes={"vae": vae_dtype},
         )
         temporal = self.pipe.vae_scale_factor_temporal

@@ -25,8 +25,9 @@ from flowzoo.secrets import without_secrets
 #: tests/test_perf_gradient.py): a run made with other values, or before they existed, is the same run
 EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
 #: model args that choose how the network is evaluated, not what it computes (the tiny tier's ``no_grad_path``: the
-#: same samples to float rounding, tests/test_tiny_fast_path.py): a run made with another value is the same run
-MODEL_EXECUTION_ARGS = ("no_grad_path",)
+#: same samples to float rounding, tests/test_tiny_fast_path.py; ``fsdp``: FSDP2 sharding, tests/test_fsdp.py): a run
+#: made with another value is the same run
+MODEL_EXECUTION_ARGS = ("no_grad_path", "fsdp")  # fsdp: sharding over the processes (same results to float rounding)
 #: ``train.eval_batch`` chooses how an evaluation is chunked (memory), not what it samples (each sample's own noise;
 #: scores equal to float rounding): every value stands in a run's identity as 64, the value every run recorded before
 #: the default became the model's choice (null), so their digests and checkpoint seals stand

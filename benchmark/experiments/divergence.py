@@ -32,11 +32,25 @@ class DivergenceError(RunError):
 
 
 def nonfinite_parameters(parameters: Iterable[torch.Tensor]) -> int:
-    """How many of ``parameters`` hold a NaN or inf (one synchronisation per device, not one per tensor)."""
+    """How many of ``parameters`` hold a NaN or inf (one synchronisation per device, not one per tensor). A sharded
+    (FSDP) parameter is checked shard by shard, and every process gets the same count: an all-reduce of the flags."""
+    from models.sharding import is_sharded
+
     flags: dict[torch.device, list[torch.Tensor]] = {}
+    sharded = False
     for p in parameters:
-        flags.setdefault(p.device, []).append(~torch.isfinite(p.detach()).all())
-    return sum(int(torch.stack(device_flags).sum()) for device_flags in flags.values())
+        local = p.detach()
+        if is_sharded(local):
+            local, sharded = local.to_local(), True
+        flags.setdefault(local.device, []).append(~torch.isfinite(local).all())
+    if not sharded:
+        return sum(int(torch.stack(device_flags).sum()) for device_flags in flags.values())
+    import torch.distributed as dist
+
+    (device, device_flags), = flags.items()  # a sharded model lives on one device
+    counts = torch.stack(device_flags).to(torch.int64)
+    dist.all_reduce(counts)  # per tensor: the processes whose shard of it is not finite
+    return int((counts > 0).sum())
 
 
 class DivergenceGuard:

@@ -36,6 +36,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
 from flowzoo.streams import GROUP_OFFSET_LIMIT
 from models.base import FlowModel
+from models.sharding import SHARD_ARG, check_request, reshard_after_forward, shard_model, shard_request
 from rewards.base import Reward
 
 
@@ -211,11 +212,28 @@ def fingerprint(config: ExperimentConfig) -> str:
     return json.dumps(to_mapping(config), sort_keys=True, default=str)
 
 
+def constructor_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """``model.args`` without the ones the experiment, not the model's constructor, takes (``fsdp``)."""
+    return {k: v for k, v in args.items() if k != SHARD_ARG}
+
+
+def without_sharding(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` without its FSDP request: how one process reads a run trained sharded (``flowzoo eval``,
+    ``flowzoo export``), from its checkpoint's full weights. The same run (``fsdp`` is no part of its identity)."""
+    import dataclasses
+
+    if SHARD_ARG not in config.model.args:
+        return config
+    return dataclasses.replace(config, model=dataclasses.replace(config.model,
+                                                                 args=constructor_args(config.model.args)))
+
+
 def check(config: ExperimentConfig, world_size: int = 1) -> None:
     """The dry run (see the module docstring): every check that needs the model, reward and algorithm classes but
     not their weights. Raises a one-line :class:`ConfigError`; writes and loads nothing."""
     model_cls = models.get(config.model.name)
-    check_constructor_arguments("model", config.model.name, model_cls, config.model.args)
+    check_request(model_cls, config.model.args)  # FSDP sharding: a model with transformer blocks, FSDP2
+    check_constructor_arguments("model", config.model.name, model_cls, constructor_args(config.model.args))
     reward_classes = {name: rewards.get(name) for name in reward_names(config)}
     for name, kwargs in config.reward_args.items():
         check_constructor_arguments("reward", name, reward_classes[name], kwargs or {})
@@ -245,6 +263,7 @@ class Experiment:
     eval_prompts: Prompts
     eval_sigmas: torch.Tensor  # the evaluation's deterministic ODE grid
     dist: SingleProcess
+    sharding: dict[str, Any] | None = None  # what FSDP sharded (models.sharding.shard_model), or None
 
 
 def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experiment:
@@ -260,15 +279,24 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     threads = config.train.threads or model_cls.preferred_threads
     if threads:
         torch.set_num_threads(threads)
+    shard = shard_request(config.model.args)
+    if shard and dist.world_size < 2:
+        source = (f"model.args.{SHARD_ARG}: true" if config.model.args.get(SHARD_ARG)
+                  else "the accelerate config's distributed_type: FSDP")
+        raise ConfigError(f"{source} asks for FSDP sharding, which needs several processes (accelerate launch / "
+                          f"torchrun with --num_processes >= 2); this run has {dist.world_size}")
     torch.manual_seed(config.seed)
-    model = model_cls(**config.model.args)
+    model = model_cls(**constructor_args(config.model.args))
     reward = rewards.build(config.reward, config.reward_args)
     check_sample_kind(config, reward.accepts, model.sample_kind)
+    # every process starts from rank 0's weights; then (FSDP) each keeps its shard, before the optimizer is built on
+    # the sharded parameters (its state is then sharded alike)
+    dist.broadcast_parameters(model.trainable_parameters())
+    sharding = shard_model(model, dist.world_size, reshard_after_forward()) if shard else None
     algorithm = algorithms.get(config.algorithm_name)(model, reward, alg_config, seed=config.seed, dist=dist)
     check_rollout_memory(config, algorithm, dist.world_size)
     # the checks that need the built model's T (windows, trained steps) on the plan of a full batch
     algorithm.make_plan(config.train.prompts_per_step * alg_config.group_size)
-    dist.broadcast_parameters(model.trainable_parameters())  # every process starts from rank 0's
     train_prompts, eval_prompts = load_prompts(config.prompts)
     algorithm.use_prompts(train_prompts, config.train.prompts_per_step, prompt_sampler_spec(config, alg_config))
     if config.train.eval_prompts:
@@ -277,4 +305,4 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts,
                       # evaluation uses the training shift on the model's own pipeline grid
                       sigma_schedule(eval_steps, algorithm.shift, grid=model.default_sigma_grid,
-                                     terminal=model.shift_terminal), dist)
+                                     terminal=model.shift_terminal), dist, sharding)

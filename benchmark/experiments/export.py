@@ -9,6 +9,10 @@ adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so th
 ``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
 has the SD3 layout and loads with
 ``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")``.
+A full fine-tuning (``model.args.finetune: full``) has no LoRA: its whole transformer goes to ``DIR/transformer``
+with diffusers' ``save_pretrained`` (config + safetensors), which ``<TransformerClass>.from_pretrained(DIR/transformer)``
+loads (``StableDiffusion3Pipeline.from_pretrained(BASE, transformer=...)`` for sd3). A run trained sharded (FSDP) is
+exported the same way: its checkpoint holds the full, gathered weights.
 ``DIR/README.md`` is a model card: the run's config and its final metrics. Every file is written atomically.
 """
 
@@ -27,6 +31,9 @@ from flowzoo.io import _UMASK, atomic_write_text, staged_directory
 LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline",
                 "flux": "FluxPipeline", "qwen_image": "QwenImagePipeline"}
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+#: model name -> its diffusers transformer class (a full fine-tuning's export loads with its ``from_pretrained``)
+TRANSFORMER_CLASSES = {"sd3": "SD3Transformer2DModel", "tiny": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
+                       "flux": "FluxTransformer2DModel", "qwen_image": "QwenImageTransformer2DModel"}
 
 
 def _load_run(run_dir: Path):
@@ -56,7 +63,9 @@ def _model_card(run_dir: Path, config, state: dict) -> str:
         row = state["rows"][-1] if state["rows"] else {}
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
     pipeline = LORA_FORMATS[config.model.name]
-    if config.model.name == "tiny":
+    if config.model.args.get("finetune") == "full":
+        load = f'{TRANSFORMER_CLASSES.get(config.model.name, "<transformer class>")}.from_pretrained("DIR/transformer")'
+    elif config.model.name == "tiny":
         load = f'transformer.load_lora_adapter("DIR", weight_name="{WEIGHTS_NAME}", prefix="transformer")'
     else:
         load = f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")'
@@ -89,6 +98,11 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     model.load_trainable_state_dict(state["algorithm"]["model"])
     load_average(model, state["algorithm"])  # with algorithm.ema on, the moving average the run evaluates with
     transformer = model.transformer
+    if getattr(model, "finetune", "lora") == "full":  # every weight trained: the whole transformer
+        with staged_directory(out) as staging:
+            transformer.save_pretrained(staging / "transformer")
+            atomic_write_text(staging / "README.md", _model_card(run_dir, config, state))
+        return out
     lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
     metadata = transformer.peft_config["default"].to_dict()
     pipeline = getattr(diffusers, LORA_FORMATS[config.model.name])

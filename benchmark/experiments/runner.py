@@ -166,9 +166,16 @@ class Runner:
         pending, samples = [], []
         chunk = cfg.train.eval_batch or self.model.default_eval_batch
         shard = self.dist.shard(len(prompts), even=False)
+        starts = range(shard.start, shard.stop, chunk)
         # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
         with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool:
-            for start in range(shard.start, shard.stop, chunk):
+            # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
+            # per missing chunk, so that every process makes as many calls (models/sharding.py)
+            for _ in range(self.algorithm.lockstep_padding(len(starts))):
+                cond = self.model.encode(prompts[:1], metadata[:1])
+                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
+                sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
+            for start in starts:
                 sl = slice(start, min(start + chunk, shard.stop))
                 cond = self.model.encode(prompts[sl], metadata[sl])
                 x1 = noise[sl] if isinstance(noise, torch.Tensor) else self.model.initial_noise(noise[sl])
@@ -211,10 +218,37 @@ class Runner:
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:
+        if self.model.sharded:  # every process gathers the full state with the others (collectives); rank 0 writes
+            algorithm_state = self.algorithm.state_dict()
+            self._write_sharding(step)
+        elif not self.dist.is_main:
+            return
+        else:
+            algorithm_state = self.algorithm.state_dict()
         if not self.dist.is_main:
             return
-        state = {"step": step, "algorithm": self.algorithm.state_dict(), "rows": rows, "wall_s": wall_s, "nfe": nfe}
+        state = {"step": step, "algorithm": algorithm_state, "rows": rows, "wall_s": wall_s, "nfe": nfe}
         atomic_torch_save(seal(state, self.config), self.run_dir / "checkpoint.pt")  # bound to this config
+
+    def _write_sharding(self, step: int) -> None:
+        """``sharding.json``: what each process holds of the sharded model and its optimizer state (elements of its
+        local shards, measured), written with every checkpoint of a sharded run."""
+        from models.sharding import local_numel, optimizer_state_tensors
+
+        params = self.model.trainable_parameters()
+        moments = optimizer_state_tensors(self.algorithm.optimizer)
+        every = [p for module in self.model.fsdp_modules() for p in module.parameters()]
+        mine = {"rank": self.dist.rank, "trainable_parameters": local_numel(params),
+                "optimizer_state": local_numel(moments), "sharded_module_parameters": local_numel(every)}
+        ranks = self.dist.all_gather_object(mine)
+        if not self.dist.is_main:
+            return
+        record = {**self.experiment.sharding, "step": step,
+                  "totals": {"trainable_parameters": sum(p.numel() for p in params),
+                             "optimizer_state": sum(t.numel() for t in moments),
+                             "sharded_module_parameters": sum(p.numel() for p in every)},
+                  "ranks": ranks}
+        atomic_write_text(self.run_dir / "sharding.json", json.dumps(record, indent=2) + "\n")
 
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         """The saved state, or a RunError that says the file is corrupt and what to do."""
@@ -413,7 +447,8 @@ def load_trained_run(run_dir: Path, no_checkpoint_hint: str) -> tuple[Experiment
     if not checkpoint.is_file():
         raise RunError(f"run {str(run_dir)!r} has no checkpoint.pt yet (it is written every train.checkpoint_every "
                        f"steps and at the end); {no_checkpoint_hint}")
-    config = load_config(run_dir / "config.yaml")
+    # a run trained sharded (model.args.fsdp) is read by one process, from the checkpoint's full weights
+    config = experiment.without_sharding(load_config(run_dir / "config.yaml"))
     loader = Runner(config, progress=False, dist=SingleProcess())
     loader.run_dir = run_dir  # the run as found here, even if it was moved since it was trained
     return config, loader._load_checkpoint(checkpoint), checkpoint
