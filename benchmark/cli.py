@@ -10,7 +10,8 @@
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
     flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
-    flowzoo tune SUITE [--trials N] [--workers N] [--storage URL] [--runs DIR] [--out DIR] [--report]
+    flowzoo tune SUITE [--trials N] [--workers N] [--executor local|submitit-local|slurm] [--storage URL] [--runs DIR]
+                 [--out DIR] [--report]
 """
 
 from __future__ import annotations
@@ -229,21 +230,30 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from benchmark.experiments.tuning import load_tuning, tune, tuning_cells, default_storage
+    from benchmark.experiments.tuning import check_storage, default_storage, load_tuning, tune, tuning_cells
 
     from models.shipped import refuse_shipped
 
     if args.out:
         refuse_shipped(args.out, "--out")
     if args.report:  # the outputs of the trials so far, none run
+        if args.executor != "local" or args.cluster is not None or args.slurm_partition is not None:
+            raise FlowZooError("--report runs no trial: --executor, --cluster and --slurm-partition apply to the "
+                               "trials; drop them")
         if not args.out:
             raise FlowZooError("--report writes the tuning's outputs: give --out DIR")
         suite, design = load_tuning(args.suite)
         cells, url = tuning_cells(suite, design, args.tasks, args.algorithms), args.storage or default_storage(
             Path(args.runs), suite)
+        check_storage(url)
     else:
+        from benchmark.experiments.executors import make_grid
+        from benchmark.experiments.suite import load_suite
+
+        executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs),
+                             f"{load_suite(args.suite).name}/tune")  # job files beside bench's, not mixed
         suite, design, cells, url = tune(args.suite, Path(args.runs), args.workers, args.trials, args.tasks,
-                                         args.algorithms, args.storage)
+                                         args.algorithms, args.storage, executor)
     if args.out:
         from benchmark.analysis.tuning_report import write_tuning_report
 
@@ -466,9 +476,21 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML with a tuning: section")
     tu.add_argument("--trials", type=at_most(MAX_REPEATS), default=None, metavar="N",
                     help="trials per cell instead of the suite's (the same for every cell)")
-    tu.add_argument("--workers", type=int, default=1, metavar="N", help="processes sharing the storage")
+    tu.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="workers sharing the storage: processes here, or with a submitit executor, jobs")
+    tu.add_argument("--executor", default="local", metavar="local|submitit-local|slurm",
+                    help="local: the workers are processes here; slurm: one SLURM job per worker through submitit "
+                         "(the largest of the cells' tasks' resources; requeued on preemption or timeout), waited "
+                         "for, then --out is written here; submitit-local: the same jobs as processes here (needs "
+                         "pip install -e '.[slurm]')")
+    tu.add_argument("--cluster", default=None, metavar="FILE",
+                    help="YAML of the scheduler's settings, as for bench (docs/harness.md)")
+    tu.add_argument("--slurm-partition", default=None, metavar="NAME", help="SLURM partition (wins over --cluster's)")
     tu.add_argument("--storage", default=None, metavar="URL",
-                    help="Optuna storage URL (default: sqlite:///RUNS/<suite>/tuning/optuna.db)")
+                    help="Optuna storage URL, passed to every worker as it is (default: "
+                         "sqlite:///RUNS/<suite>/tuning/optuna.db); SQLite needs a file every worker sees: with "
+                         "slurm, on a shared file system (one under /tmp is refused); for jobs on many nodes give a "
+                         "server, e.g. postgresql://host/db")
     tu.add_argument("--runs", default="runs", metavar="DIR", help="directory of the trials' run directories")
     tu.add_argument("--tasks", default=None, metavar="T,T", help="comma-separated subset of the design's tasks")
     tu.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of its algorithms")

@@ -271,6 +271,18 @@ def slurm_parameters(resources: Resources, cluster: ClusterConfig, name: str) ->
     return params
 
 
+@dataclass
+class GridJob:
+    """One job of a :class:`SubmititGrid`: ``key`` is what ``jobs.json`` records its job id under (a run directory, a
+    tune worker's name), ``label`` names it in progress lines, ``function`` (picklable) runs in the job and returns
+    ``(key, error or None)``."""
+
+    key: str
+    label: str
+    function: Any
+    resources: Resources
+
+
 class SubmititGrid:
     """Submits each run of a grid as one job (``slurm`` or ``submitit-local``), at most ``workers`` at once, waits
     for them, prints each job's state changes and returns the failures as ``run_dir: cause`` lines."""
@@ -320,39 +332,50 @@ class SubmititGrid:
     def run(self, todo: list, resources: list[Resources], workers: int | None, deadline: float, record) -> list[str]:
         """Run ``todo`` (configs) with their ``resources``; ``record(run_dir, error)`` gets each outcome; returns the
         run directories left unsubmitted when the deadline passed."""
+        jobs = [GridJob(str(config.resolved_run_dir()), self._label(config), RunJob(config, res), res)
+                for config, res in zip(todo, resources)]
+        return self.run_jobs(jobs, workers, deadline, record)
+
+    def run_jobs(self, todo: list[GridJob], workers: int | None, deadline: float, record,
+                 on_poll=None) -> list[str]:
+        """Submit ``todo`` (at most ``workers`` at once), wait for them; ``record(key, error)`` gets each outcome,
+        ``on_poll()`` is called at every look at the jobs; returns the keys left unsubmitted when the deadline
+        passed. A job an earlier command submitted under the same key and that is still live is waited for."""
         cap = workers or (math.inf if self.kind == "slurm" else (os.cpu_count() or 1))
         jobs_record = self._read_record()
-        pending = list(zip(todo, resources))
-        running: dict[Any, Any] = {}  # job -> config
+        pending = list(todo)
+        running: dict[Any, GridJob] = {}  # submitit job -> ours
         states: dict[str, str] = {}
-        for config, res in list(pending):
-            job = self._live_job(str(config.resolved_run_dir()), jobs_record)
+        for item in list(pending):
+            job = self._live_job(item.key, jobs_record)
             if job is not None:
-                print(f"job {job.job_id} [{self._label(config)}]: still {job.state} from an earlier bench; waiting "
-                      f"for it")
-                running[job] = config
-                pending.remove((config, res))
+                print(f"job {job.job_id} [{item.label}]: still {job.state} from an earlier command; waiting for it")
+                running[job] = item
+                pending.remove(item)
         try:
             while pending or running:
                 while pending and len(running) < cap and time.monotonic() <= deadline:
-                    config, res = pending.pop(0)
-                    name = f"flowzoo-{self._label(config).replace('/', '-')}"
-                    job = self._executor(res, name).submit(RunJob(config, res))
-                    running[job] = config
-                    jobs_record[str(config.resolved_run_dir())] = str(job.job_id)
+                    item = pending.pop(0)
+                    res = item.resources
+                    name = f"flowzoo-{item.label.replace('/', '-')}"
+                    job = self._executor(res, name).submit(item.function)
+                    running[job] = item
+                    jobs_record[item.key] = str(job.job_id)
                     atomic_write_text(self.record_path, json.dumps(jobs_record, indent=1, sort_keys=True) + "\n")
-                    print(f"job {job.job_id} [{self._label(config)}]: submitted ({self.kind}; {res.gpus} GPU(s), "
+                    print(f"job {job.job_id} [{item.label}]: submitted ({self.kind}; {res.gpus} GPU(s), "
                           f"{res.cpus} CPU(s), {res.mem_gb:g} GB, {res.time_min:g} min; log {job.paths.stdout})")
                 if not running:
                     break
                 finished = []
-                for job, config in running.items():
+                for job, item in running.items():
                     state = job.state
                     if states.get(job.job_id) != state:
                         states[job.job_id] = state
-                        print(f"job {job.job_id} [{self._label(config)}]: {state}")
+                        print(f"job {job.job_id} [{item.label}]: {state}")
                     if job.done():
                         finished.append(job)
+                if on_poll is not None:
+                    on_poll()
                 for job in finished:
                     record(*self._outcome(job, running.pop(job)))
                 if not finished:
@@ -366,25 +389,26 @@ class SubmititGrid:
                 print(f"flowzoo: the scheduler keeps jobs {ids} running; rerun the same command to wait for them "
                       f"(they are not submitted twice)", file=sys.stderr)
             raise
-        return [str(config.resolved_run_dir()) for config, _ in pending]
+        return [item.key for item in pending]
 
     @staticmethod
     def _label(config) -> str:
         return f"{config.task}/{config.algorithm_name}/s{config.seed}"
 
-    def _outcome(self, job, config) -> tuple[str, str | None]:
+    def _outcome(self, job, item: GridJob) -> tuple[str, str | None]:
         try:
             return tuple(job.result())
         except Exception as error:  # the job itself failed: killed, out of memory, timed out too often, ...
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            return (str(config.resolved_run_dir()),
-                    f"job {job.job_id} ended {job.state}: {first}; log {job.paths.stderr}; rerun the same command to "
-                    f"resume it from its checkpoint")
+            why = (f"job {job.job_id} ended {job.state}: {first}; log {job.paths.stderr}; rerun the same command to "
+                   f"resume it from its checkpoint")
+            return item.key, why
 
 
 def make_grid(kind: str, cluster_file: str | None, partition: str | None, runs_dir: Path, suite_name: str):
-    """The executor of ``flowzoo bench --executor KIND``: None for ``local`` (the worker pool), else a
-    :class:`SubmititGrid` with its cluster file read (every check before any run)."""
+    """The executor of ``flowzoo bench|tune --executor KIND``: None for ``local`` (worker processes here), else a
+    :class:`SubmititGrid` with its cluster file read (every check before any run); its job files and logs go to the
+    cluster file's ``jobs_dir`` or ``RUNS/.submitit/<suite_name>``."""
     if kind not in EXECUTORS:
         raise ConfigError(f"--executor {kind!r}: valid: {', '.join(EXECUTORS)}")
     if kind == "local":
@@ -396,8 +420,8 @@ def make_grid(kind: str, cluster_file: str | None, partition: str | None, runs_d
         raise ConfigError(f"--slurm-partition applies to --executor slurm, not {kind}")
     import_submitit()  # the missing extra is named before anything else
     if kind == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
-        raise ConfigError("--executor slurm: sbatch and srun are not on the PATH (no SLURM here); run bench where "
-                          "jobs are submitted (a login node), or try the jobs here with --executor submitit-local")
+        raise ConfigError("--executor slurm: sbatch and srun are not on the PATH (no SLURM here); run the command "
+                          "where jobs are submitted (a login node), or try the jobs here with --executor submitit-local")
     cluster = load_cluster(cluster_file, partition)
     folder = Path(cluster.jobs_dir) if cluster.jobs_dir else Path(runs_dir) / ".submitit" / suite_name
     from models.shipped import refuse_shipped

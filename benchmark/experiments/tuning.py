@@ -11,7 +11,8 @@ resume under another design. The budget counts complete and pruned trials: a tri
 trials (finished or running) gives way (it is marked failed with ``over_budget``, so concurrent workers never
 overshoot), and a trial whose process died (``kill -9``; on this host at once by its pid, elsewhere by Optuna's
 heartbeat) is failed and re-run with the same values in the same run directories, so its runs resume from their
-checkpoints and no finished trial is redone. Workers (``--workers N``) are processes sharing the storage.
+checkpoints and no finished trial is redone. Workers (``--workers N``) are processes sharing the storage, or with
+``--executor slurm`` (:func:`tune_as_jobs`) scheduler jobs, one worker each, seeded as the local workers are.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pandas as pd
 
 from algorithms.distributed import SingleProcess
 from benchmark.experiments.config import ExperimentConfig
+from benchmark.experiments.executors import Resources
 from benchmark.experiments.runner import Runner
 from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
 from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
@@ -415,25 +417,149 @@ def load_tuning(suite_ref: str) -> tuple[Suite, TuningDesign]:
     return suite, read_design(suite.name, suite.tuning, evaluation_seeds(suite))
 
 
+def check_storage(url: str, executor_kind: str = "local") -> str | None:
+    """Refuse a storage the workers cannot share; returns a note to print (SQLite under SLURM jobs), or None.
+
+    An in-memory SQLite database lives and dies with one process: no worker, job or ``--report`` would see another's
+    trials. SLURM jobs run on other nodes: a SQLite file under a node-local directory (/tmp, /var/tmp, /dev/shm,
+    $TMPDIR) is refused; elsewhere the file must be on a file system every node mounts, and SQLite's locking over a
+    network file system is only fit for a few jobs: for many nodes a database server (``postgresql://...``)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as error:  # not a URL
+        raise ConfigError(f"--storage {url}: not a database URL ({str(error).splitlines()[0]}); e.g. "
+                          f"sqlite:////shared/tune.db or postgresql://host/db") from None
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    if parsed.database in (None, "", ":memory:"):
+        raise ConfigError(f"--storage {url}: an in-memory SQLite database lives in one process, so workers, jobs and "
+                          f"--report would not share its trials; give a file (sqlite:////path/tune.db) or a server URL")
+    if executor_kind != "slurm":
+        return None
+    path = Path(parsed.database).resolve()
+    local = [Path(d).resolve() for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR") or "/tmp")]
+    under = next((d for d in local if path == d or d in path.parents), None)
+    if under is not None:
+        raise ConfigError(f"--storage {url}: {path} is under {under}, a node-local directory SLURM jobs on other nodes "
+                          f"do not see; put the database on a shared file system (--runs or --storage "
+                          f"sqlite:////shared/dir/tune.db) or give a server URL (postgresql://host/db)")
+    return (f"SQLite storage {path}: every job must see it on a shared file system; for jobs on many nodes give a "
+            f"database server (--storage postgresql://host/db)")
+
+
+class TuneJob:
+    """One tune worker as a submitit job: the trials of every cell against the shared storage until each budget is
+    spent, seeded as local worker ``worker_index`` is. Preempted or out of time, it is requeued as it is; the trial
+    it was running is failed and re-run with the same values (its runs resume from their checkpoints) by the next
+    worker that looks: at once on the same host (its pid is gone), else after the heartbeat grace."""
+
+    def __init__(self, args: tuple, threads: int | None, worker_index: int, key: str, cwd: str | None = None):
+        self.args, self.threads, self.worker_index, self.key = args, threads, worker_index, key
+        self.cwd = cwd or os.getcwd()  # --runs and a relative sqlite path are relative to where tune started
+
+    def __call__(self) -> tuple[str, str | None]:
+        os.chdir(self.cwd)
+        print(f"flowzoo tune job: worker {self.worker_index} on {self.args[4]}", flush=True)
+        _worker(*self.args, self.threads, self.worker_index)
+        return self.key, None
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's preemption/timeout hook: resubmit this worker unchanged."""
+        import submitit
+
+        print(f"flowzoo tune job: worker {self.worker_index} interrupted by the scheduler; requeued", flush=True)
+        return submitit.helpers.DelayedSubmission(TuneJob(self.args, self.threads, self.worker_index, self.key,
+                                                          self.cwd), *args, **kwargs)
+
+
+def worker_resources(suite: Suite, cells: list[Cell], site: dict | None) -> Resources:
+    """What one tune job asks for: the largest of its cells' tasks' resources (a worker trains every cell's trials,
+    one run at a time in its own process: one GPU at most, its CPUs as torch threads)."""
+    from benchmark.experiments.suite import task_resources
+
+    each = [task_resources(suite, task, site) for task in dict.fromkeys(c.task for c in cells)]
+    return Resources(gpus=min(1, max(r.gpus for r in each)), cpus=max(r.cpus for r in each),
+                     mem_gb=max(r.mem_gb for r in each), time_min=max(r.time_min for r in each))
+
+
+class TrialLines:
+    """The progress line of each trial the jobs finish, printed here as the storage shows it (the jobs' own lines go
+    to their logs)."""
+
+    def __init__(self, suite: Suite, cells: list[Cell], budget: int, url: str):
+        self.suite, self.cells, self.budget, self.url = suite, cells, budget, url
+        self.seen: set[tuple[str, int]] = set()
+
+    def __call__(self) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
+        storage = open_storage(self.url)
+        for cell in self.cells:
+            try:
+                study = optuna.load_study(study_name=f"{self.suite.name}/{cell.study_name}", storage=storage)
+            except KeyError:  # no job has opened it yet
+                continue
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+                if (cell.study_name, trial.number) in self.seen:
+                    continue
+                self.seen.add((cell.study_name, trial.number))
+                seconds = (trial.datetime_complete - trial.datetime_start).total_seconds()
+                print(progress_line(self.suite, cell, study, trial, self.budget, seconds), flush=True)
+
+
+def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers: int, budget: int) -> None:
+    """``workers`` scheduler jobs, each one tune worker (:class:`TuneJob`, worker indices 0..workers-1 as local
+    workers have), waited for; a failed job is one line naming it and its log."""
+    from benchmark.experiments.executors import GridJob
+    from flowzoo.errors import RunError
+
+    res = worker_resources(suite, cells, executor.cluster.resources)
+    executor.check([res])
+    scope = f"{','.join(c.study_name for c in cells)} x {budget} trials on {args[4]}"
+    jobs = []
+    for index in range(workers):
+        key = f"tune {suite.name} worker {index}/{workers}: {scope}"  # a rerun waits for its live job
+        jobs.append(GridJob(key, f"tune/{suite.name}/worker{index}", TuneJob(args, res.threads, index, key), res))
+    failures: list[str] = []
+    executor.run_jobs(jobs, workers, math.inf, lambda key, error: error and failures.append(error),
+                      on_poll=TrialLines(suite, cells, budget, args[4]))
+    if failures:
+        raise RunError(f"{len(failures)} of {workers} tune job(s) failed (first: {failures[0]}); finished trials are "
+                       f"kept: rerun the same command to go on")
+
+
 def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = None, tasks: str | None = None,
-         algorithms: str | None = None, storage: str | None = None) -> tuple[Suite, TuningDesign, list[Cell], str]:
-    """Run every cell's trials (``workers`` processes sharing the storage); returns what the report needs."""
+         algorithms: str | None = None, storage: str | None = None,
+         executor=None) -> tuple[Suite, TuningDesign, list[Cell], str]:
+    """Run every cell's trials (``workers`` processes sharing the storage, or with ``executor``, a
+    :class:`benchmark.experiments.executors.SubmititGrid`, ``workers`` scheduler jobs); returns what the report
+    needs."""
     if trials is not None and trials < 1:
         raise ConfigError(f"--trials {trials}: give a positive number of trials (the same for every cell)")
     if workers < 1:
         raise ConfigError(f"--workers {workers}: give at least 1")
     suite, design = load_tuning(suite_ref)
     cells = tuning_cells(suite, design, tasks, algorithms)
+    url = storage or default_storage(runs_dir, suite)
+    note = check_storage(url, executor.kind if executor is not None else "local")
     for cell in cells:
         check_space(suite, design, cell, Path(runs_dir) / suite.name / "tuning")
-    url = storage or default_storage(runs_dir, suite)
     open_storage(url)  # a bad URL fails here, once
     trials_dir = Path(runs_dir) / suite.name / "tuning"
     budget = trials or design.trials
+    where = f"{workers} {executor.kind} job(s)" if executor is not None else f"{workers} worker(s)"
     print(f"tune {suite.name}: {len(cells)} cells x {budget} trials x {len(design.seeds)} seeds "
-          f"(objective {design.objective}), storage {url}, {workers} worker(s)", flush=True)
+          f"(objective {design.objective}), storage {url}, {where}", flush=True)
+    if note:
+        print(f"tune {suite.name}: {note}", flush=True)
     args = (suite_ref, tasks, algorithms, trials, url, str(trials_dir))
-    if workers == 1:
+    if executor is not None:
+        tune_as_jobs(executor, suite, cells, args, workers, budget)
+    elif workers == 1:
         _worker(*args, None)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
