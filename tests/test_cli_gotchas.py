@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmark.cli import main
 
@@ -110,3 +111,17 @@ def test_the_readme_export_directory_is_git_ignored():
     assert ".venv/bin/flowzoo export runs/tiny_shapes/flow_grpo/s0 --out lora/" in (ROOT / "README.md").read_text()
     ignored = subprocess.run(["git", "check-ignore", "-q", "lora/pytorch_lora_weights.safetensors"], cwd=ROOT)
     assert ignored.returncode == 0, "lora/ is not git-ignored"
+
+
+def test_bench_out_of_a_grid_without_flow_grpo_compares_against_its_first_algorithm(tmp_path, capsys):
+    """A paper suite of a model Flow-GRPO was not released on (paper-flux-hpsv2: dance_grpo, mix_grpo, ...) reports
+    against its first algorithm instead of failing on the default baseline."""
+    suite = yaml.safe_load((ROOT / "benchmark" / "suites" / "smoke.yaml").read_text())
+    suite.update(name="no-flow-grpo", seeds=[0], algorithms=["dance_grpo", "mix_grpo"])
+    path = tmp_path / "no-flow-grpo.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    out = tmp_path / "report"
+    assert main(["bench", str(path), "--runs", str(tmp_path / "runs"), "--workers", "1", "--out", str(out), *SMOKE,
+                 "train.steps=2"]) == 0
+    assert "suite no-flow-grpo runs no flow_grpo: the report compares against dance_grpo" in capsys.readouterr().out
+    assert "- Baseline: `dance_grpo`" in (out / "index.md").read_text()

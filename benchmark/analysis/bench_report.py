@@ -17,13 +17,19 @@ def write_suite_report(suite: Suite, runs_dir: Path, out: Path) -> Path:
     Runs under ``RUNS/<suite>/`` that the grid does not hold (other algorithms, tasks or seeds of an earlier, wider
     bench) are left out: the report then reads a temporary view of the selected run directories (links to their
     files, the same relative paths), so its run names and bytes are those of ``flowzoo report`` on exactly those
-    runs. When every run there is selected, the suite's directory is reported as it is."""
+    runs. When every run there is selected, the suite's directory is reported as it is.
+
+    The baseline is ``flow_grpo`` when the grid runs it, else the grid's first algorithm (a paper suite of the models
+    Flow-GRPO was not released on, e.g. ``paper-flux-hpsv2``), said in one line."""
+    baseline = report.DEFAULT_BASELINE if report.DEFAULT_BASELINE in suite.algorithms else suite.algorithms[0]
+    if baseline != report.DEFAULT_BASELINE:
+        print(f"suite {suite.name} runs no {report.DEFAULT_BASELINE}: the report compares against {baseline}")
     root = Path(runs_dir) / suite.name
     selected = {d.resolve(): d for d in grid_run_dirs(suite, runs_dir)}
     on_disk = find_run_dirs(root) if root.is_dir() else []
     others = [d for d in on_disk if d.resolve() not in selected]
     if not others:
-        return report.write_report(root, out)
+        return report.write_report(root, out, baseline=baseline)
     present = [d for d in on_disk if d.resolve() in selected]
     print(f"report of the {len(present)} selected run(s); {len(others)} other run(s) under {root} left out")
     with tempfile.TemporaryDirectory(prefix="flowzoo-selected-runs-") as tmp:
@@ -35,6 +41,6 @@ def write_suite_report(suite: Suite, runs_dir: Path, out: Path) -> Path:
                 if entry.name != ".lock":
                     (linked / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
         try:
-            return report.write_report(view, out)
+            return report.write_report(view, out, baseline=baseline)
         except ConfigError as error:  # name the runs as the user knows them, not the temporary view
             raise ConfigError(str(error).replace(str(view), f"the selected runs of {root}")) from None

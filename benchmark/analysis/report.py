@@ -797,7 +797,10 @@ def samples_section(analysis: stats.Analysis, runs_dir: Path, out_dir: Path) -> 
 # -------------------------------------------------------------------------------------------------------------- entry
 
 
-def write_report(runs_dir, out_dir, baseline: str = "flow_grpo", target=None,
+DEFAULT_BASELINE = "flow_grpo"
+
+
+def write_report(runs_dir, out_dir, baseline: str = DEFAULT_BASELINE, target=None,
                  smooth: int = stats.DEFAULT_SMOOTH) -> Path:
     """Write the report of every run under ``runs_dir`` into ``out_dir``; return the path of ``index.md``.
 
