@@ -326,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--runs", default="runs", metavar="DIR", help="directory of run directories")
     b.add_argument("--tuned", default=None, metavar="DIR", help="run each cell at its algorithm's tuned recipe "
                    "from DIR/<task>/<algorithm>.yaml (`flowzoo tune --out OUT` writes OUT/tuned; replaces the suite's "
-                   "tuned: key); give it its own --runs")
+                   "tuned: key; each run's config.yaml records it as recipe:); give it its own --runs")
     b.add_argument("--workers", type=int, default=None, metavar="N",
                    help="parallel runs (default: number of CPUs); with a submitit executor, jobs at once (default: "
                         "no limit on slurm)")
@@ -472,7 +472,9 @@ def parser() -> argparse.ArgumentParser:
                   "One study per (task, algorithm) of the suite's tuning: section (objective, trials, steps, tuning "
                   "seeds,\nsampler, pruner; docs/tuning.md); a killed tune resumes where it stopped. --out writes the "
                   "trial tables,\nthe chosen configurations (OUT/tuned, a suite's tuned: key), sensitivity figures "
-                  "and index.md.")
+                  "and index.md;\na run at them (bench --tuned OUT/tuned) records the file and values in its "
+                  "config.yaml (recipe:),\nno part of its identity, and flowzoo report names its tuned cells. "
+                  "--executor slurm runs the\nworkers as SLURM jobs on the shared --storage (docs/tuning.md).")
     tu.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML with a tuning: section")
     tu.add_argument("--trials", type=at_most(MAX_REPEATS), default=None, metavar="N",
                     help="trials per cell instead of the suite's (the same for every cell)")

@@ -90,7 +90,16 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     for position, (key, value) in enumerate(keys.items()):
         metrics.insert(position, key, [value] * len(metrics))
     metrics.attrs["identity"] = identity
+    metrics.attrs["tuned"] = tuned_recipe(config)
     return metrics
+
+
+def tuned_recipe(config: Mapping) -> str | None:
+    """The ``tuned:`` directory a run's recipe came from (its config.yaml's ``recipe`` note), or None: a run at its
+    suite's own recipe, or one made before runs recorded their recipe."""
+    note = config.get("recipe")
+    tuned = note.get("tuned") if isinstance(note, Mapping) else None
+    return str(tuned) if tuned else None
 
 
 def check_done_matches_config(run_dir: Path) -> None:
@@ -208,11 +217,13 @@ class SkippedRun:
     cause: str
 
 
-def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> pd.DataFrame:
+def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None,
+              recipes: dict[str, str | None] | None = None) -> pd.DataFrame:
     """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent.
 
     A run whose config.yaml or metrics.csv cannot be used is left out with a warning naming the file; when
     ``skipped`` is a list, a :class:`SkippedRun` is appended to it for each. ``ConfigError`` when no run is usable.
+    When ``recipes`` is a dict, it gets each loaded run's :func:`tuned_recipe` under its ``run`` name.
     """
     run_dirs = find_run_dirs(runs_dir)
     if not run_dirs:
@@ -223,6 +234,8 @@ def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None) -> 
     for run_dir in run_dirs:
         try:
             frames.append(load_run(run_dir, runs_dir))
+            if recipes is not None:
+                recipes[run_dir.relative_to(runs_dir).as_posix()] = frames[-1].attrs["tuned"]
         except (ConfigError, RunError) as error:  # the run's config or its metrics file
             left_out.append(SkippedRun(run_dir.relative_to(runs_dir).as_posix(), str(error)))
             LOG.warning("skipped run %s", error)

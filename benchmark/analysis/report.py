@@ -237,15 +237,32 @@ def definitions_section(analysis: stats.Analysis) -> list[str]:
     ]
 
 
+def recipe_cell(runs, recipes: dict) -> str:
+    """Where a cell's runs' recipe came from: ``tuned: DIR`` (with how many of its runs, when not all), else —."""
+    sources = [recipes.get(run) for run in runs]
+    parts = []
+    for directory in sorted({s for s in sources if s}):
+        count = sources.count(directory)
+        parts.append(f"tuned: `{directory}`" + ("" if count == len(sources) else f" ({count} of {len(sources)} runs)"))
+    return "; ".join(parts) or "—"
+
+
 def runs_section(analysis: stats.Analysis) -> list[str]:
     summary = analysis.summary
+    noted = any(analysis.recipes.values())  # a column only where some run ran at a tuned recipe
     rows = []
     for (task, algorithm), group in summary.groupby(["task", "algorithm"], sort=True):
         done = group["finished"].astype(bool)
         rows.append([f"`{task}`", f"`{algorithm}`", len(group), _seeds_text(group["seed"]),
-                     f"{int(done.sum())}/{len(group)}", int(group["train_steps"].max())])
+                     f"{int(done.sum())}/{len(group)}", int(group["train_steps"].max())]
+                    + ([recipe_cell(group["run"], analysis.recipes)] if noted else []))
     lines = ["## Runs", ""] + markdown_table(
-        ["task", "algorithm", "seeds", "seed values", "finished", "train steps"], rows) + [""]
+        ["task", "algorithm", "seeds", "seed values", "finished", "train steps"] + (["recipe"] if noted else []),
+        rows) + [""]
+    if noted:
+        lines += ["recipe: `tuned: DIR` where the runs' config.yaml records the tuned configurations they ran at "
+                  "(`flowzoo bench --tuned DIR`, a suite's `tuned:`; each run's `recipe` note names the file and the "
+                  "values); — the suite's own recipe (or runs made before runs recorded theirs).", ""]
     unfinished = summary[~summary["finished"].astype(bool)]
     if len(unfinished):
         lines += ["Unfinished runs (fewer logged steps than `train.steps`; marked † in the tables):", ""]

@@ -38,7 +38,7 @@ an error. The definitions, in one place:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -337,6 +337,8 @@ class Analysis:
     aggregate: pd.DataFrame
     profiles: pd.DataFrame
     skipped: list[SkippedRun]
+    #: run -> the ``tuned:`` directory its recipe came from (None: the suite's own recipe; loading.tuned_recipe)
+    recipes: dict = field(default_factory=dict)
 
 
 def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smooth: int = DEFAULT_SMOOTH) -> Analysis:
@@ -344,7 +346,8 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
     costs, the per-task tables and the aggregates across tasks. The target is checked before any run is read."""
     target = as_target(target)
     skipped: list[SkippedRun] = []
-    runs = load_runs(runs_dir, skipped)
+    recipes: dict[str, str | None] = {}
+    runs = load_runs(runs_dir, skipped, recipes)
     check_baseline(runs, baseline)
     check_budgets(runs)
     curves = eval_curves(runs, smooth)
@@ -374,4 +377,5 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
         aggregate=aggregate_table(normalized, baseline),
         profiles=performance_profiles(normalized, baseline),
         skipped=skipped,
+        recipes=recipes,
     )

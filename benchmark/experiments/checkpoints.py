@@ -38,7 +38,8 @@ SWITCHED_KEYS = (("ema", "ema_decay", "ema_every"),)
 
 
 def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
-    """What makes two runs the same run: the resolved config without its directory, its secrets and its torch thread
+    """What makes two runs the same run: the resolved config without its directory, its ``recipe`` note (where a
+    tuned recipe's values came from; the values themselves are in its sections), its secrets and its torch thread
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
@@ -46,6 +47,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
+    resolved.pop("recipe", None)  # where the values came from (a tuned file), not what they are: a note
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
         resolved["train"] = {k: (EVAL_BATCH_IDENTITY if k == "eval_batch" else v)
                              for k, v in resolved["train"].items()

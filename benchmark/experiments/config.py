@@ -74,6 +74,10 @@ class ExperimentConfig:
     prompts: PromptSection = field(default_factory=PromptSection)
     train: TrainSection = field(default_factory=TrainSection)
     run_dir: str | None = None  # None = runs/<task>/<algorithm>/s<seed>
+    # where the recipe's values came from, a note that is no part of the run's identity (checkpoints.run_identity):
+    # a cell run at a tuned recipe records {tuned: DIR, file: DIR/<task>/<algorithm>.yaml, algorithm_keys: {...},
+    # sampler_keys: {...}} (the values the tuned layer set); None (left out of config.yaml): the suite's own recipe
+    recipe: dict | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**63:  # the seed goes into torch.manual_seed and numpy's SeedSequence
@@ -180,5 +184,9 @@ def declared_secrets(config: ExperimentConfig) -> set[tuple]:
 
 
 def resolved_dict(config: ExperimentConfig) -> dict:
-    """The config as stored and shown (config.yaml, trackers): every secret value is ``***``."""
-    return redact(to_mapping(config), declared_secrets(config))
+    """The config as stored and shown (config.yaml, trackers): every secret value is ``***``; an unset ``recipe``
+    note is left out (a run at the suite's own recipe stores the config.yaml it stored before notes existed)."""
+    resolved = redact(to_mapping(config), declared_secrets(config))
+    if resolved.get("recipe") is None:
+        resolved.pop("recipe", None)
+    return resolved

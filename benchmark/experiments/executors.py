@@ -421,7 +421,8 @@ def make_grid(kind: str, cluster_file: str | None, partition: str | None, runs_d
     import_submitit()  # the missing extra is named before anything else
     if kind == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
         raise ConfigError("--executor slurm: sbatch and srun are not on the PATH (no SLURM here); run the command "
-                          "where jobs are submitted (a login node), or try the jobs here with --executor submitit-local")
+                          "where jobs are submitted (a login node), or try the jobs here with --executor "
+                          "submitit-local")
     cluster = load_cluster(cluster_file, partition)
     folder = Path(cluster.jobs_dir) if cluster.jobs_dir else Path(runs_dir) / ".submitit" / suite_name
     from models.shipped import refuse_shipped

@@ -108,7 +108,8 @@ def killed_before_checkpoint(run_dir: Path) -> bool:
         stored = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return False
-    return isinstance(stored, dict) and set(stored) == {f.name for f in fields(ExperimentConfig)}
+    names = {f.name for f in fields(ExperimentConfig)}
+    return isinstance(stored, dict) and set(stored) - {"recipe"} == names - {"recipe"} and set(stored) <= names
 
 
 def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:

@@ -36,7 +36,7 @@ from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.executors import Resources, resolve_resources
 from benchmark.experiments.recipes import recipe
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
-from benchmark.experiments.tuning_design import TunedValues, apply_tuned, find_tuned, read_design
+from benchmark.experiments.tuning_design import TunedValues, apply_tuned, find_tuned, read_design, recipe_note
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
@@ -232,7 +232,8 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
 
     ``tuned``: (task, algorithm) -> :class:`TunedValues` or None, the cell's tuned layer (``flowzoo tune`` passes a
     trial's values); default: the suite's ``tuned:`` directory, if it names one."""
-    if tuned is None and suite.tuned:
+    noted = tuned is None and bool(suite.tuned)  # runs at the suite's tuned recipes record where it came from
+    if noted:
         tuned = lambda task, alg: find_tuned(suite.tuned, task, alg)  # noqa: E731
     placed = [o for o in overrides if o.partition("=")[0].strip() == "run_dir"]
     if placed:  # every run of the grid would share that one directory
@@ -245,10 +246,12 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
         data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
         data["train"] = train_keys(suite.name, task, alg, data)
         layer: TunedValues | None = tuned(task, alg) if tuned else None
-        if layer is not None:
-            apply_tuned(data, layer, ((task_cfg.get("per_algorithm") or {}).get(alg) or {}))
+        applied = apply_tuned(data, layer, ((task_cfg.get("per_algorithm") or {}).get(alg) or {})) if layer else None
         data.update(task=task, seed=seed, run_dir=str(run_dir_of(suite, runs_dir, task, alg, seed)))
-        configs.append(build_config(apply_overrides(data, list(overrides))))
+        data = apply_overrides(data, list(overrides))
+        if noted and layer is not None and "recipe" not in data:
+            data["recipe"] = recipe_note(suite.tuned, layer, applied, data)
+        configs.append(build_config(data))
     return configs
 
 

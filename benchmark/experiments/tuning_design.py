@@ -146,12 +146,29 @@ def sampler_name(spec: Any) -> str | None:
     return spec.get("name") if isinstance(spec, dict) else spec
 
 
-def apply_tuned(data: dict, tuned: TunedValues, pinned: dict) -> None:
+def apply_tuned(data: dict, tuned: TunedValues, pinned: dict) -> tuple[dict, dict]:
     """Layer ``tuned`` into a run's merged config ``data`` (its ``algorithm`` and ``train`` already resolved), never
     over the cell's own ``pinned`` algorithm keys (``tasks.<task>.per_algorithm.<algorithm>``) or the sampler
-    arguments the cell names."""
-    data["algorithm"].update({k: copy.deepcopy(v) for k, v in tuned.algorithm.items() if k not in pinned})
+    arguments the cell names. Returns the algorithm keys and sampler arguments it set."""
+    applied = {k: copy.deepcopy(v) for k, v in tuned.algorithm.items() if k not in pinned}
+    data["algorithm"].update(copy.deepcopy(applied))
     spec = (data.get("train") or {}).get("prompt_sampler")
+    applied_sampler: dict = {}
     if tuned.sampler and sampler_name(spec):
         named = {k: v for k, v in spec.items() if k != "name"} if isinstance(spec, dict) else {}
+        applied_sampler = {k: copy.deepcopy(v) for k, v in tuned.sampler.items() if k not in named}
         data["train"]["prompt_sampler"] = {"name": sampler_name(spec), **tuned.sampler, **named}
+    return applied, applied_sampler
+
+
+def recipe_note(directory: str | Path, tuned: TunedValues, applied: tuple[dict, dict], data: dict) -> dict | None:
+    """A run's ``recipe`` note (config.yaml; no part of its identity): the ``tuned:`` directory, the file its values
+    came from and the values of it the run holds (``data``: its config with the command line's overrides applied,
+    which win over the tuned layer); None when none of them is left."""
+    algorithm_keys = {k: v for k, v in applied[0].items() if (data.get("algorithm") or {}).get(k) == v}
+    spec = (data.get("train") or {}).get("prompt_sampler")
+    sampler_keys = {k: v for k, v in applied[1].items() if isinstance(spec, dict) and spec.get(k) == v}
+    if not algorithm_keys and not sampler_keys:
+        return None
+    return {"tuned": str(directory), "file": tuned.source, "algorithm_keys": algorithm_keys,
+            "sampler_keys": sampler_keys}
