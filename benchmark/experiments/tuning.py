@@ -492,17 +492,22 @@ class TrialLines:
     def __init__(self, suite: Suite, cells: list[Cell], budget: int, url: str):
         self.suite, self.cells, self.budget, self.url = suite, cells, budget, url
         self.seen: set[tuple[str, int]] = set()
+        self.storage = None  # opened once, at the first look (opening one checks the schema: not at every poll)
+        self.studies: dict[str, Any] = {}
 
     def __call__(self) -> None:
         import optuna
         from optuna.trial import TrialState
 
-        storage = open_storage(self.url)
+        self.storage = self.storage or open_storage(self.url)
         for cell in self.cells:
-            try:
-                study = optuna.load_study(study_name=f"{self.suite.name}/{cell.study_name}", storage=storage)
-            except KeyError:  # no job has opened it yet
-                continue
+            study = self.studies.get(cell.study_name)
+            if study is None:
+                try:
+                    study = optuna.load_study(study_name=f"{self.suite.name}/{cell.study_name}", storage=self.storage)
+                except KeyError:  # no job has opened it yet
+                    continue
+                self.studies[cell.study_name] = study
             for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
                 if (cell.study_name, trial.number) in self.seen:
                     continue
