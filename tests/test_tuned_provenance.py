@@ -69,7 +69,7 @@ def test_bench_at_tuned_recipes_writes_the_note_and_the_report_names_the_tuned_c
                                           {"hidden": 32, "pretrain_steps": 30}})
     runs = tmp_path / "runs"
     assert main(["bench", str(suite_file), "--runs", str(runs), "--tuned", str(tuned), "--tasks", "toy2d_mode",
-                 "--seeds", "0", "--workers", "1"]) == 0
+                 "--seeds", "0,1", "--workers", "1"]) == 0
     op_dir, flow_dir = (runs / "mini" / "toy2d_mode" / a / "s0" for a in ("op_grpo", "flow_grpo"))
     note = yaml.safe_load((op_dir / "config.yaml").read_text())["recipe"]
     assert note["tuned"] == str(tuned) and note["algorithm_keys"] == {"lr": 4.2e-4, "t_off": 3}
@@ -81,8 +81,14 @@ def test_bench_at_tuned_recipes_writes_the_note_and_the_report_names_the_tuned_c
     assert config.recipe is None and is_finished(op_dir, config)
     section = "\n".join(runs_section(stats.analyze(runs)))
     assert "| recipe |" in section
-    assert f"| `toy2d_mode` | `op_grpo` | 1 | 0 | 1/1 | 2 | tuned: `{tuned}` |" in section
-    assert "| `toy2d_mode` | `flow_grpo` | 1 | 0 | 1/1 | 2 | — |" in section
+    assert f"| `toy2d_mode` | `op_grpo` | 2 | 0, 1 | 2/2 | 2 | tuned: `{tuned}` |" in section, section
+    assert "| `toy2d_mode` | `flow_grpo` | 2 | 0, 1 | 2/2 | 2 | — |" in section
+    # the study page says which cells ran at tuned recipes
+    assert main(["study", str(runs / "mini"), "--suite", str(suite_file), "--out", str(tmp_path / "study"),
+                 "--claims", "none", "--resamples", "100"]) == 0
+    page = (tmp_path / "study" / "README.md").read_text()
+    assert f"Cells at tuned recipes (their runs' config.yaml `recipe` notes; the others ran at the suite's own " \
+           f"recipe): `toy2d_mode` `op_grpo`: tuned: `{tuned}`." in page
 
 
 def test_a_killed_fresh_tuned_run_is_still_recognised_as_a_leftover(tmp_path):

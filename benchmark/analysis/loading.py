@@ -217,6 +217,17 @@ class SkippedRun:
     cause: str
 
 
+def recipe_text(runs, recipes: dict) -> str:
+    """Where a cell's ``runs`` took their recipe (``recipes``: run -> :func:`tuned_recipe`): ``tuned: `DIR``` (with
+    how many of its runs, when not all), else —."""
+    sources = [recipes.get(run) for run in runs]
+    parts = []
+    for directory in sorted({s for s in sources if s}):
+        count = sources.count(directory)
+        parts.append(f"tuned: `{directory}`" + ("" if count == len(sources) else f" ({count} of {len(sources)} runs)"))
+    return "; ".join(parts) or "—"
+
+
 def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None,
               recipes: dict[str, str | None] | None = None) -> pd.DataFrame:
     """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent.

@@ -39,6 +39,7 @@ import pandas as pd
 
 from benchmark.analysis import figures, stats, targets
 from benchmark.analysis.freshness import write_fingerprint
+from benchmark.analysis.loading import recipe_text
 from benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
@@ -237,16 +238,6 @@ def definitions_section(analysis: stats.Analysis) -> list[str]:
     ]
 
 
-def recipe_cell(runs, recipes: dict) -> str:
-    """Where a cell's runs' recipe came from: ``tuned: DIR`` (with how many of its runs, when not all), else —."""
-    sources = [recipes.get(run) for run in runs]
-    parts = []
-    for directory in sorted({s for s in sources if s}):
-        count = sources.count(directory)
-        parts.append(f"tuned: `{directory}`" + ("" if count == len(sources) else f" ({count} of {len(sources)} runs)"))
-    return "; ".join(parts) or "—"
-
-
 def runs_section(analysis: stats.Analysis) -> list[str]:
     summary = analysis.summary
     noted = any(analysis.recipes.values())  # a column only where some run ran at a tuned recipe
@@ -255,7 +246,7 @@ def runs_section(analysis: stats.Analysis) -> list[str]:
         done = group["finished"].astype(bool)
         rows.append([f"`{task}`", f"`{algorithm}`", len(group), _seeds_text(group["seed"]),
                      f"{int(done.sum())}/{len(group)}", int(group["train_steps"].max())]
-                    + ([recipe_cell(group["run"], analysis.recipes)] if noted else []))
+                    + ([recipe_text(group["run"], analysis.recipes)] if noted else []))
     lines = ["## Runs", ""] + markdown_table(
         ["task", "algorithm", "seeds", "seed values", "finished", "train steps"] + (["recipe"] if noted else []),
         rows) + [""]

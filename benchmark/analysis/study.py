@@ -46,6 +46,7 @@ from benchmark.analysis.loading import (
     find_run_dirs,
     load_runs,
     read_metrics,
+    recipe_text,
 )
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import (
@@ -243,7 +244,8 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            smooth: int, curves: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
            wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None,
            skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
-           figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS) -> str:
+           figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS,
+           recipes: dict | None = None) -> str:
     """The study's README: the title, ``lead`` (a hand-written answer, the claims' figures), the generated answer,
     ``figure_lines`` (the curves), then the definitions and every table."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
@@ -257,7 +259,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              "percentile-bootstrap CIs over seeds that re-estimate the target in every resample; MDE = smallest true "
              "difference a paired t-test (two-sided, 0.05) detects with 80% power. Seed sets, each analysed with its "
              f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", "",
-             *_skipped_lines(table, skipped or [])]
+             *_skipped_lines(table, skipped or []), *_recipe_lines(table, recipes or {})]
     if claims is not None and len(claims):
         lines += render_claims(claims, pair)
     if gain_rows is not None and len(gain_rows):
@@ -328,6 +330,17 @@ def _skipped_lines(table: pd.DataFrame, skipped: list[SkippedRun]) -> list[str]:
     return lines + [f"- `{r.run}`: {r.cause}" for r in skipped] + ([""] if skipped else [])
 
 
+def _recipe_lines(table: pd.DataFrame, recipes: dict) -> list[str]:
+    """Which cells ran at tuned recipes (their runs' config.yaml ``recipe`` notes); nothing when none did."""
+    tuned = [f"`{task}` `{cell}`: {recipe_text(group['run'], recipes)}"
+             for (task, cell), group in table.groupby(["task", "algorithm"], sort=True)
+             if any(recipes.get(run) for run in group["run"])]
+    if not tuned:
+        return []
+    return ["Cells at tuned recipes (their runs' config.yaml `recipe` notes; the others ran at the suite's own "
+            "recipe): " + "; ".join(tuned) + ".", ""]
+
+
 def _answer_lines(claims: pd.DataFrame | None, gain_rows: pd.DataFrame | None, baseline: str) -> list[str]:
     """The report's opening: does the baseline learn on each seed set (its targets' conditioning), then each claim's
     verdict: those replicated as reproduced or contradicted first, then the other replicated ones, then those the
@@ -394,12 +407,12 @@ def _effect_rows(rows: pd.DataFrame) -> list[str]:
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
                   suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES,
                   skipped: list[SkippedRun] | None = None, seed_sets: dict[str, list[int] | None] | None = None,
-                  optional_vs: tuple[str, ...] = ()
+                  optional_vs: tuple[str, ...] = (), recipes: dict | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
     """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs);
     the runs left out as unusable are appended to ``skipped`` (``load_runs``). ``seed_sets``: the sets to analyse
     (:func:`seed_sets_of`'s ``chosen``); ``optional_vs``: references added when they ran (a claim set's)."""
-    runs = split_variants(load_runs(runs_dir, skipped))
+    runs = split_variants(load_runs(runs_dir, skipped, recipes))
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
@@ -520,9 +533,10 @@ def write_study(request: StudyRequest) -> Path:
     optional = claims_of.references if claims_of else (
         tuple(dict.fromkeys(r for cs in CLAIM_SETS.values() for r in cs.references)) if matched else ())
     skipped: list[SkippedRun] = []
+    recipes: dict = {}  # run -> the tuned: directory of its recipe note (loading.tuned_recipe)
     table, effect_rows, seed_sets, runs = analyze_study(
         request.runs_dir, request.baseline, tuple(request.vs), request.suite, request.smooth, request.resamples,
-        skipped, parse_seed_sets(request.seed_sets), optional)
+        skipped, parse_seed_sets(request.seed_sets), optional, recipes)
     if matched:
         claims_of = match_claim_set(table["task"])
     pair = replication_pair(seed_sets, request.replicate_on)
@@ -550,7 +564,7 @@ def write_study(request: StudyRequest) -> Path:
         lead = study_page.hand_written_answer(out) + study_page.claim_figures(estimates, stage)
         figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
-                          gain_rows, skipped, lead, figure_lines, pair)
+                          gain_rows, skipped, lead, figure_lines, pair, recipes)
         study_page.write_page(stage, markdown, title=f"Study: {suite.name if suite else out.name}")
     return out / "README.md"
 
