@@ -63,7 +63,7 @@ def test_the_report_directory_is_out_and_bench_report_is_a_hidden_alias(capsys, 
     assert "--out DIR" in bench.format_help() and "--report" not in bench.format_help()
     written = []
     monkeypatch.setattr("benchmark.experiments.suite.run_suite", lambda *args: [])
-    monkeypatch.setattr("benchmark.analysis.report.write_report", lambda runs, out: written.append((runs, out)) or out)
+    monkeypatch.setattr("benchmark.analysis.report.write_report", lambda runs, out, **kw: written.append((runs, out)) or out)
     runs = tmp_path / "runs"
     assert cli.main(["bench", "smoke", "--runs", str(runs), "--out", str(tmp_path / "a")]) == 0
     assert "deprecated" not in capsys.readouterr().err
