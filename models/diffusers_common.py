@@ -257,8 +257,15 @@ class DiffusersFlowModel(FlowModel):
             # weights, as the released full fine-tuning recipes do)
             param.requires_grad_(True)
 
+    def _trained_transformer(self) -> torch.nn.Module:
+        """The transformer RL trains (``self.transformer``, except inside a full fine-tuning's ``reference()``; an
+        adapter built without ``_setup_training``, as benchmark/perf's, has only ``self.transformer``)."""
+        policy = self.__dict__.get("_policy_transformer")
+        return self.transformer if policy is None else policy
+
     def fsdp_modules(self) -> list[torch.nn.Module]:
-        return [m for m in (self._policy_transformer, self._reference_transformer) if m is not None]
+        reference = self.__dict__.get("_reference_transformer")
+        return [self._trained_transformer()] + ([reference] if reference is not None else [])
 
     def _add_lora(self, rank: int, alpha: float, targets: Sequence[str]) -> list[str]:
         from peft import LoraConfig
@@ -280,7 +287,7 @@ class DiffusersFlowModel(FlowModel):
 
     def _lora_params(self) -> dict[str, torch.nn.Parameter]:
         """The trainable parameters by name: the LoRA's, or (``finetune: full``) every weight of the transformer."""
-        params = dict(self._policy_transformer.named_parameters())
+        params = dict(self._trained_transformer().named_parameters())
         if self.finetune == "full":
             return params
         return {name: params[name] for name in self._lora_names}
