@@ -163,6 +163,8 @@ class AlgorithmConfig:
 #: step: 0 up to rounding when the update recomputes what the rollout sampled; precision (bf16/fp16 rollouts against
 #: a float32 recompute) or a nondeterministic kernel makes it grow, and the first PPO ratio is then not 1
 ONPOLICY_DRIFT = "onpolicy_max_abs_log_ratio"
+#: a sharded run's update logs the network calls its processes made only to stay in lockstep (models/sharding.py)
+FSDP_PADDING = "fsdp_padding_calls"
 #: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
 CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
 
@@ -694,10 +696,12 @@ class Algorithm:
         """The collectives of one update chunk, with no effect on the update: sample 0's first transition scored
         (with the KL reference's call when there is one) and back-propagated with weight 0 (zero gradients)."""
         rows = torch.zeros(1, dtype=torch.long, device=traj.train.device)
+        nfe = self.model.nfe  # evaluations that train nothing are not counted
         out = self.score_transition(traj, rows, 0)  # not a kept rollout graph: its buffers serve one backward
         if self.config.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
                 self.score_transition(traj, rows, 0)
+        self.model.nfe = nfe
         loss = out.log_prob.sum() * 0.0
         if self.model.fused_update:
             fused.append(loss)
@@ -713,6 +717,7 @@ class Algorithm:
         weight = torch.exp(traj.log_weight).float()
         tally = UpdateTally(self.clip_subsets(traj))
         first_drift = None  # max |log pi_theta - log pi_old| of the first optimizer step's on-policy pairs
+        padded = 0  # network calls this process made only to keep a sharded model's processes in lockstep
         for minibatch in self.minibatch_rows(batch, self.trained_rows(advantages), offset, len(traj)):
             pairs = self.dist.sum(int(traj.train[minibatch].sum()))
             if pairs == 0:
@@ -721,7 +726,9 @@ class Algorithm:
             self.optimizer.zero_grad(set_to_none=True)
             fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
             chunks = list(self.transition_chunks(traj, minibatch))
-            for _ in range(self.lockstep_padding(len(chunks))):
+            padding = self.lockstep_padding(len(chunks))
+            padded += padding
+            for _ in range(padding):
                 self._padding_call(traj, fused)
             for rows, t in chunks:
                 out, kl = self._step_terms(traj, rows, t, traj.live)
@@ -744,6 +751,8 @@ class Algorithm:
                 first_drift = float(torch.cat(drift).max()) if drift else 0.0
             tally.grad_norms.append(self.optimizer_step())
         traj.live = None  # graphs are spent (and a second epoch would need fresh ones)
+        if self.model.sharded:  # the calls made only to keep the processes in lockstep, summed over processes
+            self.log(FSDP_PADDING, self.dist.sum(padded))
         result, subsets = tally.finish(self.dist)
         for column, value in subsets.items():
             self.log(column, value)

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
+from algorithms.base import FSDP_PADDING
 from benchmark.cli import main
 from benchmark.experiments.loading import load_config
 from benchmark.experiments.runner import TIMING_COLUMNS, Runner
@@ -28,12 +29,14 @@ from flowzoo.errors import ConfigError, RunError
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "tiny_flow_grpo.yaml"
 #: the smallest tiny-tier run that exercises every sharded path: full fine-tuning of a random 2-block transformer with a
-#: KL to its (sharded) reference copy; 2 minibatches of the 8 samples (a rank may hold fewer trained chunks of one than
-#: the other: padded calls); 3 evaluation samples one per chunk (ranks sample 1 and 2: padded); a dense reward
+#: KL to its (sharded) reference copy; 2 minibatches of the 8 samples in chunks of 1 (a rank holding fewer samples of a
+#: minibatch than the other makes padding calls); 3 evaluation samples one per chunk (ranks sample 1 and 2: padded); a
+#: dense reward
 ARGS = ["model.args.weights=null",
         "model.args.arch={layers: 2, heads: 2, head_dim: 8, text_width: 16, text_layers: 1, text_heads: 2}",
         "model.args.finetune=full", "reward=jpeg_compressibility", "algorithm.num_steps=3",
         "algorithm.timestep_fraction=0.67", "algorithm.group_size=4", "algorithm.minibatches=2",
+        "algorithm.micro_batch=1",
         "algorithm.reuse_rollout_graph=auto", "algorithm.kl_beta=0.04", "algorithm.lr=1e-3", "train.steps=3",
         "train.prompts_per_step=2", "train.eval_every=2", "train.eval_prompts=3", "train.eval_batch=1",
         "train.eval_num_steps=2", "train.checkpoint_every=2", "train.save_samples=false", "train.threads=1"]
@@ -84,6 +87,7 @@ def _metrics(run_dir: Path) -> pd.DataFrame:
 
 
 def _assert_same_metrics(one: pd.DataFrame, other: pd.DataFrame, what: str) -> None:
+    other = other.drop(columns=[FSDP_PADDING], errors="ignore")  # logged by sharded steps only
     assert list(one.columns) == list(other.columns) and len(one) == len(other) == 4, what
     for column in one.columns:
         np.testing.assert_allclose(other[column].to_numpy(float), one[column].to_numpy(float), rtol=1e-5, atol=1e-6,
@@ -110,7 +114,9 @@ def test_sharded_full_fine_tuning_equals_one_process_and_resumes_on_any_world_si
     assert _two_processes([*ARGS, f"run_dir={two}"], env={"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == [0, 0]
     # and the sharded checkpoint resumed by one process (the checkpoint is a full state dict)
     assert main(["train", str(CONFIG), *ARGS, "model.args.fsdp=false", f"run_dir={moved}", "--quiet"]) == 0
-    _assert_same_metrics(reference, _metrics(two), "sharded, stopped and resumed sharded")
+    sharded_metrics = _metrics(two)
+    _assert_same_metrics(reference, sharded_metrics, "sharded, stopped and resumed sharded")
+    assert sharded_metrics[FSDP_PADDING].iloc[1:].gt(0).any()  # the update's lockstep padding ran (and changed nothing)
     _assert_same_metrics(reference, _metrics(moved), "sharded, resumed in one process")
 
     # the sharded run's checkpoint is the single-process one: same keys and shapes, same values to float rounding
@@ -167,6 +173,9 @@ def test_sharding_asked_where_it_cannot_run_fails_in_one_line(tmp_path, monkeypa
         _config(tmp_path, "model.args.fsdp=sometimes")
     with pytest.raises(ConfigError, match=r"model.args.finetune: bad value 'partial'; valid: lora, full"):
         _config(tmp_path, "model.args.finetune=partial")
+    with pytest.raises(ConfigError, match=r"algorithm 'diffusion_nft' has its own update, whose network calls stay in "
+                                          r"lockstep .* got minibatches 2, micro_batch 1"):
+        _config(tmp_path, "model.args.fsdp=true", "algorithm.name=diffusion_nft")
     # one process: refused before the model loads or the run directory exists
     with pytest.raises(ConfigError) as err:
         Runner(_config(tmp_path, "model.args.fsdp=true"), progress=False).run()
@@ -180,3 +189,38 @@ def test_sharding_asked_where_it_cannot_run_fails_in_one_line(tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"the accelerate config's distributed_type: FSDP asks for FSDP sharding, "
                                           r"but model 'toy2d' has no transformer blocks"):
         load_config(toy, [])
+
+
+def test_each_adapter_names_the_block_lists_fsdp_wraps():
+    """The block lists each transformer adapter's ``shard_blocks`` resolves to on its diffusers class (tiny random
+    configs): every list of blocks, FLUX's single-stream ones included."""
+    import diffusers
+
+    import models
+    from models.sharding import block_lists
+
+    small = {
+        "sd3": ("SD3Transformer2DModel", dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2,
+                                              attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+                                              caption_projection_dim=16, pooled_projection_dim=16, out_channels=4)),
+        "wan": ("WanTransformer3DModel", dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                              in_channels=4, out_channels=4, text_dim=16, freq_dim=32, ffn_dim=16,
+                                              num_layers=2, rope_max_seq_len=32)),
+        "flux": ("FluxTransformer2DModel", dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=2,
+                                                attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16,
+                                                pooled_projection_dim=16, axes_dims_rope=(4, 4, 8))),
+        "qwen_image": ("QwenImageTransformer2DModel", dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                                           attention_head_dim=16, num_attention_heads=2,
+                                                           joint_attention_dim=16, axes_dims_rope=(8, 4, 4))),
+    }
+    expected = {"sd3": ["transformer_blocks"], "wan": ["blocks"], "qwen_image": ["transformer_blocks"],
+                "flux": ["transformer_blocks", "single_transformer_blocks"]}
+    for name, (cls, config) in small.items():
+        transformer = getattr(diffusers, cls)(**config)
+        assert models.get(name).shardable
+        found = block_lists(transformer, models.get(name).shard_blocks)
+        assert list(found) == expected[name], name
+        assert all(len(blocks) == transformer.config.get("num_layers") or name == "flux" for blocks in found.values())
+    assert models.get("tiny").shard_blocks == ("transformer_blocks",) and not models.get("toy2d").shardable
+    with pytest.raises(ConfigError, match="QwenImageTransformer2DModel has no block list 'blocks' to shard"):
+        block_lists(transformer, ("blocks",))
