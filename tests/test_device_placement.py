@@ -220,6 +220,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         GENERATOR + " (NoiseStreams.close advances the host generators; the values are not used)",
     ("algorithms/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/sde.py", "torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.zeros(1, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/dance_grpo.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/mix_grpo.py", "torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)"): HOST_PLAN,
