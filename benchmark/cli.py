@@ -206,7 +206,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from benchmark.experiments.export import export
 
     out = export(Path(args.run_dir), Path(args.out))
-    print(f"LoRA written to {out}")
+    what = "transformer" if (Path(out) / "transformer").is_dir() else "LoRA"  # a full fine-tuning: its whole transformer
+    print(f"{what} written to {out}")
     return 0
 
 

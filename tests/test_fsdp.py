@@ -99,7 +99,7 @@ def _checkpoint(run_dir: Path) -> dict:
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_sharded_full_fine_tuning_equals_one_process_and_resumes_on_any_world_size(tmp_path, monkeypatch):
+def test_sharded_full_fine_tuning_equals_one_process_and_resumes_on_any_world_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     one, two, moved = tmp_path / "one", tmp_path / "two", tmp_path / "moved"
     assert main(["train", str(CONFIG), *ARGS, f"run_dir={one}", "--quiet"]) == 0
@@ -152,7 +152,9 @@ def test_sharded_full_fine_tuning_equals_one_process_and_resumes_on_any_world_si
     # flowzoo export writes the full transformer of the sharded run, which diffusers loads as trained
     from diffusers import SD3Transformer2DModel
 
+    capsys.readouterr()
     assert main(["export", str(two), "--out", str(tmp_path / "export")]) == 0
+    assert capsys.readouterr().out.strip() == f"transformer written to {tmp_path / 'export'}"
     exported = SD3Transformer2DModel.from_pretrained(tmp_path / "export" / "transformer").state_dict()
     assert set(sharded["model"]) <= set(exported)  # every weight (the export holds buffers too)
     for name, weight in sharded["model"].items():
