@@ -185,9 +185,15 @@ def test_trimmed_metrics_give_the_same_study(tmp_path):
     _study(tmp_path / "runs", fast, [0.0, 0.1, 0.2, 0.3, 0.4, 0.51], 0.4, 10)
     for run in (tmp_path / "runs").rglob("metrics.csv"):  # a column the study does not read is dropped
         pd.read_csv(run).assign(unread=1.0).to_csv(run, index=False)
+        config = run.parent / "config.yaml"  # as a run writes it: this machine's absolute directory
+        config.write_text(config.read_text() + f"run_dir: {run.parent}\n")
     assert save_trimmed_metrics(tmp_path / "runs", tmp_path / "kept") == 42
     kept = next((tmp_path / "kept").rglob("op_grpo_no_truncation/s0/metrics.csv"))
     assert "unread" not in pd.read_csv(kept).columns and "abs_log_ratio_t9" in pd.read_csv(kept).columns
+    # this machine's absolute run directory does not travel with the copy: the run's place in the copied tree does
+    copied = (kept.parent / "config.yaml").read_text()
+    assert str(tmp_path) not in copied
+    assert f"run_dir: {kept.parent.relative_to(tmp_path / 'kept').as_posix()}\n" in copied
     full = analyze_study(tmp_path / "runs", also_vs=("op_grpo",), resamples=300)[1]
     trimmed = analyze_study(tmp_path / "kept", also_vs=("op_grpo",), resamples=300)[1]
     pd.testing.assert_frame_equal(full, trimmed, rtol=1e-5)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -441,6 +442,12 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tu
 KEPT_COLUMNS = ("step", "nfe", "wall_s", "eval_reward", "reward_mean", "clip_frac", *DIAGNOSTICS)
 
 
+def portable_config(text: str, relative: Path) -> str:
+    """A run's config.yaml text with its ``run_dir`` (this machine's absolute path) replaced by the run's place in the
+    copied tree (``relative``, POSIX): no part of the run's identity, so the copy is still the same run."""
+    return re.sub(r"^run_dir: .*$", f"run_dir: {relative.as_posix()}", text, count=1, flags=re.M)
+
+
 def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int = 6) -> int:
     """Copies each run's config.yaml and its metrics.csv cut to ``KEPT_COLUMNS`` plus the per-step log-ratio columns
     (floats at ``digits`` significant digits) into ``out_dir``, keeping the relative layout; returns the run count.
@@ -456,7 +463,7 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
         target.mkdir(parents=True, exist_ok=True)
         keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
         atomic_write(target / "metrics.csv", lambda f: frame[keep].to_csv(f, index=False, float_format=f"%.{digits}g"))
-        config = (run / "config.yaml").read_bytes()
+        config = portable_config((run / "config.yaml").read_text(), run.relative_to(runs_dir)).encode()
         atomic_write(target / "config.yaml", lambda f: f.write(config), mode="wb")
         count += 1
     return count
