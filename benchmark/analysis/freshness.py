@@ -31,7 +31,6 @@ import yaml
 from benchmark.analysis.loading import find_run_dirs, read_metrics
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_write_text
-from flowzoo.schema import differing_keys
 
 FINGERPRINT_FILE = "fingerprint.json"
 STEPS = 3
@@ -90,19 +89,14 @@ def read_fingerprint(report_dir) -> dict:
     return data
 
 
-def _identity(config_dict: dict) -> dict:
-    from benchmark.experiments.checkpoints import run_identity
-    from benchmark.experiments.config import declared_secrets
-    from benchmark.experiments.loading import build_config
+def recipe_changes(cell: dict, today) -> list[str]:
+    """Keys of the run's identity in which today's expansion of the suite (an ExperimentConfig, or None when the
+    suite lost the cell) differs from the stored config."""
+    from benchmark.experiments.suite import identity_differences
 
-    return run_identity(config_dict, declared_secrets(build_config(config_dict)))
-
-
-def recipe_changes(cell: dict, today: dict | None) -> list[str]:
-    """Keys of the run's identity in which today's expansion of the suite differs from the stored config."""
     if today is None:
         return ["(the suite no longer has this cell)"]
-    return differing_keys(_identity(cell["config"]), _identity(today))
+    return identity_differences(cell["config"], today)
 
 
 def rerun_rows(cell: dict, steps: int, work_dir: Path) -> list[dict]:
@@ -136,7 +130,6 @@ def row_differences(stored: list[dict], now: list[dict]) -> list[str]:
 
 def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, progress=print) -> dict[str, list[str]]:
     """Per fingerprinted cell, why it is stale (empty list: fresh). ``cells``: a subset of ``task/algorithm``."""
-    from benchmark.experiments.config import resolved_dict
     from benchmark.experiments.suite import expand, load_suite
 
     fingerprint = read_fingerprint(report_dir)
@@ -152,7 +145,7 @@ def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, pro
         for config in expand(suite, Path(tmp) / "expanded"):
             key = f"{config.task}/{config.algorithm_name}"
             if key in known and config.seed == known[key]["seed"]:
-                today[key] = {k: v for k, v in resolved_dict(config).items() if k != "run_dir"}
+                today[key] = config
         verdicts = {}
         for i, key in enumerate(wanted, 1):
             cell = known[key]

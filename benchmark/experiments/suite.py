@@ -260,15 +260,18 @@ def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
     identity (secrets, ``run_dir`` and the thread count aside); empty when config.yaml is no readable config."""
     import yaml
 
-    from benchmark.experiments.checkpoints import run_identity
-    from benchmark.experiments.config import declared_secrets, resolved_dict
-
     try:
         stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return []
-    if not isinstance(stored, dict):
-        return []
+    return identity_differences(stored, config) if isinstance(stored, dict) else []
+
+
+def identity_differences(stored: dict, config: ExperimentConfig) -> list[str]:
+    """Dotted keys in which a stored config (config.yaml's mapping) differs from ``config`` as a run's identity."""
+    from benchmark.experiments.checkpoints import run_identity
+    from benchmark.experiments.config import declared_secrets, resolved_dict
+
     secrets = declared_secrets(config)
     return differing_keys(run_identity(stored, secrets), run_identity(resolved_dict(config), secrets))
 
