@@ -1,5 +1,10 @@
-"""Two CPU processes (gloo, launched by ``accelerate launch``) give the metrics of one process with the same global
-batch and seed; a global batch that does not split over the processes is refused before any work."""
+"""Two CPU processes (gloo) give the metrics of one process with the same global batch and seed; a global batch that
+does not split over the processes is refused before any work.
+
+One case is launched by ``accelerate launch`` (the launcher a user runs, torchrun underneath), as are the uneven split
+and the failing rank; the other cases fork their two ranks from this process with the launcher's environment
+(tests/test_fsdp.py's ``_two_processes``), which runs the same ``flowzoo train`` in each rank without ~8-13 s of
+imports per launch on the CI's 2 cores."""
 
 import os
 import shutil
@@ -12,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from algorithms.distributed import SingleProcess
 from benchmark.cli import main
 from benchmark.experiments.loading import load_config
 from benchmark.experiments.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError
+from tests.test_fsdp import _two_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
@@ -45,6 +52,8 @@ ALGORITHMS = {
                        "algorithm.off_policy_groups=0.5", "algorithm.replay_k=2"],
 }
 ACCELERATE = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
+#: the case run under ``accelerate launch``; the others fork their ranks
+LAUNCHED = "flow_grpo"
 
 
 def _free_port() -> int:
@@ -68,14 +77,21 @@ def _metrics(run_dir: Path) -> pd.DataFrame:
     return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
 
 
-@pytest.mark.skipif(not Path(ACCELERATE).exists(), reason="accelerate is not installed")
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_two_processes_give_the_metrics_of_one(tmp_path, name):
+def test_two_processes_give_the_metrics_of_one(tmp_path, monkeypatch, name):
+    if name == LAUNCHED and not Path(ACCELERATE).exists():
+        pytest.skip("accelerate is not installed")
     args = [*TINY, *ALGORITHMS[name]]
     single, double = tmp_path / "single", tmp_path / "double"
     assert main(["train", str(CONFIG), *args, f"run_dir={single}", "--quiet"]) == 0
-    proc = _launch(2, *args, f"run_dir={double}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if name == LAUNCHED:
+        proc = _launch(2, *args, f"run_dir={double}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        assert _two_processes([*args, f"run_dir={double}"], config=CONFIG) == [0, 0]
     one, two = _metrics(single), _metrics(double)
     assert list(one.columns) == list(two.columns) and len(one) == len(two) == 4
     if name.startswith("op_grpo"):

@@ -48,7 +48,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: int | None) -> None:
+def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: int | None, config: Path) -> None:
     """One process of the run (forked): the launcher's environment, then ``flowzoo train`` (which ends the process)."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", **env})
@@ -63,13 +63,15 @@ def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: i
             return train_step(self, step)
 
         Algorithm.train_step = stopping
-    os._exit(main(["train", str(CONFIG), *args, "--quiet"]))
+    os._exit(main(["train", str(config), *args, "--quiet"]))
 
 
-def _two_processes(args: list[str], env: dict[str, str] | None = None, stop_at: int | None = None) -> list[int]:
+def _two_processes(args: list[str], env: dict[str, str] | None = None, stop_at: int | None = None,
+                   config: Path = CONFIG) -> list[int]:
+    """The exit codes of a 2-process ``flowzoo train CONFIG ARGS`` whose ranks are forked from this process."""
     context = multiprocessing.get_context("fork")
     port = _free_port()
-    ranks = [context.Process(target=_rank, args=(r, port, args, env or {}, stop_at)) for r in range(2)]
+    ranks = [context.Process(target=_rank, args=(r, port, args, env or {}, stop_at, config)) for r in range(2)]
     for p in ranks:
         p.start()
     for p in ranks:
