@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import algorithms
+from benchmark.cli import main
 from benchmark.experiments import search_space, tuning
 from benchmark.experiments.loading import build_config
 from benchmark.experiments.recipes import recipe_files
@@ -141,13 +142,13 @@ def test_the_objective_equals_a_hand_computation():
     assert tuning.evaluations_per_run(400, 10) == 41 and tuning.evaluations_per_run(5, 2) == 4
 
 
-def test_tuning_seeds_overlapping_evaluation_seeds_are_refused(tmp_path):
+def test_tuning_seeds_overlapping_evaluation_seeds_are_refused(tmp_path, capsys):
     path = write_suite(tmp_path, **{"tuning.seeds": [1, 1000]})
     with pytest.raises(ConfigError, match=r"tuning.seeds \[1\] are also evaluation seeds"):
         load_suite(str(path))
-    result = subprocess.run([sys.executable, "-m", "benchmark", "tune", str(path)], capture_output=True, text=True,
-                            cwd=ROOT)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    capsys.readouterr()
+    assert main(["tune", str(path)]) == 2  # the command's exit status, in this process (no second interpreter)
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_a_design_without_an_objective_is_refused(tmp_path):
@@ -171,9 +172,12 @@ def test_budgets_are_equal_by_construction(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------- kill and workers
 
+def _tune_args(suite_file: Path, runs: Path, *extra: str) -> list[str]:
+    return ["tune", str(suite_file), "--runs", str(runs), "--tasks", "toy2d_mode", "--algorithms", "flow_grpo", *extra]
+
+
 def _tune_command(suite_file: Path, runs: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "benchmark", "tune", str(suite_file), "--runs", str(runs), "--tasks", "toy2d_mode",
-            "--algorithms", "flow_grpo", *extra]
+    return [sys.executable, "-m", "benchmark", *_tune_args(suite_file, runs, *extra)]
 
 
 def test_a_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
@@ -193,7 +197,8 @@ def test_a_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     before = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
     done = {p: p.stat().st_mtime_ns for p in (runs / "mini" / "tuning").rglob("done.json")}
     assert 0 in before
-    subprocess.run(_tune_command(suite_file, runs), cwd=ROOT, check=True, capture_output=True)
+    # the resume: the same command in this process (the killed one was another process, its trial's worker dead)
+    assert main(_tune_args(suite_file, runs)) == 0
     study = studies(runs)["mini/toy2d_mode/flow_grpo"]
     after = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
     assert {n: after[n] for n in before} == before  # finished trials kept, not rerun
@@ -202,12 +207,11 @@ def test_a_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
     assert "RUNNING" not in states(study)
 
 
-def test_two_workers_on_one_study_never_run_the_same_trial(tmp_path):
+def test_two_workers_on_one_study_never_run_the_same_trial(tmp_path, capsys):
     suite_file = write_suite(tmp_path, **{"tuning.trials": 4, "tuning.pruner.name": "none"})
     runs = tmp_path / "runs"
-    result = subprocess.run(_tune_command(suite_file, runs, "--workers", "2"), cwd=ROOT, capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    # the command in this process: its two workers are processes of their own (a process pool) all the same
+    assert main(_tune_args(suite_file, runs, "--workers", "2")) == 0, capsys.readouterr().err[-2000:]
     trials = studies(runs)["mini/toy2d_mode/flow_grpo"].get_trials(deepcopy=False)
     counted = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(counted) == 4  # exactly the budget, however the workers interleave
