@@ -1,6 +1,6 @@
-"""``python tests/tracked_launch.py train ...``: the CLI with a custom tracker ``fake`` registered (as accelerate's
-``register_tracker_class`` does), which appends one line per call and the process's RANK to
-``<logging_dir>/fake.log``. Used by tests/test_trackers_distributed.py under a 2-process launch."""
+"""A custom tracker ``fake`` (registered as accelerate's ``register_tracker_class`` does), which appends one line per
+call and the process's RANK to ``<logging_dir>/fake.log``. tests/test_trackers_distributed.py registers it and forks
+the 2 ranks of its run; ``python tests/tracked_launch.py train ...`` is the CLI with it registered (for a launcher)."""
 
 import os
 import sys
@@ -37,6 +37,7 @@ class FakeTracker(tracking.GeneralTracker):
         self._write("finish")
 
 
-tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
-benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
-sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":
+    tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
+    benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
+    sys.exit(main(sys.argv[1:]))
