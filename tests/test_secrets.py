@@ -2,11 +2,10 @@
 environment. The unifiedreward reward scores a tiny random text-to-image model through a fake judge on 127.0.0.1."""
 
 import io
+import multiprocessing
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -204,23 +203,34 @@ def _metrics(run_dir: Path) -> pd.DataFrame:
     return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
 
 
+def _train_quietly(args: list[str], env: dict[str, str]) -> None:
+    """``flowzoo train ARGS`` in a forked process with ``env`` added to its environment, its output discarded."""
+    os.environ.update(env)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os._exit(main(["train", *args]))
+
+
 def test_killed_run_resumes_with_the_key_from_the_environment(tmp_path, judge, monkeypatch):
     config = write_config(tmp_path / "c.yaml", judge.base_url, {"api_key_env": VARIABLE}, steps=6)
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     # requests: eval 0 (1-2), step 1 (3-6), step 2 (7-10), eval 2 (11-12), step 3 (13-16), step 4 (17-...): held in
     # step 4, after step 3's metrics row and step 2's checkpoint were written
     judge.hold_at = 17
-    cmd = [sys.executable, "-m", "benchmark", "train", str(config), f"run_dir={killed}", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, VARIABLE: ENV_KEY},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the run to kill is a process of its own, forked from this one (no interpreter start-up to wait for), with the
+    # key in its environment only
+    proc = multiprocessing.get_context("fork").Process(
+        target=_train_quietly, args=([str(config), f"run_dir={killed}", "--quiet"], {VARIABLE: ENV_KEY}))
+    proc.start()
     try:
         assert judge.holding.wait(180), "the run never reached step 4"
         # step 2's evaluation and checkpoint wrote rows 0-2; step 3's row may still be waiting for the next write
         # (metrics.csv is rewritten at evaluations and checkpoints, and otherwise at most every 5 s)
         assert len(pd.read_csv(killed / "metrics.csv")) in (3, 4) and (killed / "checkpoint.pt").is_file()
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
     judge.hold_at = None
     judge.release.set()
     assert not (killed / "done.json").exists()
