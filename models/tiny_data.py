@@ -13,6 +13,8 @@ samples are grouped, and evaluation prompts are the first N samples of a fixed s
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -254,5 +256,19 @@ PRETRAIN_DATA_SEED = 0
 
 def prompt_set(data: str, count: int, seed: int) -> list[tuple[str, dict]]:
     """The first ``count`` (prompt, metadata) pairs of the stream ``seed``. Repeats are kept, so the tags keep the
-    training distribution's proportions (the shapes prompt space is small: 12 + 12 + 72 + 288 prompts)."""
-    return [sample_prompt(data, seed, index) for index in range(count)]
+    training distribution's proportions (the shapes prompt space is small: 12 + 12 + 72 + 288 prompts).
+
+    A pure function of its arguments, memoised per process (each config build asks for the same two sets: drawing
+    them took ~0.1 s a build, seconds for a suite's expansion); the caller gets its own copy of the metadata."""
+    if count > _MEMO_MAX_PROMPTS:
+        return [sample_prompt(data, seed, index) for index in range(count)]
+    return copy.deepcopy(list(_prompt_set(data, count, seed)))
+
+
+#: the largest prompt set memoised (the tier's sets hold ~1000)
+_MEMO_MAX_PROMPTS = 65_536
+
+
+@functools.lru_cache(maxsize=16)
+def _prompt_set(data: str, count: int, seed: int) -> tuple[tuple[str, dict], ...]:
+    return tuple(sample_prompt(data, seed, index) for index in range(count))
