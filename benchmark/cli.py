@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from flowzoo.errors import FlowZooError, os_error_line
+from flowzoo.errors import FlowZooError, one_line_errors, user_error
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -115,6 +115,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.out:
         refuse_shipped(args.out, "--out")
+        from flowzoo.io import check_out_dir
+
+        check_out_dir(args.out)  # an existing file: refused before the grid runs, not after
     refuse_shipped(args.runs, "--runs")
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
     if args.tuned is not None:  # every cell at its algorithm's tuned recipe (checked where the cells expand)
@@ -231,12 +234,16 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from benchmark.experiments.tuning import check_storage, default_storage, load_tuning, tune, tuning_cells
+    from benchmark.experiments.tuning import (check_report_storage, check_storage, default_storage, load_tuning, tune,
+                                              tuning_cells)
 
     from models.shipped import refuse_shipped
 
     if args.out:
         refuse_shipped(args.out, "--out")
+        from flowzoo.io import check_out_dir
+
+        check_out_dir(args.out)  # an existing file: refused before any trial runs, not after
     if args.report:  # the outputs of the trials so far, none run
         if args.executor != "local" or args.cluster is not None or args.slurm_partition is not None:
             raise FlowZooError("--report runs no trial: --executor, --cluster and --slurm-partition apply to the "
@@ -245,8 +252,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise FlowZooError("--report writes the tuning's outputs: give --out DIR")
         suite, design = load_tuning(args.suite)
         cells, url = tuning_cells(suite, design, args.tasks, args.algorithms), args.storage or default_storage(
-            Path(args.runs), suite)
+            Path(args.runs), suite, create=False)
         check_storage(url)
+        check_report_storage(url, suite)
     else:
         from benchmark.experiments.executors import make_grid
         from benchmark.experiments.suite import load_suite
@@ -517,32 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     try:
-        return args.func(args)
+        return one_line_errors(lambda: args.func(args))
     except KeyboardInterrupt:
         print("flowzoo: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130
-    except Exception as e:
-        message = user_error(e)
-        if message is None:  # a bug: its traceback, exit 1
-            raise
-        print(f"flowzoo: error: {message}", file=sys.stderr)
-        return 2
-
-
-def user_error(error: BaseException) -> str | None:
-    """The one line (exit 2) for an error the user can act on: a FlowZooError, an OS error naming its path (read-only
-    or full disk, a file where a directory should be), running out of memory; None for anything else (a bug)."""
-    if isinstance(error, FlowZooError):
-        return str(error)
-    if os_error_line(error) is not None:
-        return os_error_line(error)
-    if (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
-            or (isinstance(error, RuntimeError) and ("can't allocate memory" in str(error)
-                                                     or "std::bad_alloc" in str(error)))):  # C++'s, e.g. ulimit -v
-        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        return (f"out of memory ({detail}); lower train.prompts_per_step, algorithm.group_size, algorithm.micro_batch "
-                f"or train.eval_batch")
-    return None
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ disk's ``write()`` raises one without a path), so the command line turns it into
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -44,6 +45,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     """Write ``path`` by calling ``write(fileobj)`` on a temporary sibling, then renaming it into place; an OS error
     names ``path`` (:func:`naming`)."""
     path = Path(path)
+    _check_file_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with naming(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -58,6 +60,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def _check_file_target(path: Path) -> None:
+    """An ``OSError`` naming ``path`` when it cannot become a file: it is a directory (the rename would name a
+    temporary file instead), or a folder above it is a file."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give a file path", str(path))
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"is a file, so {path} cannot be written under it",
+                                         str(parent))
+            return
 
 
 def check_out_dir(out: str | os.PathLike, what: str = "--out") -> Path:

@@ -114,7 +114,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str = "con
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: unknown key {key!r}{hint}; known: {', '.join(known)}")
+            listed = ", ".join(known) or "(none: it takes no keys)"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}; known: {listed}")
         kwargs[key] = _check(value, hints[key], f"{where}.{key}")
     try:
         return cls(**kwargs)
@@ -133,11 +134,14 @@ def _reject_nonfinite(value: Any, where: str) -> None:
             _reject_nonfinite(item, f"{where}[{i}]")
 
 
-def check_arguments(where: str, target: Any, kwargs: Mapping[str, Any]) -> None:
+def check_arguments(where: str, target: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Check keyword arguments for callable ``target`` (a class: its constructor) against its annotations, as config
     fields are checked: a value of the wrong type fails with a :class:`ConfigError` naming ``where.key``; so does a
     NaN or inf anywhere in a value. Annotations outside the config types (callables, path-likes, ...) and
-    annotations that cannot be resolved are not checked."""
+    annotations that cannot be resolved are not checked. Returns the values text stood for, as config fields take
+    them: ``{key: number}`` for each number written as text (YAML 1.1 reads ``1e9`` as a string); the caller puts
+    them in place of the text, else the constructor would get the string."""
+    read_as: dict[str, Any] = {}
     if not isinstance(kwargs, Mapping):
         raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
     try:
@@ -148,9 +152,12 @@ def check_arguments(where: str, target: Any, kwargs: Mapping[str, Any]) -> None:
         _reject_nonfinite(value, f"{where}.{key}")
         if key in hints:
             try:
-                _check(value, hints[key], f"{where}.{key}")
+                checked = _check(value, hints[key], f"{where}.{key}")
             except TypeError:  # an annotation outside the config types
-                pass
+                continue
+            if isinstance(value, str) and not isinstance(checked, str):
+                read_as[key] = checked
+    return read_as
 
 
 def to_mapping(obj: Any) -> Any:

@@ -318,7 +318,7 @@ def test_report_and_study_on_a_full_disk_leave_no_output_folder(tmp_path, capsys
     monkeypatch.setattr(pd.DataFrame, "to_csv", _enospc)
     assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("study: error: ") and f"{tmp_path / 'study'}/" in err and len(err.splitlines()) == 1
+    assert err.startswith("flowzoo: error: ") and f"{tmp_path / 'study'}/" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "study").exists()
     _no_partial_siblings(tmp_path)
 
@@ -413,8 +413,8 @@ def test_study_of_baseline_only_runs_is_one_line(tmp_path, capsys):
         _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
     assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]) == 2  # was a KeyError
     err = capsys.readouterr().err.strip()
-    assert err == (f"study: error: only the baseline 'flow_grpo' has runs in {runs}; a study pairs other cells with it "
-                   "(give the runs of the algorithms to compare, or another --baseline)")
+    assert err == (f"flowzoo: error: only the baseline 'flow_grpo' has runs in {runs}; a study pairs other cells "
+                   "with it (give the runs of the algorithms to compare, or another --baseline)")
     assert not (tmp_path / "study").exists()
 
 
@@ -516,3 +516,237 @@ def test_recipes_out_on_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch
     assert main(["recipes", "--out", str(tmp_path / "recipes.md")]) == 2
     assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'recipes.md'}: No space left on device"
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- the held-back cases, found along the principles (sections by item) ----------------------------------------------
+# 3. every reader of run files validates what it reads and says what it skipped
+def _damage_config(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("text,cause", [
+    ("task: t\nseed: abc\nalgorithm: {name: op_grpo}\ntrain: {steps: 40}\n", "seed is 'abc', not an integer"),
+    ("task: t\nseed: 2\nalgorithm: op_grpo\ntrain: {steps: 40}\n", "missing key 'algorithm.name'"),
+    ("task: t\nseed: 2\ntrain: {steps: 40}\n" + _alias_bomb().split("\n", 1)[1], "expands to more than 100,000 values"),
+])
+def test_report_and_study_skip_a_damaged_config_in_one_line(tmp_path, capsys, text, cause):
+    """A config.yaml whose seed is text or whose algorithm is no mapping was a traceback in the report's fingerprint
+    (which read config.yaml on its own); an alias bomb there took minutes in every reader (yaml.safe_load)."""
+    import time
+
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    damaged = _write_run(runs, "op_grpo", 2, [0.0, 0.2, 0.3, 0.4, 0.5]).parent / "config.yaml"
+    _damage_config(damaged, text)
+    start = time.monotonic()
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "index.md").read_text()
+    assert "skipped (unreadable): 1" in report and cause in report
+    assert "op_grpo/s2" not in (tmp_path / "report" / "fingerprint.json").read_text()
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200",
+                       "--save-metrics", str(tmp_path / "saved")]) == 0
+    assert "skipped (unreadable): 1" in (tmp_path / "study" / "README.md").read_text()
+    assert not (tmp_path / "saved" / "t" / "op_grpo" / "s2").exists()  # --save-metrics copies no damaged run
+    assert time.monotonic() - start < 60
+
+
+def test_study_save_metrics_skips_a_binary_config(tmp_path):
+    """--save-metrics read each config.yaml as text itself: a binary one was a UnicodeDecodeError traceback."""
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    (_write_run(runs, "op_grpo", 2, [0.0] * 5).parent / "config.yaml").write_bytes(bytes(range(256)) * 4)
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200",
+                       "--save-metrics", str(tmp_path / "saved")]) == 0
+    assert "not UTF-8 text" in (tmp_path / "study" / "README.md").read_text()
+    assert sorted(p.parent.name for p in (tmp_path / "saved").rglob("config.yaml")) == ["s0", "s0", "s1", "s1"]
+
+
+def test_a_metrics_file_with_a_header_and_no_rows_is_skipped_and_said(tmp_path):
+    """It was dropped from every count without a word (the runner never writes one: the step-0 row comes with it)."""
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    metrics = _write_run(runs, "flow_grpo", 2, [0.0] * 5)
+    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "index.md").read_text()
+    assert "skipped (unreadable): 1" in report and "a header and no rows" in report
+
+
+@pytest.mark.parametrize("fingerprint,cause", [
+    ({"steps": 3, "cells": {"a/b": "x"}}, "cell 'a/b': not a mapping"),
+    ({"steps": 3, "cells": {"a/b": {"seed": 0, "config": "x", "rows": []}}}, "config is not a mapping"),
+    ({"steps": 3, "cells": {"a/b": {"seed": 0, "config": {}, "rows": "x"}}}, "rows are not a list"),
+    ({"steps": 3, "cells": {"a/b": {"seed": 0, "config": {}, "rows": [{"step": 0, "eval_reward": "x"}]}}},
+     "step 0 eval_reward is 'x', not a finite number"),
+    ({"steps": 10**9, "cells": {}}, "steps 1000000000 is not in [1, 100]"),  # would rerun each cell 10^9 steps
+])
+def test_freshness_of_a_damaged_fingerprint_is_one_line(tmp_path, capsys, fingerprint, cause):
+    import json
+
+    from benchmark.analysis.freshness import main as fresh_main
+
+    (tmp_path / "fingerprint.json").write_text(json.dumps(fingerprint))
+    assert fresh_main([str(tmp_path), "--suite", "smoke"]) == 2  # each was a TypeError/ValueError traceback
+    err = _one_error_line(capsys)
+    assert cause in err
+
+
+# 4. a knob that cannot change anything: --tuned naming no tuned cell
+def test_bench_tuned_without_a_tuned_cell_is_refused(tmp_path, capsys):
+    """bench --tuned DIR with no DIR/<task>/<algorithm>.yaml for any cell ran every cell untuned, saying nothing."""
+    (tmp_path / "tuned").mkdir()
+    assert main(["bench", "smoke", "--runs", str(tmp_path / "runs"), "--tuned", str(tmp_path / "tuned")]) == 2
+    assert "holds no tuned configuration for any cell of this grid" in _one_error_line(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_number_written_as_text_in_reward_args_is_read_as_the_number():
+    """YAML 1.1 reads 1e9 (no dot) as text: the config's own fields took it as a number, reward_args passed the string
+    on ('<=' not supported between 'str' and 'int', or a range check skipped); now it is the number, range-checked."""
+    from benchmark.experiments.loading import load_config
+    from flowzoo.errors import ConfigError
+
+    config = load_config(TOY, ["reward_args={toy_mode: {scale: 2e-1}}"])
+    assert config.reward_args["toy_mode"]["scale"] == 0.2  # a float, not '2e-1' (the range check below needs it)
+    with pytest.raises(ConfigError, match="expected a number, got 'x'"):
+        load_config(TOY, ["reward_args={toy_mode: {scale: x}}"])
+
+
+# 5. every writer names its path and writes whole: a directory, or a file above the path, given as a file --out
+def test_a_file_out_that_is_a_directory_or_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("mine")
+    assert main(["recipes", "--out", str(tmp_path / "dir")]) == 2  # named a temporary file: '.dir.x1y2.tmp -> dir'
+    assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'dir'}: is a directory; give a file path"
+    assert main(["recipes", "--out", str(tmp_path / "file" / "r.md")]) == 2  # was 'file: File exists'
+    assert f"{tmp_path / 'file'}: is a file" in _one_error_line(capsys)
+    assert (tmp_path / "file").read_text() == "mine" and list((tmp_path / "dir").iterdir()) == []
+
+
+def _claims(path: Path, rows: list[str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "claims.csv").write_text("\n".join(["claim,verdict exploration,verdict replication,replication", *rows])
+                                     + "\n")
+    return path
+
+
+@pytest.mark.parametrize("shared_rows,tuned_rows,cause", [
+    ([], ["c1,yes,yes,replicated"], "holds no claim"),  # was KeyError: 'change'
+    (["c1,yes,yes,replicated"], ["c1,yes,yes,replicated", "c1,no,no,contradicted"], "lists the claim 'c1' twice"),
+])
+def test_recipe_compare_of_degenerate_claims_is_one_line(tmp_path, capsys, shared_rows, tuned_rows, cause):
+    from benchmark.analysis.recipe_compare import main as compare_main
+
+    shared, tuned = _claims(tmp_path / "shared", shared_rows), _claims(tmp_path / "tuned", tuned_rows)
+    assert compare_main([str(shared), str(tuned), "--out", str(tmp_path / "out.md")]) == 2
+    assert cause in _one_error_line(capsys) and not (tmp_path / "out.md").exists()
+
+
+def test_recipe_compare_refuses_the_shipped_weights_and_names_a_full_disk(tmp_path, capsys, monkeypatch):
+    import os
+
+    import models.tiny as tiny
+    from benchmark.analysis.recipe_compare import main as compare_main
+
+    shared = _claims(tmp_path / "shared", ["c1,yes,yes,replicated"])
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    monkeypatch.setattr(tiny, "WEIGHTS_DIR", weights)
+    assert compare_main([str(shared), str(shared), "--out", str(weights / "x.md")]) == 2  # was written there
+    assert "inside the shipped weights directory" in _one_error_line(capsys) and list(weights.iterdir()) == []
+    monkeypatch.setattr(os, "fsync", _enospc)
+    assert compare_main([str(shared), str(shared), "--out", str(tmp_path / "x.md")]) == 2  # was a traceback
+    assert _one_error_line(capsys) == f"flowzoo: error: {tmp_path / 'x.md'}: No space left on device"
+
+
+def _tuning_suite(tmp_path: Path) -> Path:
+    """One cell, two trials of two toy steps each (the shape of tests/test_tuning.py's suite)."""
+    suite = tmp_path / "tiny-tune.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "tiny-tune", "seeds": [0], "algorithms": ["flow_grpo"],
+        "defaults": {"algorithm": {"group_size": 4, "kl_beta": 0.0},
+                     "train": {"steps": 2, "prompts_per_step": 2, "eval_every": 1, "eval_samples_per_prompt": 2,
+                               "checkpoint_every": 2, "save_samples": False, "threads": 1},
+                     "model": {"name": "toy2d", "args": {"pretrain_steps": 30, "hidden": 32}}, "reward": "toy_mode"},
+        "tasks": {"toy2d_mode": {}},
+        "tuning": {"objective": "auc", "trials": 2, "seeds": [1000], "sampler": {"seed": 0, "startup_trials": 1},
+                   "pruner": {"startup_trials": 1, "warmup_evaluations": 1}},
+    }))
+    return suite
+
+
+def test_tune_report_without_a_storage_and_on_a_full_disk(tmp_path, capsys, monkeypatch):
+    """--report on a --runs where no trial ran created an empty database there and reported 0 trials per cell; on a
+    full disk it left a half-written folder; an existing file as --out was refused only after every trial ran."""
+    import os
+
+    suite = _tuning_suite(tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["tune", str(suite), "--runs", str(runs), "--report", "--out", str(tmp_path / "out")]) == 2
+    assert "--report: no tuning storage at" in _one_error_line(capsys)
+    assert not runs.exists() and not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("mine")
+    assert main(["tune", str(suite), "--runs", str(runs), "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a directory" in _one_error_line(capsys) and not runs.exists()
+    assert main(["tune", str(suite), "--runs", str(runs)]) == 0  # two trials
+    capsys.readouterr()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", _enospc)
+        assert main(["tune", str(suite), "--runs", str(runs), "--report", "--out", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys)
+    assert f"{tmp_path / 'out'}/" in err and "No space left on device" in err
+    assert not (tmp_path / "out").exists()
+    _no_partial_siblings(tmp_path)
+    assert main(["tune", str(suite), "--runs", str(runs), "--report", "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "index.md").is_file()
+
+
+# 6. trackers are no part of reading a run; a reward server's wait is bounded
+def test_eval_of_a_tracked_run_does_not_need_its_tracker(tmp_path, capsys, monkeypatch):
+    """A run trained with a tracker was refused by eval (and export) where the tracker is not installed, or where its
+    server is down: they log to none. Training with it is still refused there, before anything is written."""
+    import benchmark.experiments.tracking as tracking
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def log(self, row, step):
+            pass
+
+        def finish(self):
+            pass
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as elsewhere:  # the machine it was trained on: tensorboard installed
+        elsewhere.setattr(tracking, "available_trackers", lambda: ["tensorboard"])
+        elsewhere.setattr("benchmark.experiments.runner.Trackers", Recorder)
+        assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 0
+    monkeypatch.setattr(tracking, "available_trackers", lambda: [])  # here: none
+    capsys.readouterr()
+    assert main(["eval", str(run), "--samples", "1"]) == 0
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={tmp_path / 'new'}"]) == 2
+    assert "tracker 'tensorboard' is not installed" in _one_error_line(capsys) and not (tmp_path / "new").exists()
+    assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorbored]", f"run_dir={tmp_path / 'new'}"]) == 2
+    assert "unknown tracker 'tensorbored'" in _one_error_line(capsys)  # a typo is still refused at load
+
+
+@pytest.mark.parametrize("argument,value,bound", [
+    ("retries", 1000000, "[0, 10]"),  # back-off doubling from 1 s: the run never ended
+    ("timeout", "1e9", "(0, 3600]"),  # text to YAML 1.1; was "'<=' not supported between 'str' and 'int'"
+    ("retry_wait_s", 100000, "[0, 600]"),
+])
+def test_a_reward_servers_wait_is_bounded(tmp_path, capsys, argument, value, bound):
+    config = _tiny_config(tmp_path / "c.yaml")
+    assert main(["train", config, "reward=unifiedreward", "train.prompt_sampler=null",
+                 f"reward_args={{unifiedreward: {{{argument}: {value}}}}}", f"run_dir={tmp_path / 'run'}"]) == 2
+    assert f"reward_args.unifiedreward.{argument} must be in {bound}" in _one_error_line(capsys)

@@ -26,14 +26,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
 
-from benchmark.analysis.loading import find_run_dirs, read_metrics
-from flowzoo.errors import ConfigError, RunError
+from benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
+from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write_text
 
 FINGERPRINT_FILE = "fingerprint.json"
 STEPS = 3
+#: most steps a fingerprint may ask each cell to be rerun for (a damaged file's 10^9 would train for days)
+MAX_STEPS = 100
 COLUMNS = ("eval_reward", "reward_mean", "reward_std", "loss", "grad_norm")
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -52,15 +53,14 @@ def fingerprint_runs(runs_dir, steps: int = STEPS) -> dict:
     """The fingerprint of a runs directory: per (task, algorithm), its lowest seed's config and first rows."""
     cells: dict[str, dict] = {}
     for run_dir in find_run_dirs(runs_dir):
-        try:
-            config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        try:  # the keys validated as the report reads them: a damaged config.yaml is left out, never a traceback
+            config, (task, algorithm, seed, _) = read_run_keys(run_dir)
             metrics = read_metrics(run_dir / "metrics.csv")
-        except (OSError, yaml.YAMLError, UnicodeDecodeError, ConfigError, RunError):
+        except (ConfigError, RunError):
             continue  # the report lists unreadable runs; a fingerprint holds only what can be rerun
-        if not isinstance(config, dict) or metrics["step"].max() < steps:
+        if metrics["step"].max() < steps:
             continue
-        key = f"{config.get('task')}/{(config.get('algorithm') or {}).get('name')}"
-        seed = int(config.get("seed", 0))
+        key = f"{task}/{algorithm}"
         if key in cells and cells[key]["seed"] <= seed:
             continue
         config = {k: v for k, v in config.items() if k != "run_dir"}
@@ -86,7 +86,32 @@ def read_fingerprint(report_dir) -> dict:
         raise ConfigError(f"{path}: not a readable fingerprint ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), dict) or not isinstance(data.get("steps"), int):
         raise ConfigError(f"{path}: not a fingerprint (needs steps and cells)")
+    if isinstance(data["steps"], bool) or not 1 <= data["steps"] <= MAX_STEPS:  # each cell is rerun this many steps
+        raise ConfigError(f"{path}: steps {data['steps']!r} is not in [1, {MAX_STEPS}] (flowzoo report writes {STEPS})")
+    for key, cell in data["cells"].items():
+        problem = _cell_problem(cell)
+        if problem:
+            raise ConfigError(f"{path}: cell {key!r}: {problem}; rewrite the report from its runs")
     return data
+
+
+def _cell_problem(cell) -> str | None:
+    """What makes a fingerprint cell unusable (a damaged or edited file), or None."""
+    if not isinstance(cell, dict):
+        return "not a mapping of seed, config and rows"
+    if isinstance(cell.get("seed"), bool) or not isinstance(cell.get("seed"), int):
+        return f"seed {cell.get('seed')!r} is not an integer"
+    if not isinstance(cell.get("config"), dict):
+        return "config is not a mapping"
+    rows = cell.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("step"), int) for r in rows):
+        return "rows are not a list of {step, values}"
+    for row in rows:
+        for column, value in row.items():
+            if column != "step" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                     or not math.isfinite(value)):
+                return f"step {row['step']} {column} is {value!r}, not a finite number"
+    return None
 
 
 def recipe_changes(cell: dict, today) -> list[str]:
@@ -165,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", required=True, help="the suite whose runs made the report (e.g. quick)")
     parser.add_argument("--cells", default=None, help="comma-separated task/algorithm subset (default: every cell)")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
         cells = [c.strip() for c in args.cells.split(",") if c.strip()] if args.cells else None
         verdicts = check_fresh(args.report, args.suite, cells)
-    except (ConfigError, RunError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    stale = [k for k, why in verdicts.items() if why]
-    print(f"{args.report}: {len(verdicts) - len(stale)} of {len(verdicts)} cells fresh"
-          + (f"; stale: {', '.join(stale)} (regenerate the report from new runs)" if stale else ""))
-    return 1 if stale else 0
+        stale = [k for k, why in verdicts.items() if why]
+        print(f"{args.report}: {len(verdicts) - len(stale)} of {len(verdicts)} cells fresh"
+              + (f"; stale: {', '.join(stale)} (regenerate the report from new runs)" if stale else ""))
+        return 1 if stale else 0
+
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":

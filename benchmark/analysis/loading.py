@@ -16,7 +16,6 @@ from typing import Mapping
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.schema import differing_keys
@@ -50,6 +49,23 @@ def _config_value(config: Mapping, dotted_key: str, path: Path):
     return value
 
 
+def read_run_keys(run_dir: str | Path) -> tuple[dict, tuple[str, str, int, int]]:
+    """A run's stored config (read under the bounds of any config: ``read_stored_config``) and its keys ``(task,
+    algorithm, seed, train.steps)``, validated; ``ConfigError`` naming the file when it cannot be read or lacks one.
+    Every analysis reader of a run's config.yaml goes through here."""
+    from benchmark.experiments.config import read_stored_config
+
+    config_path = Path(run_dir) / "config.yaml"
+    config = read_stored_config(config_path)
+    algorithm_name = _config_value(config, "algorithm.name", config_path)  # as every run's config.yaml holds it
+    task_label = _config_value(config, "task", config_path)
+    if not isinstance(task_label, str) or not isinstance(algorithm_name, str):
+        raise ConfigError(f"{config_path}: task and algorithm.name must be names, got {task_label!r} and "
+                          f"{algorithm_name!r}")
+    return config, (task_label, algorithm_name, _config_int(config, "seed", config_path),
+                    _config_int(config, "train.steps", config_path))
+
+
 def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.DataFrame:
     """One run as tidy rows: the run keys (``RUN_KEYS``) repeated on every row of its metrics.csv.
 
@@ -57,21 +73,7 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
     ``ConfigError`` naming the file for a config.yaml or metrics.csv that cannot be read or lacks what is needed.
     """
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    try:
-        config = yaml.safe_load(config_path.read_text()) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"{config_path}: unreadable ({type(error).__name__}: {_first_line(error)})") from None
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"{config_path}: expected a mapping with task, seed, algorithm.name, train.steps")
-    algorithm_name = _config_value(config, "algorithm.name", config_path)  # as every run's config.yaml holds it
-    task_label = _config_value(config, "task", config_path)
-    if not isinstance(task_label, str) or not isinstance(algorithm_name, str):
-        raise ConfigError(f"{config_path}: task and algorithm.name must be names, got {task_label!r} and "
-                          f"{algorithm_name!r}")
-    train_steps = _config_int(config, "train.steps", config_path)
-    seed = _config_int(config, "seed", config_path)
-
+    config, (task_label, algorithm_name, seed, train_steps) = read_run_keys(run_dir)
     identity = cell_identity(config)
     check_done_matches_config(run_dir)
     metrics = read_metrics(run_dir / "metrics.csv")
@@ -164,7 +166,7 @@ def read_metrics(path: Path) -> pd.DataFrame:
     disk; a value cut short would read as another number); when a row has another number of fields than the header;
     when a required column is missing or holds text; when a value is written ``nan`` (the runner writes a missing
     value as an empty field: ``nan`` is a result that was not a number, and dropping it would report an earlier
-    evaluation as the last); or infinite."""
+    evaluation as the last); or infinite; when it holds a header and no rows."""
     try:
         data = path.read_bytes()
         text = data.decode("utf-8")
@@ -181,6 +183,9 @@ def read_metrics(path: Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in metrics.columns]
     if missing:
         raise RunError(f"{path}: missing columns {missing}; required: {list(REQUIRED_COLUMNS)}")
+    if not len(metrics):  # the runner writes the file with its first row (the step-0 evaluation): never bare
+        raise RunError(f"{path}: a header and no rows (a cut or emptied file); resume the run to rewrite it, or move "
+                       "the run out")
     for column in metrics.columns[[not pd.api.types.is_numeric_dtype(t) for t in metrics.dtypes]]:
         nan = metrics[column].isin(NAN_TEXTS)
         if nan.any():

@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from benchmark.analysis.loading import find_run_dirs, read_metrics
+from benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
 from benchmark.analysis.report import markdown_table
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.errors import ConfigError, one_line_errors
 from flowzoo.io import atomic_write_text
 from flowzoo.schema import differing_keys
 
@@ -66,8 +65,7 @@ def pilot_rows(runs_dir: str | Path, reference: str | Path, last: int = 3) -> pd
         raise ConfigError(f"no run directories (config.yaml + metrics.csv) under {str(runs_dir)!r}")
     rows, references = [], {}  # the reference resolved once per seed
     for run in runs:
-        config = yaml.safe_load((run / "config.yaml").read_text()) or {}
-        seed = config.get("seed")
+        config, (_, _, seed, _) = read_run_keys(run)  # a damaged config.yaml: one line naming it
         if seed not in references:
             references[seed] = resolved_dict(load_config(reference, [f"seed={seed}"]))
         ref = references[seed]
@@ -123,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=3, help="evaluations averaged for 'final' (default 3)")
     parser.add_argument("--csv", help="also write the per-run rows to this CSV file")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
         rows = pilot_rows(args.runs_dir, args.reference, args.last)
-    except FlowZooError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(_markdown(variant_summary(rows)))
-    print()
-    print(_markdown(rows.drop(columns="run")))
-    if args.csv:
-        atomic_write_text(args.csv, rows.to_csv(index=False, float_format="%.4f"))
-    return 0
+        print(_markdown(variant_summary(rows)))
+        print()
+        print(_markdown(rows.drop(columns="run")))
+        if args.csv:
+            atomic_write_text(args.csv, rows.to_csv(index=False, float_format="%.4f"))
+        return 0
+
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":

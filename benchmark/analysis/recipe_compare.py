@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.errors import ConfigError, one_line_errors
 from flowzoo.io import atomic_write_text
 
 COLUMNS = ("claim", "verdict exploration", "verdict replication", "replication")
@@ -30,6 +30,13 @@ def read_claims(study_dir: str | Path) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in frame]
     if missing:
         raise ConfigError(f"recipe_compare: {path} lacks the columns {missing}; is it a study's claims.csv?")
+    if not len(frame):
+        raise ConfigError(f"recipe_compare: {path} holds no claim (a study judged no claim: give the study of a "
+                          "suite with a claim set)")
+    twice = frame["claim"][frame["claim"].duplicated()]
+    if len(twice):
+        raise ConfigError(f"recipe_compare: {path} lists the claim {twice.iloc[0]!r} twice (a study writes each once; "
+                          "an edited or concatenated file?)")
     return frame.set_index("claim")
 
 
@@ -82,14 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tuned", help="the study report made from the tuned-recipe runs (holds claims.csv)")
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
+        from models.shipped import refuse_shipped
+
+        refuse_shipped(args.out, "--out")
         table = compare(read_claims(args.shared), read_claims(args.tuned))
-        atomic_write_text(args.out, to_markdown(table, args.shared, args.tuned))
-    except FlowZooError as error:
-        print(f"flowzoo: error: {error}", file=sys.stderr)
-        return 2
-    print(f"{args.out}: {dict(table['change'].value_counts())}")
-    return 0
+        atomic_write_text(args.out, to_markdown(table, args.shared, args.tuned))  # a full disk: one line naming it
+        print(f"{args.out}: {dict(table['change'].value_counts())}")
+        return 0
+
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":

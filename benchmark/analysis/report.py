@@ -652,12 +652,11 @@ class PointScorer:
     a reward that takes points; the toy rewards are closed-form, so this costs milliseconds."""
 
     def __init__(self, run_dir: Path):
-        import yaml
-
+        from benchmark.experiments.config import read_stored_config
         from benchmark.experiments.prompts import PromptSection, load_prompts
         from rewards import build
 
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = read_stored_config(run_dir / "config.yaml")
         #: what the scores depend on: runs with equal keys share their regions
         self.key = json.dumps([config["reward"], config.get("reward_args"), config.get("prompts")], sort_keys=True,
                               default=str)

@@ -47,6 +47,7 @@ from benchmark.analysis.loading import (
     find_run_dirs,
     load_runs,
     read_metrics,
+    read_run_keys,
     recipe_text,
 )
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
@@ -67,7 +68,7 @@ from benchmark.analysis.study_sets import (
     seed_sets_of,
 )
 from benchmark.analysis.study_sets import seed_list as _seed_list
-from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
+from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write, check_out_dir, staged_directory
 from models.shipped import refuse_shipped
 
@@ -456,8 +457,9 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
     count = 0
     for run in find_run_dirs(runs_dir):
         try:
+            read_run_keys(run)
             frame = read_metrics(run / "metrics.csv")
-        except RunError:  # a damaged file is no record (the study's README lists it as skipped)
+        except (ConfigError, RunError):  # a damaged file is no record (the study's README lists it as skipped)
             continue
         target = out_dir / run.relative_to(runs_dir)
         target.mkdir(parents=True, exist_ok=True)
@@ -602,18 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     request = StudyRequest(args.runs_dir, args.out, args.suite, args.baseline, also_vs,
                            CLAIMS_AUTO if args.claims else NO_CLAIMS, args.timing, smooth=args.smooth,
                            resamples=args.resamples, save_metrics=args.save_metrics)
-    try:
+    def run() -> int:
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")
-        path = write_study(request)
-    except (FlowZooError, OSError) as error:  # an OS error (a full disk) is one line naming its path
-        line = str(error) if isinstance(error, FlowZooError) else os_error_line(error)
-        if line is None:  # an OS error without a path: a bug
-            raise
-        print(f"study: error: {line}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
+        print(f"wrote {write_study(request)}")
+        return 0
+
+    return one_line_errors(run)  # an error is one line, as flowzoo study's
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ import pandas as pd
 
 from benchmark.experiments.runner import train
 from benchmark.experiments.suite import expand, first_seed_only, load_suite
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.errors import ConfigError, one_line_errors
+from flowzoo.io import atomic_write
 
 
 def cell_configs(suite_name: str, cells: list[str], steps: int, runs_dir: Path) -> dict:
@@ -82,23 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds over all cells")
     args = parser.parse_args(argv)
     cells = [cell.strip() for cell in args.cells.split(",") if cell.strip()]
-    try:
+
+    def run() -> int:
         if not cells or any("/" not in cell for cell in cells):
             raise ConfigError(f"--cells must be TASK/ALGORITHM names, got {args.cells!r}")
         table = measure(args.suite, cells, args.steps, args.repeats)
-    except FlowZooError as error:
-        print(f"study_timing: error: {error}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    table.to_csv(tmp, index=False)
-    tmp.replace(out)
-    summary = table.groupby("cell", sort=False)["ratio"].median()
-    for cell, ratio in summary.items():
-        print(f"{cell}: median cost ratio {ratio:.3f}")
-    print(f"wrote {out}")
-    return 0
+        out = Path(args.out)
+        atomic_write(out, lambda f: table.to_csv(f, index=False))  # whole or not at all; a full disk names it
+        summary = table.groupby("cell", sort=False)["ratio"].median()
+        for cell, ratio in summary.items():
+            print(f"{cell}: median cost ratio {ratio:.3f}")
+        print(f"wrote {out}")
+        return 0
+
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from benchmark.analysis import figures
 from benchmark.experiments.search_space import Knob
 from benchmark.experiments.tuning import Cell, open_storage
 from benchmark.experiments.tuning_design import TuningDesign, tuned_path
-from flowzoo.io import atomic_write, atomic_write_text
+from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 COUNTED = ("COMPLETE", "PRUNED")
 
@@ -111,11 +111,18 @@ def _draw_knob(ax, table: pd.DataFrame, name: str, knob: Knob) -> None:
 
 def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell], storage_url: str, out: Path,
                         budget: int) -> Path:
-    """Every output of the tuning (module docstring) from the storage; returns ``out/index.md``."""
+    """Every output of the tuning (module docstring) from the storage; returns ``out/index.md``. The folder is written
+    all or nothing (``staged_directory``: a full disk leaves no half-written report; an existing ``out`` keeps its
+    other files)."""
+    storage = open_storage(storage_url)
+    with staged_directory(out) as stage:
+        _write_outputs(suite_name, design, cells, storage, stage, budget)
+    return Path(out) / "index.md"
+
+
+def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], storage, out: Path, budget: int) -> None:
     import optuna
 
-    storage = open_storage(storage_url)
-    out = Path(out)
     summary, by_task = [], {}
     for cell in cells:
         try:
@@ -163,7 +170,6 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
     lines += ["", "Chosen configurations: `tuned/<task>/<algorithm>.yaml` (a suite's `tuned:` key names `tuned/`); "
               "trial tables: `trials/`.", "", *figure_lines]
     atomic_write_text(out / "index.md", "\n".join(lines) + "\n")
-    return out / "index.md"
 
 
 def _short(value) -> str:

@@ -84,9 +84,11 @@ RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
     ("reward", "shapes_geneval"): {"color_tolerance": POSITIVE, "min_area": FRACTION,
                                    "max_extent": Range(0, 1, low_open=True), "max_aspect": Range(1)},
     ("reward", "imagereward"): {"max_length": AT_LEAST_1},
-    ("reward", "unifiedreward"): {"timeout": POSITIVE, "retries": NON_NEGATIVE, "retry_wait_s": NON_NEGATIVE,
-                                  "max_score": POSITIVE, "max_concurrency": AT_LEAST_1, "max_tokens": AT_LEAST_1,
-                                  "max_response_bytes": AT_LEAST_1},
+    # a server's wait is bounded: at most (retries + 1) x timeout plus the back-off waits (retry_wait_s doubling), so
+    # an unbounded count or wait (retries 10^6: days of doubling back-off) is refused, not waited out
+    ("reward", "unifiedreward"): {"timeout": Range(0, 3600, low_open=True), "retries": Range(0, 10),
+                                  "retry_wait_s": Range(0, 600), "max_score": POSITIVE, "max_concurrency": AT_LEAST_1,
+                                  "max_tokens": AT_LEAST_1, "max_response_bytes": AT_LEAST_1},
 }
 
 #: arguments that name a file or directory: plain path text (no control characters)

@@ -149,6 +149,18 @@ def read_yaml(path: str | Path) -> dict:
     """A config (or suite, or recipe) file's top-level mapping; a missing, empty, ambiguous (a key given twice) or
     malformed file is one line naming it (``flowzoo/strict_yaml.py``)."""
     path = Path(path)
+    data = _yaml_file(path)
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty (no config keys); an empty config would train every default, "
+                          f"so give at least the keys you mean (see benchmark/configs/)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    return data
+
+
+def _yaml_file(path: Path) -> Any:
+    """The value of YAML file ``path``, read under the bounds of ``flowzoo/strict_yaml.py`` (its size checked before
+    it is read); a missing, unreadable or malformed file is a one-line ConfigError naming it."""
     if "\x00" in str(path):
         raise ConfigError(f"config file {str(path)!r}: a path cannot hold a NUL byte")
     if path.is_dir():
@@ -164,12 +176,22 @@ def read_yaml(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
-    data = strict_yaml.load(text, str(path))
-    if data is None:
-        raise ConfigError(f"{path}: the file is empty (no config keys); an empty config would train every default, "
-                          f"so give at least the keys you mean (see benchmark/configs/)")
+    return strict_yaml.load(text, str(path))
+
+
+def read_stored_config(path: str | Path) -> dict:
+    """A run's stored ``config.yaml`` as a mapping, for every reader of run directories (the analysis, the runner's
+    checks of a run directory it is given): read under the same bounds as any config (size, aliases, depth: a damaged
+    or hostile run directory is refused in one line, never minutes of alias expansion); a ConfigError naming the file
+    when it is missing, unreadable, not YAML, empty or not a mapping."""
+    path = Path(path)
+    try:
+        data = _yaml_file(path)
+    except OSError as error:  # permissions, a file vanishing: the run is unreadable, as a damaged one
+        raise ConfigError(f"{path}: unreadable ({error.strerror or type(error).__name__})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+        raise ConfigError(f"{path}: not a run's config (expected a mapping of config keys, got "
+                          f"{'nothing' if data is None else type(data).__name__})")
     return data
 
 

@@ -40,9 +40,10 @@ from models.sharding import SHARD_ARG, check_request, reshard_after_forward, sha
 from rewards.base import Reward
 
 
-def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> None:
+def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Fail if ``kwargs`` are not parameters of ``target``'s constructor or their values do not fit its annotations
-    (``kind``: "model" -> ``model.args``, "reward" -> ``reward_args.<name>``)."""
+    (``kind``: "model" -> ``model.args``, "reward" -> ``reward_args.<name>``). Returns the numbers written as text
+    (``check_arguments``): the caller sets them in the config, as the config's own fields are read."""
     where = "model.args" if kind == "model" else f"reward_args.{name}"
     if not isinstance(kwargs, Mapping):
         raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
@@ -52,8 +53,9 @@ def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mappi
         for key in kwargs:
             if key not in valid:
                 raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
-    check_arguments(where, target, kwargs)
-    check_ranges(kind, name, target, kwargs, where)
+    read_as = check_arguments(where, target, kwargs)
+    check_ranges(kind, name, target, {**kwargs, **read_as}, where)
+    return read_as
 
 
 def reward_names(config: ExperimentConfig) -> list[str]:
@@ -247,10 +249,14 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     not their weights. Raises a one-line :class:`ConfigError`; writes and loads nothing."""
     model_cls = models.get(config.model.name)
     check_request(model_cls, config.model.args)  # FSDP sharding: a model with transformer blocks, FSDP2
-    check_constructor_arguments("model", config.model.name, model_cls, constructor_args(config.model.args))
+    # numbers written as text (``timeout: 1e9``: a string to YAML 1.1) become the numbers, as in the config's fields
+    config.model.args.update(check_constructor_arguments("model", config.model.name, model_cls,
+                                                         constructor_args(config.model.args)))
     reward_classes = {name: rewards.get(name) for name in reward_names(config)}
     for name, kwargs in config.reward_args.items():
-        check_constructor_arguments("reward", name, reward_classes[name], kwargs or {})
+        read_as = check_constructor_arguments("reward", name, reward_classes[name], kwargs or {})
+        if read_as:
+            kwargs.update(read_as)
     kinds = [set(cls.accepts) for cls in reward_classes.values()]
     check_sample_kind(config, sorted(set.intersection(*kinds)), model_cls.sample_kind)
     alg_config = config.algorithm_config()

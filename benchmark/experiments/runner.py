@@ -35,11 +35,11 @@ from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from benchmark.experiments import experiment
 from benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
-from benchmark.experiments.config import ExperimentConfig, declared_secrets, resolved_dict
+from benchmark.experiments.config import ExperimentConfig, declared_secrets, read_stored_config, resolved_dict
 from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.experiments.samples import save_samples
-from benchmark.experiments.tracking import Trackers
+from benchmark.experiments.tracking import Trackers, check_tracker_environment
 from rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
@@ -105,21 +105,21 @@ def killed_before_checkpoint(run_dir: Path) -> bool:
     if not (run_dir / ".lock").is_file() or (run_dir / "checkpoint.pt").exists() or (run_dir / "done.json").exists():
         return False
     try:
-        stored = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        stored = read_stored_config(run_dir / "config.yaml")
+    except ConfigError:
         return False
     names = {f.name for f in fields(ExperimentConfig)}
-    return isinstance(stored, dict) and set(stored) - {"recipe"} == names - {"recipe"} and set(stored) <= names
+    return set(stored) - {"recipe"} == names - {"recipe"} and set(stored) <= names
 
 
 def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
+    if not (run_dir / "config.yaml").is_file():
+        return False
     try:
-        stored = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else None
-    except (yaml.YAMLError, UnicodeDecodeError):  # an unreadable config.yaml is no config of ours
+        stored = read_stored_config(run_dir / "config.yaml")
+    except ConfigError:  # an unreadable config.yaml (or one past a config's bounds) is no config of ours
         return False
     wanted = resolved_dict(config)
-    if not isinstance(stored, dict):
-        return False
     declared = declared_secrets(config)  # a key is no part of the experiment: literal, *** or from the environment
     return run_identity(stored, declared) == run_identity(wanted, declared)
 
@@ -295,6 +295,7 @@ class Runner:
         if is_finished(run_dir, cfg):
             return run_dir
         check_trains_something(cfg, cfg.algorithm_config())  # training only: eval and export of such a config work
+        check_tracker_environment(cfg.train.trackers)  # installed, its server up: only training logs
         self.build()
         created = _Created(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

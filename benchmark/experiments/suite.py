@@ -239,7 +239,7 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
     if placed:  # every run of the grid would share that one directory
         raise ConfigError(f"bench override {placed[0]!r}: bench places each run at RUNS/<suite>/<task>/<algorithm>/"
                           f"s<seed>; give another --runs directory instead of run_dir")
-    configs = []
+    configs, layered = [], 0
     for task, task_cfg, alg, seed in _grid(suite):
         data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
         model = (data.get("model") or {}).get("name", "toy2d")
@@ -251,20 +251,25 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
         data = apply_overrides(data, list(overrides))
         if noted and layer is not None and "recipe" not in data:
             data["recipe"] = recipe_note(suite.tuned, layer, applied, data)
+        layered += layer is not None
         configs.append(build_config(data))
+    if noted and configs and not layered:  # asked for tuned recipes, and every run would silently be untuned
+        raise ConfigError(f"tuned: {suite.tuned} holds no tuned configuration for any cell of this grid (it looks for "
+                          f"{suite.tuned}/<task>/<algorithm>.yaml; `flowzoo tune SUITE --out DIR` writes them to "
+                          f"DIR/tuned)")
     return configs
 
 
 def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
     """Dotted keys in which the run stored in ``run_dir`` (its config.yaml) differs from ``config`` as a run's
     identity (secrets, ``run_dir`` and the thread count aside); empty when config.yaml is no readable config."""
-    import yaml
+    from benchmark.experiments.config import read_stored_config
 
     try:
-        stored = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        stored = read_stored_config(Path(run_dir) / "config.yaml")
+    except ConfigError:
         return []
-    return identity_differences(stored, config) if isinstance(stored, dict) else []
+    return identity_differences(stored, config)
 
 
 def identity_differences(stored: dict, config: ExperimentConfig) -> list[str]:
@@ -371,6 +376,9 @@ def run_suite(
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
     for config in todo:  # a run that could not change its evaluated model: refused before any run starts
         check_trains_something(config, config.algorithm_config())
+    from benchmark.experiments.tracking import check_tracker_environment
+
+    check_tracker_environment(sorted({t for c in todo for t in c.train.trackers}))  # each service probed once
     clashes = [c for c in todo if holds_other_config(c.resolved_run_dir(), c)]
     if clashes:  # refused before any run starts
         first = clashes[0].resolved_run_dir()

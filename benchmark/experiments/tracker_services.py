@@ -1,4 +1,6 @@
-"""The trackers' external services, checked at config load so that nothing hangs or ends in a traceback:
+"""The trackers' external services, checked where training starts (``Runner.run``, ``run_suite``: before anything is
+written; ``eval``, ``export`` and the analysis log to no tracker, so they never wait on one), so that nothing hangs
+or ends in a traceback:
 
 * ``mlflow`` with ``MLFLOW_TRACKING_URI=http(s)://host[:port]``: the server must accept a connection within
   ``PROBE_TIMEOUT_S`` (a server that is down was ~5 minutes of MLflow's retries, then a long traceback); during the

@@ -63,17 +63,30 @@ def available_trackers() -> list[str]:
 
 
 def check_trackers(names: Sequence[str]) -> None:
+    """At config load: every name is a tracker (a typo is one line). What this machine has is checked only where
+    training starts (:func:`check_tracker_environment`): ``eval``, ``export`` and the analysis of a run log to no
+    tracker, so a run tracked elsewhere is still read here."""
+    if not names:
+        return
+    known = known_trackers()
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"unknown tracker {name!r}; known: {', '.join(sorted(known))}")
+
+
+def check_tracker_environment(names: Sequence[str]) -> None:
+    """Where training starts (``Runner.run``, ``run_suite``), before anything is written: each tracker is installed,
+    and its service answers (a server that is down, online W&B without a key: one line). A name that is no tracker
+    accelerate knows (a custom one registered in its ``LOGGER_TYPE_TO_CLASS``) is its registrant's to check."""
     if not names:
         return
     known, available = known_trackers(), available_trackers()
     for name in names:
-        if name not in known:
-            raise ConfigError(f"unknown tracker {name!r}; known: {', '.join(sorted(known))}")
-        if name not in available:
+        if name in known and name not in available:
             hint = "pip install -e '.[trackers]'" if name in OWN else f"pip install {name}"
             raise ConfigError(f"tracker {name!r} is not installed ({hint}); installed trackers: "
                               f"{', '.join(available) or 'none'}")
-    check_services(names)  # a server that is down, online W&B without a key: one line, before any work
+    check_services(names)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -186,7 +199,8 @@ def _tracker_classes():
 
 class Trackers:
     """The run's trackers: configuration stored once, then one ``log`` per metrics row (with the sample grid of an
-    evaluation row). Built on the main process only, after :func:`check_trackers` passed at config load."""
+    evaluation row). Built on the main process only, after :func:`check_trackers` (config load) and
+    :func:`check_tracker_environment` (where training starts) passed."""
 
     def __init__(self, names: Sequence[str], run_name: str, run_dir: Path, config: dict[str, Any]):
         from accelerate import Accelerator

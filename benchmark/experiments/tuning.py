@@ -297,10 +297,23 @@ def _missing(value: Any) -> bool:
 
 # --------------------------------------------------------------------------------------------------- the studies
 
-def default_storage(runs_dir: Path, suite: Suite) -> str:
+def default_storage(runs_dir: Path, suite: Suite, create: bool = True) -> str:
+    """The SQLite file under ``runs_dir`` the trials go to (its folder made when ``create``)."""
     path = Path(runs_dir) / suite.name / "tuning" / "optuna.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path.resolve()}"
+
+
+def check_report_storage(url: str, suite: Suite) -> None:
+    """``tune --report`` reads trials, never starts a storage: a SQLite file that does not exist is one line (opening
+    it would create an empty database and report 0 trials for every cell)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)  # check_storage has refused what is no URL
+    if parsed.drivername.startswith("sqlite") and parsed.database and not Path(parsed.database).is_file():
+        raise ConfigError(f"--report: no tuning storage at {parsed.database}: no trial of {suite.name} ran there; run "
+                          f"`flowzoo tune {suite.name}` with the same --runs first, or give its --storage URL")
 
 
 def open_storage(url: str):

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lines, ok = compare(ratios(args.baseline), ratios(args.new), args.tolerance)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"flowzoo: error: {error}", file=sys.stderr)  # as every entry point's (flowzoo/errors.py)
         return 2
     print("\n".join(lines))
     if not ok:
