@@ -750,3 +750,26 @@ def test_a_reward_servers_wait_is_bounded(tmp_path, capsys, argument, value, bou
     assert main(["train", config, "reward=unifiedreward", "train.prompt_sampler=null",
                  f"reward_args={{unifiedreward: {{{argument}: {value}}}}}", f"run_dir={tmp_path / 'run'}"]) == 2
     assert f"reward_args.unifiedreward.{argument} must be in {bound}" in _one_error_line(capsys)
+
+
+# 5. nothing written is lost: the study's trimmed copies never land on the runs they copy
+@pytest.mark.parametrize("inside", [False, True])
+def test_study_save_metrics_into_the_runs_directory_is_refused(tmp_path, capsys, inside):
+    """--save-metrics RUNS_DIR rewrote each run's own metrics.csv trimmed to the study's columns (a run's loss and
+    every other column gone); inside RUNS_DIR, the copies were read as more runs by the next report."""
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    metrics = runs / "t" / "op_grpo" / "s0" / "metrics.csv"
+    frame = pd.read_csv(metrics).assign(loss=0.123)
+    frame.to_csv(metrics, index=False)
+    before = metrics.read_bytes()
+    saved = runs / "saved" if inside else runs
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200",
+                       "--save-metrics", str(saved)]) == 2
+    err = _one_error_line(capsys)
+    assert ("inside the runs directory" if inside else "is the runs directory") in err
+    assert metrics.read_bytes() == before and not (runs / "saved").exists() and not (tmp_path / "study").exists()

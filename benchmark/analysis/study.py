@@ -531,6 +531,12 @@ def write_study(request: StudyRequest) -> Path:
     refuse_shipped(out, "--out")  # as every other output
     if request.save_metrics:
         refuse_shipped(check_out_dir(request.save_metrics, "--save-metrics"), "--save-metrics")
+        saved, runs_dir = Path(request.save_metrics).resolve(), Path(request.runs_dir).resolve()
+        if saved == runs_dir or runs_dir in saved.parents:  # the copies are run directories: config.yaml, metrics.csv
+            where = "the runs directory" if saved == runs_dir else "inside the runs directory"
+            raise ConfigError(f"--save-metrics {request.save_metrics} is {where} {request.runs_dir}: the trimmed copies "
+                              "would replace the runs' own metrics.csv (their other columns lost) or be read as more "
+                              "runs; give a directory outside it")
     timing = read_timing(request.timing) if request.timing else None
     suite = None
     if request.suite:
