@@ -72,6 +72,9 @@ def _launch(processes: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+ROUNDING_DIAGNOSTIC = "onpolicy_max_abs_log_ratio"
+
+
 def _metrics(run_dir: Path) -> pd.DataFrame:
     frame = pd.read_csv(run_dir / "metrics.csv")
     return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
@@ -98,6 +101,11 @@ def test_two_processes_give_the_metrics_of_one(tmp_path, monkeypatch, name):
         assert (one["off_policy_frac"].fillna(0) > 0).any(), "no replayed samples: the test would not test the buffer"
     for column in one.columns:
         a, b = one[column].to_numpy(float), two[column].to_numpy(float)
+        if column == ROUNDING_DIAGNOSTIC:
+            # the on-policy |log p_recomputed - log p_sampled| is float32 rounding itself (log-probs of size ~10: one
+            # ulp ~1e-6): a rank recomputes in other batch shapes than one process, so it is ~1e-6 there and 0 here
+            assert np.nanmax(np.abs(np.concatenate([a, b]))) < 1e-5, (a, b)
+            continue
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=column)
     assert (one["nfe"] == two["nfe"]).all()
     assert (double / "done.json").is_file() and (double / "checkpoint.pt").is_file()
