@@ -773,3 +773,19 @@ def test_study_save_metrics_into_the_runs_directory_is_refused(tmp_path, capsys,
     err = _one_error_line(capsys)
     assert ("inside the runs directory" if inside else "is the runs directory") in err
     assert metrics.read_bytes() == before and not (runs / "saved").exists() and not (tmp_path / "study").exists()
+
+
+# 3. the study's --timing file is validated as run files are
+@pytest.mark.parametrize("cost", ["nan", "0", "-1", ""])
+def test_study_timing_with_a_cost_that_is_no_positive_number_is_one_line(tmp_path, capsys, cost):
+    """A per-step cost of nan, 0 or < 0 gave a wall-clock table of 'nan (nan-nan)' or negative ratios, exit 0."""
+    from benchmark.analysis.study import main as study_main
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    timing = tmp_path / "timing.csv"
+    timing.write_text(f"repeat,cell,task,algorithm,s_per_step\n0,t/flow_grpo,t,flow_grpo,1.0\n0,t/op_grpo,t,op_grpo,{cost}\n")
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200", "--timing", str(timing)]) == 2
+    assert "s_per_step of t/op_grpo (repeat 0)" in _one_error_line(capsys) and not (tmp_path / "study").exists()

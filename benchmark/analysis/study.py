@@ -479,6 +479,16 @@ def read_timing(path: str) -> pd.DataFrame:
     missing = {"repeat", "cell", "task", "algorithm", "s_per_step"} - set(timing.columns)
     if missing:
         raise ConfigError(f"--timing {path}: missing columns {sorted(missing)}")
+    if not len(timing):
+        raise ConfigError(f"--timing {path}: no rows (python -m benchmark.analysis.study_timing writes one per repeat "
+                          "and cell)")
+    cost = pd.to_numeric(timing["s_per_step"], errors="coerce")
+    bad = ~(np.isfinite(cost) & (cost > 0))  # a cost ratio of nan, 0 or < 0 would print as a wall-clock estimate
+    if bad.any():
+        row = timing[bad].iloc[0]
+        raise ConfigError(f"--timing {path}: s_per_step of {row['cell']} (repeat {row['repeat']}) is "
+                          f"{row['s_per_step']}; every per-step cost must be a positive number of seconds")
+    timing["s_per_step"] = cost
     return timing
 
 
