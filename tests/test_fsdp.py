@@ -88,11 +88,18 @@ def _metrics(run_dir: Path) -> pd.DataFrame:
     return frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame])
 
 
+JPEG_BYTE = 1e-3
+REWARD_COLUMNS = {"eval_reward", "reward_mean", "reward_std"}
+
+
 def _assert_same_metrics(one: pd.DataFrame, other: pd.DataFrame, what: str) -> None:
     other = other.drop(columns=[FSDP_PADDING], errors="ignore")  # logged by sharded steps only
     assert list(one.columns) == list(other.columns) and len(one) == len(other) == 4, what
     for column in one.columns:
-        np.testing.assert_allclose(other[column].to_numpy(float), one[column].to_numpy(float), rtol=1e-5, atol=1e-6,
+        # the reward is a JPEG's size in kB of an image quantised to uint8: float rounding that flips one pixel level
+        # moves a sample's reward by a byte (1e-3), which no other column amplifies
+        atol = JPEG_BYTE if column in REWARD_COLUMNS else 1e-6
+        np.testing.assert_allclose(other[column].to_numpy(float), one[column].to_numpy(float), rtol=1e-5, atol=atol,
                                    equal_nan=True, err_msg=f"{what}: {column}")
 
 

