@@ -275,3 +275,28 @@ def test_a_dead_trial_requeued_by_two_workers_runs_once():
     assert not _duplicate_retry(first) and _duplicate_retry(second)
     fresh = study.ask()
     assert not _duplicate_retry(fresh)  # not a retry at all
+
+
+def test_a_trial_killed_before_its_worker_claimed_it_is_failed_not_left_running(tmp_path):
+    """kill -9 between Optuna creating a trial and the objective's first line leaves a running trial with no worker:
+    once older than the grace it is failed (a fresh draw owes nothing; a popped re-run is queued again with its values),
+    so a resumed tune neither waits forever nor counts it against the budget."""
+    import optuna
+
+    from benchmark.experiments.tuning import counted, fail_dead_trials
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s")
+    fresh = study.ask()  # created RUNNING, never claimed
+    study.enqueue_trial({"lr": 3e-4}, user_attrs={"retry_of": 7, "retries": 1})
+    popped = study.ask()  # the queued re-run, popped and never claimed
+    assert counted(study) == 2
+    fail_dead_trials(study, grace_s=0.0)
+    states = {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+    assert states[fresh.number] == "FAIL" and states[popped.number] == "FAIL" and counted(study) == 0
+    queued = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    assert len(queued) == 1 and queued[0].system_attrs["fixed_params"] == {"lr": 3e-4}
+    assert queued[0].user_attrs == {"retry_of": 7, "retries": 2}
+    young = study.ask()  # a live worker's trial a moment before it claims it: left alone once claimed
+    young.set_user_attr("worker", "elsewhere:1")
+    fail_dead_trials(study, grace_s=3600.0)
+    assert study.get_trials(deepcopy=False)[young.number].state.name == "RUNNING"

@@ -199,12 +199,12 @@ def _dead_here(worker: str) -> bool:
     return started not in ("?", _start_time(int(pid)))
 
 
-def _retry(study, trial) -> None:
+def _retry(study, trial, params: dict | None = None) -> None:
     """A trial whose process died runs again with the same values (the failed_trial_callback of the storage)."""
     first = trial.user_attrs.get("retry_of", trial.number)
     if trial.user_attrs.get("retries", 0) >= RETRIES:
         return
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "retries": trial.user_attrs.get("retries", 0) + 1})
+    study.enqueue_trial(trial.params if params is None else params, user_attrs={"retry_of": first, "retries": trial.user_attrs.get("retries", 0) + 1})
 
 
 def _duplicate_retry(trial) -> bool:
@@ -219,20 +219,52 @@ def _duplicate_retry(trial) -> bool:
                for t in trial.study.get_trials(deepcopy=False, states=live))
 
 
-def fail_dead_trials(study) -> None:
-    """Fail (and re-run) the running trials of this host whose process is dead: no waiting for the heartbeat."""
+#: how long a running trial may stay unclaimed (no ``worker`` attribute yet) before it counts as dead: a process
+#: killed between Optuna creating the trial and the objective's first line leaves such a trial, running forever
+UNCLAIMED_GRACE_S = 60.0
+
+
+def fail_dead_trials(study, grace_s: float = UNCLAIMED_GRACE_S) -> None:
+    """Fail (and re-run) the running trials of this host whose process is dead: no waiting for the heartbeat.
+
+    A running trial that no worker has claimed is dead once it is ``grace_s`` old (a live worker claims its trial as
+    the objective's first step); while a younger one is unclaimed this waits for it to be claimed or to age out, so a
+    resumed tune never leaves one running forever and counted against the budget."""
+    import datetime
+
+    from optuna.trial import TrialState
+
+    while True:
+        waiting = False
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            worker = trial.user_attrs.get("worker")
+            if worker:
+                if _dead_here(worker):
+                    _fail(study, trial, trial.params)
+                continue
+            age = (datetime.datetime.now() - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
+            if age < grace_s:
+                waiting = True
+            elif "retry_of" in trial.user_attrs:  # a re-run popped from the queue: its values are still owed
+                _fail(study, trial, trial.system_attrs.get("fixed_params", {}))
+            else:  # it died before drawing anything: nothing to re-run
+                _fail(study, trial, None)
+        if not waiting:
+            return
+        time.sleep(1.0)
+
+
+def _fail(study, trial, params: dict | None) -> None:
+    """Mark a dead trial failed and, with its values, queue it again (unless another worker failed it first)."""
     import optuna
     from optuna.trial import TrialState
 
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = trial.user_attrs.get("worker")
-        if worker and _dead_here(worker):
-            try:
-                changed = study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-                changed = False  # another worker failed it first
-            if changed:
-                _retry(study, trial)
+    try:
+        changed = study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        changed = False  # another worker failed it first
+    if changed and params is not None:
+        _retry(study, trial, params)
 
 
 def counted(study, before: int | None = None) -> int:
