@@ -152,6 +152,26 @@ def test_report_and_study_skip_a_damaged_run_and_say_so(tmp_path, capsys, damage
     assert 3 not in set(table[table["algorithm"] == "op_grpo"]["seed"])
 
 
+def test_report_lists_a_half_present_run_as_skipped_with_its_cause(tmp_path, capsys):
+    """A run that has written config.yaml but not its first metrics row (or a copy that lost its config) is neither
+    read nor silently dropped: the report counts it as skipped and names the missing file."""
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4])
+    _write_run(runs, "flow_grpo", 2, [0.0, 0.1, 0.2, 0.3, 0.4]).unlink()  # started, no row yet
+    (runs / "t" / "flow_grpo" / "s3").mkdir()
+    (runs / "t" / "flow_grpo" / "s3" / "metrics.csv").write_text("step,nfe,wall_s,eval_reward\n0,0,0,0.1\n")
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "index.md").read_text()
+    assert "skipped (unreadable): 2" in report
+    assert "t/flow_grpo/s2" in report and "no metrics.csv" in report
+    assert "t/flow_grpo/s3" in report and "no config.yaml" in report
+    only_started = tmp_path / "only"
+    _write_run(only_started, "flow_grpo", 0, [0.0, 0.1, 0.2, 0.3, 0.4]).unlink()
+    assert main(["report", str(only_started), "--out", str(tmp_path / "r2")]) == 2
+    assert "1 hold only one of them" in _one_error_line(capsys)
+
+
 # ---- 4. configs that train nothing ----------------------------------------------------------------------------------
 TOY = "benchmark/configs/toy_flow_grpo.yaml"
 

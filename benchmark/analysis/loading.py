@@ -40,6 +40,20 @@ def find_run_dirs(runs_dir: str | Path) -> list[Path]:
     return sorted(found)
 
 
+def half_present_runs(runs_dir: str | Path) -> list[SkippedRun]:
+    """Directories under ``runs_dir`` holding one of config.yaml and metrics.csv but not the other, each with why it
+    is not a run to read (a run that has not written its first row yet, or a copy that lost a file)."""
+    runs_dir = Path(runs_dir)
+    half = []
+    for name, other, cause in (("config.yaml", "metrics.csv", "not started, or still starting"),
+                               ("metrics.csv", "config.yaml", "its metrics cannot be told apart from another run's")):
+        for path in runs_dir.rglob(name):
+            if not (path.parent / other).is_file():
+                where = path.parent.relative_to(runs_dir).as_posix()
+                half.append(SkippedRun(where, f"{path}: no {other} beside it ({cause})"))
+    return sorted(half, key=lambda s: s.run)
+
+
 def _config_value(config: Mapping, dotted_key: str, path: Path):
     value = config
     for key in dotted_key.split("."):
@@ -242,11 +256,15 @@ def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None,
     When ``recipes`` is a dict, it gets each loaded run's :func:`tuned_recipe` under its ``run`` name.
     """
     run_dirs = find_run_dirs(runs_dir)
+    half = half_present_runs(runs_dir)
     if not run_dirs:
+        also = f" ({len(half)} hold only one of them; first: {half[0].cause})" if half else ""
         raise ConfigError(
-            f"no runs found in {str(runs_dir)!r}: expected directories holding config.yaml and metrics.csv"
+            f"no runs found in {str(runs_dir)!r}: expected directories holding config.yaml and metrics.csv{also}"
         )
-    frames, left_out = [], []
+    frames, left_out = [], list(half)
+    for skipped_run in half:
+        LOG.warning("skipped run %s", skipped_run.cause)
     for run_dir in run_dirs:
         try:
             frames.append(load_run(run_dir, runs_dir))
