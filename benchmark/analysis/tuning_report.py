@@ -12,6 +12,7 @@ Every file is written atomically; the same storage gives the same files (no date
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,10 @@ def _plain(value):
     return value
 
 
+TITLE_CHARS_PER_INCH = 11  # characters of the default title font per inch of figure
+TITLE_LINE_INCHES = 0.22
+
+
 @figures.themed
 def plot_sensitivity(task: str, cells: list[Cell], tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
     """Objective against each knob: one row of panels per algorithm, complete trials filled, pruned hollow."""
@@ -91,8 +96,12 @@ def plot_sensitivity(task: str, cells: list[Cell], tables: dict[str, pd.DataFram
             _draw_knob(ax, table, name, knob)
             ax.set_title(f"{cell.algorithm}: {name}")
             ax.set_ylabel("objective" if col == 0 else "")
-    fig.suptitle(f"{task}: objective per trial (filled: complete, hollow: pruned at its last evaluation)")
-    fig.tight_layout()
+    # wrapped to the figure's width (one knob per cell, e.g. lr alone, gives a one-panel-wide figure) and room kept
+    # above the panels for it
+    title = textwrap.wrap(f"{task}: objective per trial (filled: complete, hollow: pruned at its last evaluation)",
+                          width=max(20, int(TITLE_CHARS_PER_INCH * width * columns)))
+    fig.suptitle("\n".join(title))
+    fig.tight_layout(rect=(0, 0, 1, 1 - TITLE_LINE_INCHES * len(title) / (height * len(cells))))
     return figures.save_figure(fig, stem)
 
 
