@@ -37,6 +37,7 @@ from benchmark.experiments.runner import Runner
 from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
 from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
 from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
+from benchmark.experiments.tuning_pruners import make_pruner
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
 from flowzoo.errors import ConfigError, FlowZooError
 
@@ -376,9 +377,7 @@ def design_record(design: TuningDesign, cell: Cell) -> str:
 def open_study(storage, suite: Suite, design: TuningDesign, cell: Cell, trial_seed: int = 0):
     import optuna
 
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=design.pruner.startup_trials,
-                                          n_warmup_steps=design.pruner.warmup_evaluations)
-              if design.pruner.name == "median" else optuna.pruners.NopPruner())
+    pruner = make_pruner(design.pruner.name, design.pruner.startup_trials, design.pruner.warmup_evaluations)
     study = optuna.create_study(storage=storage, study_name=f"{suite.name}/{cell.study_name}", direction="maximize",
                                 pruner=pruner, sampler=make_sampler(design, trial_seed), load_if_exists=True)
     record = design_record(design, cell)

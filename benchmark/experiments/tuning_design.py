@@ -28,11 +28,11 @@ from typing import Any
 
 import algorithms
 from benchmark.experiments.config import read_yaml
+from benchmark.experiments.tuning_pruners import PRUNERS
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping
 
 OBJECTIVES = ("auc", "final")
-PRUNERS = ("median", "none")
 SAMPLERS = ("tpe",)
 
 
@@ -46,7 +46,7 @@ class SamplerSpec:
 
 @dataclass
 class PrunerSpec:
-    name: str = "median"
+    name: str = "median"  # median, median_latest or none (benchmark/experiments/tuning_pruners.py)
     startup_trials: int = 5  # no pruning before this many trials finished
     warmup_evaluations: int = 10  # no pruning of a trial before this many of its evaluations
 
