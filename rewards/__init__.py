@@ -54,4 +54,18 @@ def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]]
     return MultiReward(built, weights)
 
 
-__all__ = ["Reward", "RewardOutput", "MultiReward", "REGISTRY", "register", "get", "names", "build"]
+def bounds(spec: str | Mapping[str, float]) -> tuple[float, float] | None:
+    """The closed range of a config's reward scores: the class's ``bounds`` for a name; for ``{name: weight}`` the
+    weighted sum's (MultiReward), or None when any component declares none."""
+    weights = {spec: 1.0} if isinstance(spec, str) else dict(spec)
+    low = high = 0.0
+    for name, weight in weights.items():
+        component = get(name).bounds
+        if component is None:
+            return None
+        ends = (float(weight) * component[0], float(weight) * component[1])
+        low, high = low + min(ends), high + max(ends)
+    return low, high
+
+
+__all__ = ["Reward", "RewardOutput", "MultiReward", "REGISTRY", "register", "get", "names", "build", "bounds"]

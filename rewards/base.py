@@ -30,6 +30,9 @@ class Reward:
     name: ClassVar[str] = "base"
     #: sample kinds this reward accepts ("points", "image", "video")
     accepts: ClassVar[tuple[str, ...]] = ("image",)
+    #: the closed range [low, high] every score lies in, where the reward guarantees one (None: unbounded or not
+    #: guaranteed); read by config checks (a success threshold outside it is refused), never to clip scores
+    bounds: ClassVar[tuple[float, float] | None] = None
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         raise NotImplementedError

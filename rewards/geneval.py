@@ -227,6 +227,7 @@ def check_score_kind(score: str, reward: str) -> str:
 @register("geneval")
 class GenEval(Reward):
     accepts = ("image",)
+    bounds = (0.0, 1.0)  # strict: 0 or 1; partial: the share of checks passed
     #: an image without any detection scores 0 partial credit (else an empty canvas earns the exclude checks' credit)
     empty_image_scores_zero: ClassVar[bool] = False
     #: what the error about missing metadata suggests

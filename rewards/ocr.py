@@ -108,6 +108,7 @@ class OcrReward(Reward):
     """Flow-GRPO's OCR reward on images [B, 3, H, W] in [0, 1]; see the module docstring for the exact rule."""
 
     accepts = ("image",)
+    bounds = (0.0, 1.0)
 
     def __init__(self, upscale: int = 1, pad: int = 0):
         if not isinstance(upscale, int) or upscale < 1:
@@ -128,6 +129,7 @@ class VideoOcrReward(Reward):
     """The OCR reward on videos [B, F, 3, H, W]: frames 0, k, 2k, ... are scored and averaged (k = ``frame_stride``)."""
 
     accepts = ("video",)
+    bounds = (0.0, 1.0)  # the mean of frames' OCR scores
 
     def __init__(self, frame_stride: int = 4):
         if not isinstance(frame_stride, int) or frame_stride < 1:

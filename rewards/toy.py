@@ -24,6 +24,7 @@ class ToyModeReward(Reward):
     """Dense: exp(-d^2 / (2 scale^2)) with d the distance to the class's minority mode."""
 
     accepts = ("points",)
+    bounds = (0.0, 1.0)
 
     def __init__(self, scale: float = 0.5):
         if not (isinstance(scale, (int, float)) and scale > 0 and 0 < scale * scale < math.inf):
@@ -41,6 +42,7 @@ class ToyTargetReward(Reward):
     """Sparse: 1 inside a small disc just outside the minority mode, else 0 (the base model rarely succeeds)."""
 
     accepts = ("points",)
+    bounds = (0.0, 1.0)
 
     def score(self, samples, prompts, metadata) -> RewardOutput:
         d = ((samples.float() - _targets(metadata, "hard_target", self.name, samples.device)) ** 2).sum(dim=1).sqrt()

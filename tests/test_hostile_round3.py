@@ -809,3 +809,54 @@ def test_study_timing_with_a_cost_that_is_no_positive_number_is_one_line(tmp_pat
     timing.write_text(f"repeat,cell,task,algorithm,s_per_step\n0,t/flow_grpo,t,flow_grpo,1.0\n0,t/op_grpo,t,op_grpo,{cost}\n")
     assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200", "--timing", str(timing)]) == 2
     assert "s_per_step of t/op_grpo (repeat 0)" in _one_error_line(capsys) and not (tmp_path / "study").exists()
+
+
+# ---- the difficulty sampler's threshold outside its reward's range ---------------------------------------------------
+@pytest.mark.parametrize("threshold,rate", [(1.0, 0), (1.5, 0), (-0.1, 1)])
+def test_a_difficulty_threshold_outside_the_reward_range_is_refused(tmp_path, capsys, threshold, rate):
+    """toy_mode scores lie in [0, 1]: "reward > 1" never holds (pass rate 0), "reward > -0.1" always does (rate 1);
+    the band [0.25, 0.75] keeps neither, so every step paid max_rounds rollouts for uniform sampling."""
+    args = ["train", TOY, "train.prompt_sampler.name=difficulty",
+            f"train.prompt_sampler.success_threshold={threshold}", f"run_dir={tmp_path / 'run'}"]
+    assert main(args) == 2
+    err = _one_error_line(capsys)
+    assert f"success_threshold {threshold:g}" in err and f"pass rate is {rate}" in err
+    assert "[0.25, 0.75]" in err and "give a threshold in [0, 1)" in err and "'toy_mode'" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_difficulty_threshold_is_kept_where_the_band_or_the_reward_allows_it():
+    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.inert import check_threshold_in_reward_range
+
+    def check(*overrides):
+        config = load_config(TOY, ["train.prompt_sampler.name=difficulty", *overrides])
+        check_threshold_in_reward_range(config)
+
+    check("train.prompt_sampler.success_threshold=0.99")  # inside [0, 1)
+    check("train.prompt_sampler.success_threshold=1.0", "train.prompt_sampler.low=0.0")  # rate 0 is in the band
+    check("train.prompt_sampler.success_threshold=-1", "train.prompt_sampler.high=1.0")  # rate 1 is in the band
+    # weights stretch the range: 2 x toy_mode lies in [0, 2], so 1.5 can be passed
+    check("train.prompt_sampler.success_threshold=1.5", "reward={toy_mode: 2.0}")
+    with pytest.raises(Exception, match="give a threshold in \\[0, 2\\)"):
+        check("train.prompt_sampler.success_threshold=2.0", "reward={toy_mode: 2.0}")
+
+
+def test_reward_bounds_of_names_and_weighted_sums():
+    import rewards
+
+    assert rewards.bounds("toy_target") == (0.0, 1.0)
+    assert rewards.bounds({"toy_mode": 2.0, "toy_target": -1.0}) == (-1.0, 2.0)
+    assert rewards.bounds("pickscore") is None and rewards.bounds({"toy_mode": 1.0, "jpeg_compressibility": 1.0}) is None
+
+
+def test_the_refusal_premise_no_group_is_kept_when_the_threshold_is_at_the_top():
+    from algorithms.prompt_samplers.filters import BalancedDifficulty, DifficultyConfig
+
+    sampler = BalancedDifficulty.__new__(BalancedDifficulty)
+    sampler.config = DifficultyConfig(success_threshold=1.0)
+    generator = torch.Generator().manual_seed(0)
+    groups = [torch.rand(8, generator=generator) for _ in range(200)] + [torch.ones(8), torch.zeros(8)]
+    assert not any(sampler.keeps(g) for g in groups)
+    sampler.config = DifficultyConfig(success_threshold=0.5)
+    assert any(sampler.keeps(g) for g in groups)

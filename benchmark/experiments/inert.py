@@ -11,10 +11,17 @@ check, and ``grad-snr`` (which then reports the zero gradient) are not refused.
 * ``algorithm.ema`` on with ``ema_every`` such that the average never moves: it first moves after optimizer step
   ``ema_every - 1`` (``algorithms/ema.py``), and a run takes at most ``train.steps x inner_epochs x minibatches``
   optimizer steps; fewer, and every evaluation and the export are the base model.
+* the ``difficulty`` prompt sampler with a ``success_threshold`` outside its reward's range (``rewards.bounds``): at
+  or above the top every sample fails (pass rate 0), below the bottom every sample passes (pass rate 1); when the
+  band ``[low, high]`` excludes that rate no group is ever kept, so every step pays ``max_rounds`` rollouts and
+  trains on the fallback groups, uniform sampling at several times the cost. Rewards without declared bounds (CLIP
+  family, JPEG, UnifiedReward) are not checked.
 """
 
 from __future__ import annotations
 
+import rewards
+from algorithms import prompt_samplers
 from algorithms.base import AlgorithmConfig
 from benchmark.experiments.config import ExperimentConfig
 from flowzoo.errors import ConfigError
@@ -43,3 +50,30 @@ def check_trains_something(config: ExperimentConfig, algorithm_config: Algorithm
                 f"{config.train.steps} x inner_epochs {algorithm_config.inner_epochs} x minibatches "
                 f"{algorithm_config.minibatches}), so every evaluation and the export would be the base model; give "
                 f"ema_every <= {total + 1}, more steps, or ema: false")
+    check_threshold_in_reward_range(config)
+
+
+def check_threshold_in_reward_range(config: ExperimentConfig) -> None:
+    """``ConfigError`` when the difficulty sampler's pass rate is constant and outside its band (module docstring)."""
+    spec = prompt_samplers.spec_of(config.train.prompt_sampler)
+    if spec is None or spec["name"] != "difficulty":
+        return
+    _, sampler = prompt_samplers.typed_config(spec)
+    bounds = rewards.bounds(config.reward)
+    if bounds is None:
+        return
+    low, high = bounds
+    threshold = sampler.success_threshold
+    if threshold >= high:
+        rate, side = 0, f"at or above the reward's top {high:g}: no sample scores above it"
+    elif threshold < low:
+        rate, side = 1, f"below the reward's bottom {low:g}: every sample scores above it"
+    else:
+        return
+    if sampler.low <= rate <= sampler.high:
+        return
+    raise ConfigError(
+        f"train.prompt_sampler difficulty: success_threshold {threshold:g} is {side}, so every group's pass rate is "
+        f"{rate}, outside the kept band [{sampler.low:g}, {sampler.high:g}]: no group is ever kept and every step "
+        f"pays max_rounds {sampler.max_rounds} rollouts for uniform sampling; give a threshold in [{low:g}, {high:g}) "
+        f"for reward {config.reward!r}")
