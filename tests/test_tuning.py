@@ -300,3 +300,21 @@ def test_a_trial_killed_before_its_worker_claimed_it_is_failed_not_left_running(
     young.set_user_attr("worker", "elsewhere:1")
     fail_dead_trials(study, grace_s=3600.0)
     assert study.get_trials(deepcopy=False)[young.number].state.name == "RUNNING"
+
+
+def test_a_database_server_must_answer_within_the_connect_timeout(monkeypatch):
+    """A PostgreSQL or MySQL URL of an unroutable host waited for the OS (minutes) before the one-line error."""
+    import optuna
+
+    seen = {}
+
+    def fake_storage(url, engine_kwargs=None, **_):
+        seen[url] = engine_kwargs
+        raise RuntimeError("could not connect to server: timeout expired")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", fake_storage)
+    for url in ("postgresql://10.255.255.1/tune", "mysql+pymysql://10.255.255.1/tune"):
+        with pytest.raises(ConfigError, match="RuntimeError: could not connect"):
+            tuning.open_storage(url)
+        assert seen[url] == {"connect_args": {"connect_timeout": tuning.CONNECT_TIMEOUT_S}}
+    assert tuning.engine_kwargs("sqlite:////shared/tune.db") == {"connect_args": {"timeout": 120}}

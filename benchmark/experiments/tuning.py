@@ -349,13 +349,28 @@ def check_report_storage(url: str, suite: Suite) -> None:
                           f"`flowzoo tune {suite.name}` with the same --runs first, or give its --storage URL")
 
 
+#: seconds a database server may take to accept a connection before the tune command fails in one line
+CONNECT_TIMEOUT_S = 30
+
+
+def engine_kwargs(url: str) -> dict:
+    """SQLAlchemy engine arguments by database: SQLite waits up to 120 s for another worker's write lock; a server
+    (PostgreSQL, MySQL) must answer within ``CONNECT_TIMEOUT_S`` (their drivers' default is to wait for the OS, minutes
+    on an unroutable host)."""
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 120}}
+    if url.startswith(("postgresql", "postgres", "mysql", "mariadb")):
+        return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+    return {}
+
+
 def open_storage(url: str):
     """An Optuna RDB storage with heartbeats (a dead process's trial is failed and re-run)."""
     import optuna
 
     import warnings
 
-    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
+    kwargs = engine_kwargs(url)
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5; we rely on them knowingly
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
