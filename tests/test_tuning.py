@@ -318,3 +318,19 @@ def test_a_database_server_must_answer_within_the_connect_timeout(monkeypatch):
             tuning.open_storage(url)
         assert seen[url] == {"connect_args": {"connect_timeout": tuning.CONNECT_TIMEOUT_S}}
     assert tuning.engine_kwargs("sqlite:////shared/tune.db") == {"connect_args": {"timeout": 120}}
+
+
+def test_a_storage_password_never_reaches_an_error_line(monkeypatch):
+    import optuna
+
+    def refuse(url, **_):
+        raise RuntimeError("connection refused")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", refuse)
+    with pytest.raises(ConfigError) as error:
+        tuning.open_storage("postgresql://ana:s3cret@db.example/tune")
+    assert "s3cret" not in str(error.value) and "postgresql://ana:***@db.example/tune" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        tuning.check_storage("postgresql://ana:s3cret@db.example:notaport/tune")
+    assert "s3cret" not in str(error.value)
+    assert tuning.shown_url("sqlite:////shared/tune.db") == "sqlite:////shared/tune.db"

@@ -349,6 +349,13 @@ def check_report_storage(url: str, suite: Suite) -> None:
                           f"`flowzoo tune {suite.name}` with the same --runs first, or give its --storage URL")
 
 
+def shown_url(url: str) -> str:
+    """A storage URL as errors print it: its password masked (``postgresql://user:***@host/db``)."""
+    import re
+
+    return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
+
+
 #: seconds a database server may take to accept a connection before the tune command fails in one line
 CONNECT_TIMEOUT_S = 30
 
@@ -377,7 +384,7 @@ def open_storage(url: str):
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                               grace_period=GRACE_S, heartbeat_stale_trial_callback=_retry)
     except Exception as error:  # sqlalchemy's errors: a bad URL, an unreachable server
-        raise ConfigError(f"--storage {url}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"--storage {shown_url(url)}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
 
 
 def design_record(design: TuningDesign, cell: Cell) -> str:
@@ -488,8 +495,8 @@ def check_storage(url: str, executor_kind: str = "local") -> str | None:
 
     try:
         parsed = make_url(url)
-    except ArgumentError as error:  # not a URL
-        raise ConfigError(f"--storage {url}: not a database URL ({str(error).splitlines()[0]}); e.g. "
+    except (ArgumentError, ValueError) as error:  # not a URL, or a port that is no number
+        raise ConfigError(f"--storage {shown_url(url)}: not a database URL ({str(error).splitlines()[0]}); e.g. "
                           f"sqlite:////shared/tune.db or postgresql://host/db") from None
     if not parsed.drivername.startswith("sqlite"):
         return None
@@ -617,7 +624,7 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
     budget = trials or design.trials
     where = f"{workers} {executor.kind} job(s)" if executor is not None else f"{workers} worker(s)"
     print(f"tune {suite.name}: {len(cells)} cells x {budget} trials x {len(design.seeds)} seeds "
-          f"(objective {design.objective}), storage {url}, {where}", flush=True)
+          f"(objective {design.objective}), storage {shown_url(url)}, {where}", flush=True)
     if note:
         print(f"tune {suite.name}: {note}", flush=True)
     args = (suite_ref, tasks, algorithms, trials, url, str(trials_dir))
