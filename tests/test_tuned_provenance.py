@@ -102,12 +102,12 @@ def test_a_killed_fresh_tuned_run_is_still_recognised_as_a_leftover(tmp_path):
 
 
 def test_committed_tuned_runs_with_and_without_notes_load():
-    """The sparse task's first 100 tuned runs predate the note; the 280 made after it (the dense task, the sparse
-    ablations and the sparse prompt-sampler controls) name their tuned directory."""
+    """The sparse task's first 100 tuned runs predate the note; the 360 made after it (the dense task, the sparse
+    ablations and both tasks' prompt-sampler controls) name their tuned directory."""
     runs_dir = ROOT / "reports" / "example-op-grpo-study" / "tuned" / "run-metrics"
     recipes: dict = {}
     runs = load_runs(runs_dir, recipes=recipes)
-    assert len(recipes) == runs["run"].nunique() == 380
+    assert len(recipes) == runs["run"].nunique() == 460
     noted = {run for run, where in recipes.items() if where is not None}
-    assert set(recipes.values()) == {None, "reports/example-op-grpo-study-tuning/tuned"} and len(noted) == 280
+    assert set(recipes.values()) == {None, "reports/example-op-grpo-study-tuning/tuned"} and len(noted) == 360
     assert all("dense" in run or "op_grpo_no" in run or "naive_is" in run or "@" in run for run in noted)
