@@ -860,3 +860,16 @@ def test_the_refusal_premise_no_group_is_kept_when_the_threshold_is_at_the_top()
     assert not any(sampler.keeps(g) for g in groups)
     sampler.config = DifficultyConfig(success_threshold=0.5)
     assert any(sampler.keeps(g) for g in groups)
+
+
+def test_a_metrics_file_over_the_size_bound_is_skipped_unread(tmp_path):
+    """A 2 GiB metrics.csv (sparse: no disk used) was read whole into memory before any check."""
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+    metrics = _write_run(runs, "flow_grpo", 2, [0.0] * 5)
+    with open(metrics, "r+b") as handle:
+        handle.truncate(2 << 30)
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "index.md").read_text()
+    assert "skipped (unreadable): 1" in report and "2.0 GiB, over the 1 GiB a run's metrics may hold" in report

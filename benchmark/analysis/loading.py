@@ -174,14 +174,24 @@ def _config_int(config: Mapping, dotted_key: str, path: Path) -> int:
 NAN_TEXTS = frozenset({"nan", "NaN", "NAN", "-nan", "+nan"})
 
 
+#: the most bytes a run's metrics.csv may hold: a run writes a few hundred bytes a step, so 1 GiB is millions of steps;
+#: a larger file is damage or something else, and reading it whole could take the machine's memory
+MAX_METRICS_BYTES = 1 << 30
+
+
 def read_metrics(path: Path) -> pd.DataFrame:
     """A run's metrics.csv, validated: ``RunError`` naming the file and what is wrong (a run's file, not a config) when
     it is empty, binary or not CSV; when its last line is cut mid-row (no line end: an interrupted write or a full
     disk; a value cut short would read as another number); when a row has another number of fields than the header;
     when a required column is missing or holds text; when a value is written ``nan`` (the runner writes a missing
     value as an empty field: ``nan`` is a result that was not a number, and dropping it would report an earlier
-    evaluation as the last); or infinite; when it holds a header and no rows."""
+    evaluation as the last); or infinite; when it holds a header and no rows; when it is over ``MAX_METRICS_BYTES``
+    (checked before reading)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_METRICS_BYTES:
+            raise RunError(f"{path}: {size / (1 << 30):.1f} GiB, over the {MAX_METRICS_BYTES >> 30} GiB a run's "
+                           "metrics may hold (a run writes a few hundred bytes a step); not read; move the run out")
         data = path.read_bytes()
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
