@@ -111,3 +111,20 @@ def test_committed_tuned_runs_with_and_without_notes_load():
     noted = {run for run, where in recipes.items() if where is not None}
     assert set(recipes.values()) == {None, "reports/example-op-grpo-study-tuning/tuned"} and len(noted) == 360
     assert all("dense" in run or "op_grpo_no" in run or "naive_is" in run or "@" in run for run in noted)
+
+
+def test_committed_tiny_tuned_runs_ran_at_their_cells_tuned_learning_rates():
+    """Every run of the tiny study's tuned page names the tiny tuning's files, and its lr is its cell's chosen one (the
+    @buffer_prompts control takes Flow-GRPO's): a run at the shared lr 1e-3 would be a shared-recipe run mislabelled."""
+    runs_dir = ROOT / "reports" / "example-tiny-rare-counting-study" / "tuned" / "run-metrics"
+    tuned = ROOT / "reports" / "example-tiny-rare-counting-study-tuning" / "tuned"
+    chosen = {(task.name, file.stem): yaml.safe_load(file.read_text())["algorithm_keys"]["lr"]
+              for task in tuned.iterdir() for file in task.glob("*.yaml")}
+    configs = sorted(runs_dir.rglob("config.yaml"))
+    assert len(configs) == len({c.parent for c in configs}) and len(configs) in (80, 100)
+    for path in configs:
+        config = yaml.safe_load(path.read_text())
+        assert config["recipe"]["tuned"] == "reports/example-tiny-rare-counting-study-tuning/tuned", path
+        name = config["algorithm"]["name"]
+        cell = (config["task"], name) if (config["task"], name) in chosen else (config["task"].split("@")[0], name)
+        assert config["algorithm"]["lr"] == chosen[cell] != 1e-3, path
