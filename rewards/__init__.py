@@ -29,10 +29,15 @@ from rewards import geneval  # noqa: E402,F401
 from rewards import shapes  # noqa: E402,F401
 
 
+def _weights(spec: str | Mapping[str, float]) -> dict[str, float]:
+    """A config's ``reward``: a name is that reward at weight 1; a mapping is ``{name: weight}``."""
+    return {spec: 1.0} if isinstance(spec, str) else dict(spec)
+
+
 def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]] | None = None) -> Reward:
     """The reward of a config: ``"name"`` or ``{"name": weight, ...}``; ``args[name]`` are constructor kwargs."""
     args = dict(args or {})
-    weights = {spec: 1.0} if isinstance(spec, str) else dict(spec)
+    weights = _weights(spec)
     if not weights:
         raise ConfigError("reward: give a reward name or a mapping {name: weight}")
     unused = set(args) - set(weights)
@@ -57,9 +62,8 @@ def build(spec: str | Mapping[str, float], args: Mapping[str, Mapping[str, Any]]
 def bounds(spec: str | Mapping[str, float]) -> tuple[float, float] | None:
     """The closed range of a config's reward scores: the class's ``bounds`` for a name; for ``{name: weight}`` the
     weighted sum's (MultiReward), or None when any component declares none."""
-    weights = {spec: 1.0} if isinstance(spec, str) else dict(spec)
     low = high = 0.0
-    for name, weight in weights.items():
+    for name, weight in _weights(spec).items():
         component = get(name).bounds
         if component is None:
             return None

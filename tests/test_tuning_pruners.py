@@ -22,13 +22,12 @@ def finished_curve(drop: float) -> list[float]:
     return [BASE] + [BASE - drop] * 12
 
 
-def run_study(pruner_name: str, candidate: list[float], finished=(0.02, 0.03, 0.04, 0.05)):
-    """Four finished trials, then a candidate reporting the running-mean ``auc`` of ``candidate``: the step at
-    which it was pruned, or None."""
+def run_study(pruner_name: str, candidate: list[float], finished=(0.02, 0.03, 0.04, 0.05), curves=None):
+    """Four finished trials (``curves``, else ``finished_curve`` of each drop in ``finished``), then a candidate
+    reporting the running-mean ``auc`` of ``candidate``: the step at which it was pruned, or None."""
     study = optuna.create_study(direction="maximize", pruner=make_pruner(pruner_name, 4, 6))
-    for drop in finished:
+    for curve in curves or [finished_curve(drop) for drop in finished]:
         trial = study.ask()
-        curve = finished_curve(drop)
         for step in range(len(curve)):
             trial.report(objective_value([curve[: step + 1]], "auc"), step)
         study.tell(trial, objective_value([curve], "auc"))
@@ -59,20 +58,7 @@ def test_both_prune_alike_when_the_partial_objective_only_rises():
     study_curves = [[BASE + 0.01 * k * r for k in range(13)] for r in (2, 3, 4, 5)]
     slow = [BASE + 0.005 * k for k in range(13)]
     for name in ("median", "median_latest"):
-        study = optuna.create_study(direction="maximize", pruner=make_pruner(name, 4, 6))
-        for curve in study_curves:
-            trial = study.ask()
-            for step in range(13):
-                trial.report(objective_value([curve[: step + 1]], "auc"), step)
-            study.tell(trial, objective_value([curve], "auc"))
-        trial = study.ask()
-        pruned_at = None
-        for step in range(13):
-            trial.report(objective_value([slow[: step + 1]], "auc"), step)
-            if trial.should_prune():
-                pruned_at = step
-                break
-        assert pruned_at == 6, name
+        assert run_study(name, slow, curves=study_curves) == 6, name
 
 
 def test_median_latest_waits_for_startup_trials():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -351,8 +352,6 @@ def check_report_storage(url: str, suite: Suite) -> None:
 
 def shown_url(url: str) -> str:
     """A storage URL as errors print it: its password masked (``postgresql://user:***@host/db``)."""
-    import re
-
     return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
 
 
