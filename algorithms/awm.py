@@ -243,13 +243,23 @@ class AWM(Algorithm):
             count = self.dist.sum(len(minibatch))
             if count == 0:
                 continue
-            times, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            source, x0_source, scale, nfe = traj, x0_all, 1.0, self.model.nfe
+            if self.model.sharded and not len(minibatch):  # lockstep: the calls of one row, weighted 0
+                source, minibatch, scale = self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0
+                x0_source = at_least_float32(source.final)
+                times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+            elif len(minibatch):
+                times, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            else:  # no row here, and (replicated) no call to keep in step with the other processes
+                times = noise = None
             self.optimizer.zero_grad(set_to_none=True)
             for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
+                if not len(part):
+                    continue
                 rows = minibatch[part]
                 n = len(rows)
                 # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
-                x0 = x0_all[rows].repeat(k, *([1] * (x0_all.dim() - 1)))
+                x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
                 t = times[part].T.reshape(-1).to(x0.device)
                 eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
                 s = t.reshape(-1, *([1] * (x0.dim() - 1)))
@@ -259,31 +269,34 @@ class AWM(Algorithm):
                     v_old = None
                     if index > 0:
                         with rollout_weights.swapped_in():
-                            v_old = self._velocity(x_t, t, traj, rep)
+                            v_old = self._velocity(x_t, t, source, rep)
                     v_ref = v_copy = None
                     if cfg.kl_beta > 0:
                         with self.model.reference():
-                            v_ref = self._velocity(x_t, t, traj, rep)
+                            v_ref = self._velocity(x_t, t, source, rep)
                     if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
                         with self.kl_copy.swapped_in():
-                            v_copy = self._velocity(x_t, t, traj, rep)
-                v = self._velocity(x_t, t, traj, rep)
+                            v_copy = self._velocity(x_t, t, source, rep)
+                v = self._velocity(x_t, t, source, rep)
                 log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
                 if v_old is None:
                     old = log_prob.detach()
                 else:
                     old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+                adv = scaled[rows] if scale else scaled.new_zeros(n)  # a padding row has none
                 if cfg.loss_type == "exp_first":
-                    terms = ppo_clip_loss(log_prob, old, scaled[rows].double().expand(k, n), cfg.clip_range)
+                    terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
                     policy = terms.loss.sum()
                 else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
-                    terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), scaled[rows].double(), cfg.clip_range)
+                    terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), adv.double(), cfg.clip_range)
                     policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
                 none = log_prob.new_zeros(k * n)  # a KL term that is off
                 kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
                 kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
                 total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
-                (total / (count * k)).backward()
+                (total * scale / (count * k)).backward()
+                if not scale:
+                    continue
                 with torch.no_grad():
                     sums["loss"] += float(total)
                     sums["kl"] += float(kl.sum())
@@ -293,6 +306,8 @@ class AWM(Algorithm):
                     sums["ratio"] += float(terms.ratio.sum()) * weight
                     sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
                     sums["pairs"] += k * n
+            if not scale:  # evaluations that train nothing are not counted
+                self.model.nfe = nfe
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

@@ -38,6 +38,7 @@ from algorithms import prompt_samplers
 from algorithms.advantages import Aggregation, StdMode, combined_advantages, zero_std_fraction
 from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from algorithms.ema import WeightEMA
+from algorithms.lockstep import CallLedger, requested as lockstep_requested
 from algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
 from algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from algorithms.rollout import initial_noise, rollout, sample_generators
@@ -314,6 +315,21 @@ class Algorithm:
         #: the moving average of the trainable weights the run evaluates with (``ema``), or None
         self.ema = (WeightEMA(model.trainable_parameters(), self.config.ema_decay, self.config.ema_every)
                     if self.config.ema else None)
+        #: the transformer calls of each phase, compared over processes after every step (algorithms/lockstep.py):
+        #: a sharded model under FLOWZOO_CHECK_LOCKSTEP=1, else None
+        self.lockstep = CallLedger.attach(model) if model.sharded and lockstep_requested() else None
+        #: one row of this step's first rollout: the input of a padding call on a process left with no rows
+        self._padding_source: Trajectory | None = None
+
+    def lockstep_phase(self, name: str) -> contextlib.AbstractContextManager:
+        """Within this context the lockstep check files the transformer calls under phase ``name``."""
+        return self.lockstep.phase(name) if self.lockstep is not None else contextlib.nullcontext()
+
+    def check_lockstep(self, where: str) -> None:
+        """Compare the transformer calls every process made since the last check (a collective; a no-op unless
+        the check is on): one-line ``LockstepError`` naming ``where``, the phase and the counts on a difference."""
+        if self.lockstep is not None:
+            self.lockstep.check(self.dist, where)
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager:
         """The weights evaluation samples with: within this context the trainable parameters hold the moving average
@@ -464,7 +480,10 @@ class Algorithm:
         self.current_draw = draw
         self.model.nfe = 0
         t0 = time.perf_counter()
-        traj = self.collect(list(prompts), metadata)
+        with self.lockstep_phase("rollout"):
+            traj = self.collect(list(prompts), metadata)
+        if self.model.sharded and len(traj):
+            self._padding_source = traj.select([0])
         t1 = time.perf_counter()
         if traj.rewards is None:
             self.score(traj)
@@ -472,13 +491,15 @@ class Algorithm:
         outcomes = self._outcomes(batch, draw)
         if draw is not None and self.prompt_sampler is not None and self.prompt_sampler.filters:
             t_fill = time.perf_counter()
-            traj, batch = self._filled_batch(traj, batch, draw, at_step if at_step is not None else 0, outcomes)
+            with self.lockstep_phase("rollout"):
+                traj, batch = self._filled_batch(traj, batch, draw, at_step if at_step is not None else 0, outcomes)
             t1 += time.perf_counter() - t_fill  # the extra rounds are sampling time (their scoring included)
         nfe_sampling = self.model.nfe
         advantages = self.advantages(batch)[batch.local]
         t2 = time.perf_counter()
         self.model.nfe = 0
-        update = self.update(traj, advantages)
+        with self.lockstep_phase("update"):
+            update = self.update(traj, advantages)
         t3 = time.perf_counter()
         stats = StepStats(
             reward_mean=float(batch.rewards.mean()),
@@ -499,6 +520,7 @@ class Algorithm:
         self.current_draw = None
         stats.extra = self.logged
         self.iteration += 1
+        self.check_lockstep(f"training step {at_step if at_step is not None else self.iteration}")
         return stats
 
     def fresh_rollout(
@@ -692,21 +714,59 @@ class Algorithm:
             return 0
         return max(self.dist.all_gather_object(calls)) - calls
 
-    def _padding_call(self, traj: Trajectory, fused: list[torch.Tensor]) -> None:
-        """The collectives of one update chunk, with no effect on the update: sample 0's first transition scored
-        (with the KL reference's call when there is one) and back-propagated with weight 0 (zero gradients)."""
-        rows = torch.zeros(1, dtype=torch.long, device=traj.train.device)
+    @torch.no_grad()
+    def padding_forwards(self, count: int, traj: Trajectory) -> None:
+        """``count`` transformer calls without autograd whose results are discarded (each scores a row of ``traj``):
+        a process's share of calls that only some processes make, counted beforehand with ``lockstep_padding``
+        (forwards without autograd are the same collectives whatever their input and order)."""
+        if count:
+            source, nfe = self.padding_rows(traj), self.model.nfe  # evaluations that train nothing are not counted
+            for _ in range(count):
+                self.score_transition(source, torch.zeros(1, dtype=torch.long), 0)
+            self.model.nfe = nfe
+
+    def padding_rows(self, traj: Trajectory) -> Trajectory:
+        """A one-row trajectory a padding call runs on: ``traj``'s first row, or, when this process holds no row of
+        it (a filtering sampler kept only other processes' groups), the first row of this step's first rollout."""
+        if len(traj):
+            return traj.select([0])
+        if self._padding_source is None:
+            raise RuntimeError("a padding call on a process that holds no rows, before any rollout")
+        return self._padding_source
+
+    def _padding_call(self, traj: Trajectory, fused: list[torch.Tensor], step: int | None = None) -> None:
+        """The collectives of one update chunk, with no effect on the update: a row's transition ``step`` scored
+        (with the KL reference's call when there is one) and back-propagated with weight 0 (zero gradients). With a
+        kept rollout graph at ``step`` (``traj.live``) the row's kept graph is back-propagated, as a real chunk of that
+        step is; otherwise the transition is recomputed (a forward with autograd, then its backward)."""
+        live = traj.live if step is not None and traj.live and step in traj.live else None
+        source = traj if live else self.padding_rows(traj)  # a kept graph implies rows: the rollout's
+        rows = torch.zeros(1, dtype=torch.long, device=source.train.device)
         nfe = self.model.nfe  # evaluations that train nothing are not counted
-        out = self.score_transition(traj, rows, 0)  # not a kept rollout graph: its buffers serve one backward
-        if self.config.kl_beta > 0:
-            with torch.no_grad(), self.model.reference():
-                self.score_transition(traj, rows, 0)
+        out, kl = self._step_terms(source, rows, 0 if step is None else step, live)
         self.model.nfe = nfe
-        loss = out.log_prob.sum() * 0.0
+        loss = (out.log_prob.sum() + kl.sum()) * 0.0
         if self.model.fused_update:
             fused.append(loss)
         else:
             loss.backward()
+
+    def padded_chunks(self, traj: Trajectory, minibatch: torch.Tensor) -> list[tuple[torch.Tensor | None, Any]]:
+        """The minibatch's chunks (``transition_chunks``) with, under sharding, the padding chunks (rows None) that
+        keep the processes in lockstep: first as many recomputed chunks (step None) as this process lacks against the
+        one with the most, then, in step order, one chunk for every step with a kept rollout graph (each is
+        back-propagated once on every process, whatever rows of the minibatch it holds there)."""
+        chunks = list(self.transition_chunks(traj, minibatch))
+        if not self.model.sharded:
+            return chunks
+        live = traj.live or {}
+        recomputed = sum(1 for _, t in chunks if not (isinstance(t, int) and t in live))
+        padding = [(None, None)] * self.lockstep_padding(recomputed)
+        covered = {t for _, t in chunks if isinstance(t, int) and t in live}
+        missing = [(None, t) for t in sorted(set(live) - covered)]
+        if missing:  # the kept graphs' chunks in step order, as transition_chunks yields them
+            chunks = sorted(chunks + missing, key=lambda chunk: chunk[1] if isinstance(chunk[1], int) else -1)
+        return padding + chunks
 
     def update(self, traj: Trajectory, advantages: torch.Tensor) -> dict[str, Any]:
         """PPO-clip epochs over the rollout batch (Flow-GRPO's loss): per trained transition, the clipped surrogate of
@@ -725,12 +785,11 @@ class Algorithm:
             drift = [] if first_drift is None else None
             self.optimizer.zero_grad(set_to_none=True)
             fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
-            chunks = list(self.transition_chunks(traj, minibatch))
-            padding = self.lockstep_padding(len(chunks))
-            padded += padding
-            for _ in range(padding):
-                self._padding_call(traj, fused)
-            for rows, t in chunks:
+            for rows, t in self.padded_chunks(traj, minibatch):
+                if rows is None:
+                    self._padding_call(traj, fused, t)
+                    padded += 1
+                    continue
                 out, kl = self._step_terms(traj, rows, t, traj.live)
                 old = traj.log_probs[rows, t]
                 terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)

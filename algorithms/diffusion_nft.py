@@ -198,14 +198,24 @@ class DiffusionNFT(Algorithm):
             pairs = self.dist.sum(len(minibatch)) * k  # the global count normalises the loss
             if pairs == 0:
                 continue
-            steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            source, x0_source, scale, nfe = traj, x0_all, 1.0, self.model.nfe
+            if self.model.sharded and not len(minibatch):  # lockstep: the calls of one row, weighted 0
+                source, minibatch, scale = self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0
+                x0_source = at_least_float32(source.final)
+                steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+            elif len(minibatch):
+                steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
+            else:  # no row here, and (replicated) no call to keep in step with the other processes
+                steps = noise = None
             self.optimizer.zero_grad(set_to_none=True)
             # the k timesteps one after another, or (a fused tier, FlowModel.fused_update) stacked as one batch,
             # timestep-major: the same loss terms, one forward and backward
             for js in ([list(range(k))] if self.model.fused_update else [[j] for j in range(k)]):
                 for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
+                    if not len(part):
+                        continue
                     rows = minibatch[part].repeat(len(js))
-                    x0 = x0_all[rows]
+                    x0 = x0_source[rows]
                     sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
                     s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
                     x_t = (1 - s) * x0 + s * noise[part][:, js].transpose(0, 1).reshape(x0.shape)
@@ -213,17 +223,20 @@ class DiffusionNFT(Algorithm):
                     # writes the parameters in place, which must not happen under a live graph
                     with torch.no_grad():
                         with self.old_policy.swapped_in():
-                            v_old = self._velocity(x_t, sigma, traj, rows)
+                            v_old = self._velocity(x_t, sigma, source, rows)
                         v_ref = None
                         if cfg.kl_beta > 0:
                             with self.model.reference():
-                                v_ref = self._velocity(x_t, sigma, traj, rows)
-                    v = self._velocity(x_t, sigma, traj, rows)
+                                v_ref = self._velocity(x_t, sigma, source, rows)
+                    v = self._velocity(x_t, sigma, source, rows)
                     v, v_old = at_least_float32(v), at_least_float32(v_old)
+                    adv = advantages[rows] if scale else advantages.new_zeros(len(rows))  # padding: none
                     terms = nft_loss(v, v_old, None if v_ref is None else at_least_float32(v_ref), x_t,
-                                     x0, sigma, advantages[rows].to(x0.device), cfg.nft_beta, cfg.adv_clip,
+                                     x0, sigma, adv.to(x0.device), cfg.nft_beta, cfg.adv_clip,
                                      cfg.kl_beta)
-                    (terms.loss.sum() / pairs).backward()
+                    (terms.loss.sum() * scale / pairs).backward()
+                    if not scale:
+                        continue
                     with torch.no_grad():
                         sums["loss"] += float(terms.loss.sum())
                         sums["kl"] += float(terms.kl.sum())
@@ -231,6 +244,8 @@ class DiffusionNFT(Algorithm):
                         sums["old_deviation"] += float(((v - v_old) ** 2).mean(dim=dims).sum())
                         sums["r"] += float(terms.r.sum())
                         sums["pairs"] += len(rows)
+            if not scale:  # evaluations that train nothing are not counted
+                self.model.nfe = nfe
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

@@ -239,6 +239,15 @@ class OPGRPO(Algorithm):
             old[r, t] = self.score_transition(traj, first + r, t).log_prob
         return old
 
+    def _uneven_calls(self, n_fresh: int, n_replayed: int) -> int:
+        """The transformer calls of ``_hybrid_rollout`` and ``_recompute_old`` that depend on this process's rows:
+        one per step before t_off for the fresh rows' head, and the chunks of the replayed rows' recomputed pi_old."""
+        head = self.t_off if n_fresh and self.t_off > 0 else 0
+        if not n_replayed or self.config.correction == "naive":
+            return head
+        reused_steps = int(self.step_plan(1).sde[: self.t_off].sum())
+        return head + -(-n_replayed * reused_steps // (n_fresh + n_replayed))
+
     def _replay_inputs(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
                        ) -> tuple[RolloutInputs, torch.Tensor, torch.Tensor]:
         """The buffer samples ``rows`` (of all the chosen groups' samples) as rollout inputs whose ``x`` is the stored
@@ -372,10 +381,15 @@ class OPGRPO(Algorithm):
         replay = stored = pi_off = None
         if len(spans[-1]):
             replay, stored, pi_off = self._replay_inputs(groups, prompts, metadata, spans[-1])
+        # the calls only some processes make, the fresh rows' head rollout (steps before t_off) and the recomputed
+        # pi_old of the replayed rows: a process that makes fewer pads with as many no-grad calls, counted here,
+        # before any of them (algorithms/lockstep.py)
+        padding = self.lockstep_padding(self._uneven_calls(n_fresh, 0 if replay is None else len(replay.prompts)))
         traj = self._hybrid_rollout(fresh, replay, stored)
         abs_log_ratio = (torch.zeros(self.num_steps), torch.zeros(self.num_steps))
         if replay is not None:
             traj.log_weight[n_fresh:], abs_log_ratio = self._weigh_replayed(traj, pi_off, n_fresh)
+        self.padding_forwards(padding, traj)
         self._log_abs_log_ratio(*abs_log_ratio)
         versions = [e.version for entries in groups.values() for e in entries]
         self.log("versions_age", self.iteration - sum(versions) / len(versions))

@@ -34,7 +34,7 @@ import torch
 from flowzoo.errors import ConfigError
 from models import register
 from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel
+from models.diffusers_common import DiffusersFlowModel, Finetune
 
 #: Flow-GRPO's FLUX LoRA targets (yifan123/flow_grpo scripts/train_flux.py:411-424 at 27b6ef8; LoraConfig(r=64,
 #: lora_alpha=128, init_lora_weights="gaussian"), :425-430): the joint attention of the 19 double-stream blocks with
@@ -102,6 +102,7 @@ class FluxModel(DiffusersFlowModel):
         *,
         resolution: int = 512,
         distilled_guidance: float = 3.5,
+        finetune: Finetune = "lora",
         lora_rank: int = 64,
         lora_alpha: float = 128,
         lora_targets: Sequence[str] | None = None,
@@ -116,6 +117,7 @@ class FluxModel(DiffusersFlowModel):
             raise ConfigError(f"flux distilled_guidance must be a finite number >= 0, got {distilled_guidance!r}")
         super().__init__(
             path,
+            finetune=finetune,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             lora_targets=lora_targets,

@@ -32,7 +32,7 @@ import torch
 from flowzoo.errors import ConfigError
 from models import register
 from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel
+from models.diffusers_common import DiffusersFlowModel, Finetune
 from models.flux import check_square_resolution, pipeline_shift
 
 #: Flow-GRPO's Qwen-Image LoRA targets (yifan123/flow_grpo scripts/train_qwenimage.py:410-423 at 27b6ef8;
@@ -67,6 +67,7 @@ class QwenImageModel(DiffusersFlowModel):
         path: str | os.PathLike | None = None,
         *,
         resolution: int = 512,
+        finetune: Finetune = "lora",
         lora_rank: int = 64,
         lora_alpha: float = 128,
         lora_targets: Sequence[str] | None = None,
@@ -78,6 +79,7 @@ class QwenImageModel(DiffusersFlowModel):
     ) -> None:
         super().__init__(
             path,
+            finetune=finetune,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             lora_targets=lora_targets,

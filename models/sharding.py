@@ -103,10 +103,24 @@ def check_request(model_cls: type, model_args: dict) -> None:
                   else "the accelerate config's distributed_type: FSDP")
         raise ConfigError(f"{source} asks for FSDP sharding, but model {model_cls.name!r} has no transformer blocks "
                           f"to shard; shardable models: {', '.join(valid)}")
+    if not sum_reduction_available():
+        raise ConfigError(f"FSDP sharding needs torch >= 2.8 (FSDPModule.set_force_sum_reduction_for_comms, which makes "
+                          f"the gradient reduce-scatter a plain sum); this is torch {torch.__version__}")
     version = os.environ.get("FSDP_VERSION")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and version not in (None, "2"):
         raise ConfigError(f"the accelerate config asks for fsdp_version {version}; the runner shards with FSDP2: "
                           f"set fsdp_version: 2")
+
+
+def sum_reduction_available() -> bool:
+    """Whether this torch's FSDP2 can reduce gradients with a plain sum (``set_force_sum_reduction_for_comms``,
+    pytorch/pytorch PR 155915, first released in torch 2.8): the runner's sharding needs it, since each process's loss
+    is already normalised by the global batch and gloo has no pre-multiplied sum."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6: no public FSDP2
+        return False
+    return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
 
 
 def reshard_after_forward() -> bool:

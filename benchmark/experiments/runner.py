@@ -169,7 +169,8 @@ class Runner:
         shard = self.dist.shard(len(prompts), even=False)
         starts = range(shard.start, shard.stop, chunk)
         # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
-        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool:
+        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, \
+                self.algorithm.lockstep_phase("evaluation"):
             # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
             # per missing chunk, so that every process makes as many calls (models/sharding.py)
             for _ in range(self.algorithm.lockstep_padding(len(starts))):
@@ -200,6 +201,7 @@ class Runner:
             if self.dist.is_main:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
                              rewards=scores.tolist())
+        self.algorithm.check_lockstep(f"the evaluation at step {step}")
         return result
 
     def _evaluation_noise(self, count: int) -> torch.Tensor | list[torch.Generator]:

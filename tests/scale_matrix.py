@@ -1,0 +1,141 @@
+"""The scale rehearsal's matrix: every registered algorithm x every prompt sampler it accepts x LoRA and full
+fine-tuning x replicated data parallelism and FSDP2, each a 3-step tiny-tier run on 2 CPU processes (gloo, ranks
+forked as tests/test_fsdp.py does) compared with the same run in 1 process.
+
+Each run is built so that processes are left with uneven or no rows, the cases the lockstep contract must survive
+(algorithms/lockstep.py):
+
+* the reward (``half_constant``, registered only while a matrix test runs) is the samples' mean brightness, except for
+  prompts whose CRC-32 is even, which all score 0.5: their groups have zero advantages, so with
+  ``drop_zero_advantage`` (on in every case) a process whose share of the batch is such a group trains no row;
+* the filtering samplers (``dynamic``, ``difficulty``) drop such groups and draw again, so the kept groups may all lie
+  on one process and the other holds no row of the batch;
+* OP-GRPO and its ablations replay buffer samples from step 2 (``off_policy_groups`` 0.5, one replayed sample per
+  such group, truncated at ``t_off`` 1), which lie on some processes only.
+
+The reward is continuous (no JPEG byte or count that a rounding flip could move, as tests/test_distributed_tiny.py
+describes), so 2 processes agree with 1 to float rounding: the sum of per-process gradients against one backward
+over the batch (~1e-7 relative), amplified by Adam's first step into ~1e-6 of the weights. Tolerance: rtol 1e-4,
+atol 1e-5 on every metrics.csv column but the timings (and the padding-call count, which only sharded runs log).
+
+Every 2-process run sets ``FLOWZOO_CHECK_LOCKSTEP=1``: a sharded run fails on the first step whose transformer calls
+differ between processes, naming the phase.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+import algorithms
+import rewards
+from algorithms import prompt_samplers
+from algorithms.base import FSDP_PADDING
+from benchmark.cli import main
+from rewards.base import Reward, RewardOutput
+from tests.test_fsdp import ARGS, CONFIG, _metrics, _two_processes
+
+#: tests/test_fsdp.py's small random tiny run, 3 steps, one minibatch without micro-batches (what DiffusionNFT and
+#: AWM allow sharded; Flow-GRPO then back-propagates its rollout's kept graphs), no checkpoints
+BASE = [a for a in ARGS if not a.startswith(("algorithm.minibatches", "algorithm.micro_batch", "train.checkpoint_every",
+                                             "reward=", "algorithm.kl_beta"))]
+BASE += ["train.checkpoint_every=0", "reward=half_constant", "algorithm.drop_zero_advantage=true",
+         "algorithm.kl_beta=0.04"]
+SAMPLERS = {
+    "uniform": "uniform",
+    "replay_buffer": "replay_buffer",
+    "variance": "variance",
+    "dynamic": "{name: dynamic, max_rounds: 2}",
+    "difficulty": "{name: difficulty, max_rounds: 2, success_threshold: 0.5}",
+}
+FINETUNES = ("lora", "full")
+MODES = ("replicated", "sharded")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class HalfConstant(Reward):
+    """Mean brightness of a sample, or 0.5 for every sample of a prompt whose CRC-32 is even (see the docstring)."""
+
+    accepts = ("image",)
+
+    def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
+        brightness = samples.float().flatten(1).mean(1)
+        constant = torch.tensor([zlib.crc32(p.encode()) % 2 == 0 for p in prompts])
+        return RewardOutput(torch.where(constant, torch.full_like(brightness, 0.5), brightness))
+
+
+@contextmanager
+def half_constant_reward() -> Iterator[None]:
+    """``half_constant`` registered for the duration (forked ranks inherit it)."""
+    rewards.REGISTRY.register_class("half_constant")(HalfConstant)
+    try:
+        yield
+    finally:
+        rewards.REGISTRY._entries.pop("half_constant", None)
+
+
+def case_args(algorithm: str, sampler: str, finetune: str) -> list[str]:
+    args = [*BASE, f"algorithm.name={algorithm}", f"train.prompt_sampler={SAMPLERS[sampler]}",
+            f"model.args.finetune={finetune}"]
+    if issubclass(algorithms.get(algorithm), algorithms.get("op_grpo")):
+        args += ["algorithm.off_policy_groups=0.5", "algorithm.replay_k=1",
+                 f"algorithm.replay_prompts={'buffer' if sampler == 'replay_buffer' else 'batch'}"]
+        if algorithms.get(algorithm).preset.get("t_off", 1) is not None:  # the no-truncation ablation keeps None
+            args.append("algorithm.t_off=1")
+    return args
+
+
+def matrix() -> list[tuple[str, str, str]]:
+    """(algorithm, sampler, finetune) of every case; each runs replicated and sharded. Every algorithm takes every
+    sampler (OP-GRPO's buffer prompts come from ``replay_buffer``, its replays otherwise from the dataset's prompts:
+    ``case_args``)."""
+    return list(itertools.product(algorithms.names(), prompt_samplers.names(), FINETUNES))
+
+
+#: the subset `make test` runs: the paper's method with its buffer prompts (the path that aborted), the on-policy
+#: baseline with a filtering sampler (a process left with no row), a decoupled method (its own update), each sharded
+SUBSET = [("op_grpo", "replay_buffer", "full"), ("flow_grpo", "dynamic", "full"), ("diffusion_nft", "uniform", "lora")]
+
+
+def run(tmp: Path, algorithm: str, sampler: str, finetune: str, modes: Sequence[str] = MODES) -> dict[str, pd.DataFrame]:
+    """The 1-process run and the 2-process runs of ``modes`` of one case: {"one" | mode: metrics}."""
+    args = case_args(algorithm, sampler, finetune)
+    name = f"{algorithm}-{sampler}-{finetune}"
+    os.environ["OMP_NUM_THREADS"] = "1"
+    found = {}
+    code = main(["train", str(CONFIG), *args, f"run_dir={tmp / name / 'one'}", "--quiet"])
+    assert code == 0, f"{name}: 1 process exited {code}"
+    found["one"] = _metrics(tmp / name / "one")
+    for mode in modes:
+        shard = ["model.args.fsdp=true"] if mode == "sharded" else []
+        codes = _two_processes([*args, *shard, f"run_dir={tmp / name / mode}"], env={"FLOWZOO_CHECK_LOCKSTEP": "1"})
+        assert codes == [0, 0], f"{name} {mode}: the 2 processes exited {codes}"
+        found[mode] = _metrics(tmp / name / mode)
+    return found
+
+
+def compare(found: dict[str, pd.DataFrame], what: str) -> list[str]:
+    """The differences of each 2-process run from the 1-process one beyond the tolerance (empty: equal)."""
+    one, problems = found["one"], []
+    for mode, frame in found.items():
+        if mode == "one":
+            continue
+        frame = frame.drop(columns=[FSDP_PADDING], errors="ignore")
+        if list(frame.columns) != list(one.columns) or len(frame) != len(one):
+            problems.append(f"{what} {mode}: columns or rows differ ({sorted(set(frame.columns) ^ set(one.columns))}, "
+                            f"{len(frame)} vs {len(one)} rows)")
+            continue
+        for column in one.columns:
+            a, b = one[column].to_numpy(float), frame[column].to_numpy(float)
+            if not np.allclose(b, a, rtol=RTOL, atol=ATOL, equal_nan=True):
+                worst = np.nanmax(np.abs(a - b))
+                problems.append(f"{what} {mode}: {column} differs by up to {worst:.3g} ({a.tolist()} vs {b.tolist()})")
+    return problems

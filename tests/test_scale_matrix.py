@@ -1,0 +1,28 @@
+"""The scale rehearsal's algorithm x prompt sampler x fine-tuning x sharding matrix (tests/scale_matrix.py): each
+case on 2 CPU processes gives the metrics of 1 process. ``make test`` runs a subset; ``make scale-check`` runs every
+case (``FLOWZOO_SCALE_MATRIX=full``)."""
+
+import os
+
+import pytest
+import torch
+
+from tests import scale_matrix
+
+FULL = os.environ.get("FLOWZOO_SCALE_MATRIX") == "full"
+CASES = scale_matrix.matrix() if FULL else scale_matrix.SUBSET
+
+
+@pytest.fixture(autouse=True)
+def _reward():
+    with scale_matrix.half_constant_reward():
+        yield
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+@pytest.mark.parametrize("algorithm,sampler,finetune", CASES, ids=["-".join(c) for c in CASES])
+def test_two_processes_replicated_and_sharded_equal_one(tmp_path, algorithm, sampler, finetune):
+    modes = scale_matrix.MODES if FULL or (algorithm, sampler, finetune) != scale_matrix.SUBSET[1] else ("sharded",)
+    found = scale_matrix.run(tmp_path, algorithm, sampler, finetune, modes)
+    problems = scale_matrix.compare(found, f"{algorithm} x {sampler} x {finetune}")
+    assert not problems, "\n".join(problems)
