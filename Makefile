@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench report report-check perf gpu-check clean help
+.PHONY: setup test bench report report-check perf gpu-check sharded-gpu-check scale-check clean help
 
 setup: $(STAMP)  ## create or refresh .venv (CPU torch, the package with its test extra)
 
@@ -32,8 +32,30 @@ perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fa
 	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
 	$(PY) -m benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
 
-gpu-check: setup  ## SD3.5-Medium (Flow-GRPO, OP-GRPO), FLUX.1-dev (DanceGRPO, MixGRPO) and Qwen-Image (Flow-GRPO-Fast) sized random models on one GPU: s/iteration, peak memory (docs/perf.md)
+# with 2 or more GPUs visible, then one sharded (FSDP2, NCCL) OP-GRPO run of 2 steps with buffer replay on 2 of them,
+# the lockstep check on (the tiny tier, full fine-tuning; docs/models.md "Scale rehearsal")
+SHARDED_DEVICE ?= cuda
+SHARDED_ARGS = model.args.finetune=full model.args.fsdp=true model.args.device=$(SHARDED_DEVICE) \
+	algorithm.name=op_grpo algorithm.off_policy_groups=0.5 algorithm.replay_prompts=buffer algorithm.replay_k=1 \
+	algorithm.t_off=1 train.prompt_sampler=replay_buffer train.steps=2 train.prompts_per_step=2 train.eval_prompts=2 \
+	train.checkpoint_every=0 run_dir=$(SHARDED_RUN)
+SHARDED_RUN ?= /tmp/flowzoo-gpu-check-sharded
+gpu-check: setup  ## SD3.5-Medium (Flow-GRPO, OP-GRPO), FLUX.1-dev (DanceGRPO, MixGRPO) and Qwen-Image (Flow-GRPO-Fast) sized random models on one GPU: s/iteration, peak memory; with 2+ GPUs a sharded OP-GRPO run with replay (docs/perf.md)
 	$(VENV)/bin/flowzoo perf --gpu-check --device cuda $(PERF_ARGS)
+	$(MAKE) --no-print-directory sharded-gpu-check
+
+sharded-gpu-check: setup  ## with 2+ GPUs: one sharded OP-GRPO run with buffer replay on 2 of them (skipped, and says so, with fewer)
+	@gpus=$$($(PY) -c "import torch; print(torch.cuda.device_count() if '$(SHARDED_DEVICE)' == 'cuda' else 2)"); \
+	if [ "$$gpus" -lt 2 ]; then echo "sharded-gpu-check: $$gpus GPU(s) visible; the sharded OP-GRPO run needs 2 (skipped)"; \
+	else rm -rf $(SHARDED_RUN) && FLOWZOO_CHECK_LOCKSTEP=1 OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 \
+		-m benchmark train benchmark/configs/tiny_flow_grpo.yaml $(SHARDED_ARGS) --quiet && \
+		$(PY) -c "import pandas as p; m = p.read_csv('$(SHARDED_RUN)/metrics.csv'); print(m[['step', 'reward_mean', 'grad_norm', 'off_policy_frac', 'fsdp_padding_calls', 't_sampling', 't_training']].to_string(index=False)); assert m['off_policy_frac'].max() > 0, 'no sample was replayed'"; fi
+
+# the scale rehearsal (docs/models.md): every algorithm x prompt sampler x LoRA/full x replicated/FSDP2 on 2 CPU
+# processes against 1 (tests/test_scale_matrix.py), then every paper suite's algorithms on tiny pipelines of their
+# models, sharded and replicated, killed and resumed on 1 process, evaluated and exported (tests/test_scale_rehearsal.py)
+scale-check: setup  ## the whole scale rehearsal on 2 CPU processes (make test runs a subset)
+	FLOWZOO_SCALE_MATRIX=full $(PY) -m pytest tests/test_scale_matrix.py tests/test_scale_rehearsal.py -p no:cacheprovider -rf
 
 report: setup  ## rewrite reports/quick/ from runs/quick/
 	$(VENV)/bin/flowzoo report runs/quick --out reports/quick

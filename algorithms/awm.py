@@ -243,20 +243,16 @@ class AWM(Algorithm):
             count = self.dist.sum(len(minibatch))
             if count == 0:
                 continue
-            source, x0_source, scale, nfe = traj, x0_all, 1.0, self.model.nfe
-            if self.model.sharded and not len(minibatch):  # lockstep: the calls of one row, weighted 0
-                source, minibatch, scale = self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0
-                x0_source = at_least_float32(source.final)
-                times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-            elif len(minibatch):
-                times, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
-            else:  # no row here, and (replicated) no call to keep in step with the other processes
-                times = noise = None
+            draws = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all) if len(minibatch) \
+                else None
             self.optimizer.zero_grad(set_to_none=True)
-            for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
-                if not len(part):
-                    continue
-                rows = minibatch[part]
+            for source, part, scale in self.update_parts(traj, minibatch, cfg.micro_batch):
+                nfe = self.model.nfe
+                if scale:
+                    rows, x0_source, (times, noise) = minibatch[part], x0_all, draws
+                else:  # a padding part: one row, any draw, weighted 0
+                    rows, x0_source = part, at_least_float32(source.final)
+                    times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
                 n = len(rows)
                 # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
                 x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
@@ -295,7 +291,8 @@ class AWM(Algorithm):
                 kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
                 total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
                 (total * scale / (count * k)).backward()
-                if not scale:
+                if not scale:  # evaluations that train nothing are not counted
+                    self.model.nfe = nfe
                     continue
                 with torch.no_grad():
                     sums["loss"] += float(total)
@@ -306,8 +303,6 @@ class AWM(Algorithm):
                     sums["ratio"] += float(terms.ratio.sum()) * weight
                     sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
                     sums["pairs"] += k * n
-            if not scale:  # evaluations that train nothing are not counted
-                self.model.nfe = nfe
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

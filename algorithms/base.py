@@ -725,6 +725,19 @@ class Algorithm:
                 self.score_transition(source, torch.zeros(1, dtype=torch.long), 0)
             self.model.nfe = nfe
 
+    def update_parts(self, traj: Trajectory, minibatch: torch.Tensor, micro_batch: int | None
+                     ) -> list[tuple[Trajectory, torch.Tensor, float]]:
+        """The forward-backward parts of an update that scores whole samples (DiffusionNFT, AWM): (source, positions
+        in ``minibatch``, weight 1) for each micro-batch of this process's rows, then, under sharding, as many
+        (one-row padding trajectory, [0], weight 0) parts as this process lacks against the one with the most, whose
+        calls keep the processes in lockstep and whose loss is multiplied by 0."""
+        parts = [(traj, part, 1.0) for part in torch.arange(len(minibatch)).split(micro_batch or max(len(minibatch), 1))
+                 if len(part)]
+        padding = self.lockstep_padding(len(parts))
+        if padding:
+            parts += [(self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0)] * padding
+        return parts
+
     def padding_rows(self, traj: Trajectory) -> Trajectory:
         """A one-row trajectory a padding call runs on: ``traj``'s first row, or, when this process holds no row of
         it (a filtering sampler kept only other processes' groups), the first row of this step's first rollout."""

@@ -198,23 +198,21 @@ class DiffusionNFT(Algorithm):
             pairs = self.dist.sum(len(minibatch)) * k  # the global count normalises the loss
             if pairs == 0:
                 continue
-            source, x0_source, scale, nfe = traj, x0_all, 1.0, self.model.nfe
-            if self.model.sharded and not len(minibatch):  # lockstep: the calls of one row, weighted 0
-                source, minibatch, scale = self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0
-                x0_source = at_least_float32(source.final)
-                steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-            elif len(minibatch):
-                steps, noise = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all)
-            else:  # no row here, and (replicated) no call to keep in step with the other processes
-                steps = noise = None
+            draws = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all) if len(minibatch) \
+                else None
+            parts = self.update_parts(traj, minibatch, cfg.micro_batch)
             self.optimizer.zero_grad(set_to_none=True)
             # the k timesteps one after another, or (a fused tier, FlowModel.fused_update) stacked as one batch,
             # timestep-major: the same loss terms, one forward and backward
             for js in ([list(range(k))] if self.model.fused_update else [[j] for j in range(k)]):
-                for part in torch.arange(len(minibatch)).split(cfg.micro_batch or max(len(minibatch), 1)):
-                    if not len(part):
-                        continue
-                    rows = minibatch[part].repeat(len(js))
+                for source, part, scale in parts:
+                    nfe = self.model.nfe
+                    if scale:
+                        rows, x0_source, (steps, noise) = minibatch[part].repeat(len(js)), x0_all, draws
+                    else:  # a padding part: one row, any draw, weighted 0
+                        rows, x0_source = part.repeat(len(js)), at_least_float32(source.final)
+                        steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+                        part = torch.zeros(1, dtype=torch.long)
                     x0 = x0_source[rows]
                     sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
                     s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
@@ -235,7 +233,8 @@ class DiffusionNFT(Algorithm):
                                      x0, sigma, adv.to(x0.device), cfg.nft_beta, cfg.adv_clip,
                                      cfg.kl_beta)
                     (terms.loss.sum() * scale / pairs).backward()
-                    if not scale:
+                    if not scale:  # evaluations that train nothing are not counted
+                        self.model.nfe = nfe
                         continue
                     with torch.no_grad():
                         sums["loss"] += float(terms.loss.sum())
@@ -244,8 +243,6 @@ class DiffusionNFT(Algorithm):
                         sums["old_deviation"] += float(((v - v_old) ** 2).mean(dim=dims).sum())
                         sums["r"] += float(terms.r.sum())
                         sums["pairs"] += len(rows)
-            if not scale:  # evaluations that train nothing are not counted
-                self.model.nfe = nfe
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

@@ -16,9 +16,11 @@ Each run is built so that processes are left with uneven or no rows, the cases t
 The reward is continuous (no JPEG byte or count that a rounding flip could move, as tests/test_distributed_tiny.py
 describes), so 2 processes agree with 1 to float rounding: the sum of per-process gradients against one backward
 over the batch (~1e-7 relative), amplified by Adam's first step into ~1e-6 of the weights. Tolerance: rtol 1e-4,
-atol 1e-5 on every metrics.csv column but the timings (and the padding-call count, which only sharded runs log).
+atol 1e-5 on every metrics.csv column but the timings (and the padding-call count, which only sharded runs log), and
+atol 1e-4 on ``loss``: at ratio 1 the PPO surrogate is a sum of +-A terms that cancel to ~1e-5, so its rounding is the
+terms' (DanceGRPO's, measured: 1.7e-5 between 1 and 2 replicated processes, whose ratios agree to 1e-6).
 
-Every 2-process run sets ``FLOWZOO_CHECK_LOCKSTEP=1``: a sharded run fails on the first step whose transformer calls
+Every 2-process run sets ``FLOWZOO_CHECK_LOCKSTEP=1`` (tests/test_fsdp.py's ``_two_processes``): a sharded run fails on the first step whose transformer calls
 differ between processes, naming the phase.
 """
 
@@ -59,12 +61,14 @@ SAMPLERS = {
 FINETUNES = ("lora", "full")
 MODES = ("replicated", "sharded")
 RTOL, ATOL = 1e-4, 1e-5
+#: columns whose value is a cancelling sum, compared with a wider absolute tolerance (see the module docstring)
+CANCELLING = {"loss": 1e-4}
 
 
 class HalfConstant(Reward):
     """Mean brightness of a sample, or 0.5 for every sample of a prompt whose CRC-32 is even (see the docstring)."""
 
-    accepts = ("image",)
+    accepts = ("image", "video")
 
     def score(self, samples: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
         brightness = samples.float().flatten(1).mean(1)
@@ -116,7 +120,7 @@ def run(tmp: Path, algorithm: str, sampler: str, finetune: str, modes: Sequence[
     found["one"] = _metrics(tmp / name / "one")
     for mode in modes:
         shard = ["model.args.fsdp=true"] if mode == "sharded" else []
-        codes = _two_processes([*args, *shard, f"run_dir={tmp / name / mode}"], env={"FLOWZOO_CHECK_LOCKSTEP": "1"})
+        codes = _two_processes([*args, *shard, f"run_dir={tmp / name / mode}"])  # the lockstep check on
         assert codes == [0, 0], f"{name} {mode}: the 2 processes exited {codes}"
         found[mode] = _metrics(tmp / name / mode)
     return found
@@ -135,7 +139,7 @@ def compare(found: dict[str, pd.DataFrame], what: str) -> list[str]:
             continue
         for column in one.columns:
             a, b = one[column].to_numpy(float), frame[column].to_numpy(float)
-            if not np.allclose(b, a, rtol=RTOL, atol=ATOL, equal_nan=True):
+            if not np.allclose(b, a, rtol=RTOL, atol=CANCELLING.get(column, ATOL), equal_nan=True):
                 worst = np.nanmax(np.abs(a - b))
                 problems.append(f"{what} {mode}: {column} differs by up to {worst:.3g} ({a.tolist()} vs {b.tolist()})")
     return problems

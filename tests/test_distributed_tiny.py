@@ -28,6 +28,9 @@ CASES = {
     "diffusion_nft_lora": ["algorithm.name=diffusion_nft", "model.args.finetune=lora"],
     # full fine-tuning sharded with FSDP2 (the 2-process run only): old weights are each rank's shards
     "awm_full_sharded": ["algorithm.name=awm", "model.args.finetune=full"],
+    # sharded with 2 minibatches of micro-batches of 1 sample: a process with fewer parts pads (Algorithm.update_parts)
+    "diffusion_nft_full_micro_sharded": ["algorithm.name=diffusion_nft", "model.args.finetune=full",
+                                         "algorithm.minibatches=2", "algorithm.micro_batch=1"],
 }
 
 

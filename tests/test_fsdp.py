@@ -51,7 +51,8 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: int | None, config: Path) -> None:
     """One process of the run (forked): the launcher's environment, then ``flowzoo train`` (which ends the process)."""
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", **env})
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+                       "FLOWZOO_CHECK_LOCKSTEP": "1", **env})  # every sharded test checks the lockstep contract
     if stop_at is not None:  # the run is stopped when step ``stop_at`` begins (after the checkpoint before it)
         from algorithms.base import Algorithm
 
@@ -184,9 +185,6 @@ def test_sharding_asked_where_it_cannot_run_fails_in_one_line(tmp_path, monkeypa
         _config(tmp_path, "model.args.fsdp=sometimes")
     with pytest.raises(ConfigError, match=r"model.args.finetune: bad value 'partial'; valid: lora, full"):
         _config(tmp_path, "model.args.finetune=partial")
-    with pytest.raises(ConfigError, match=r"algorithm 'diffusion_nft' has its own update, whose network calls stay in "
-                                          r"lockstep .* got minibatches 2, micro_batch 1"):
-        _config(tmp_path, "model.args.fsdp=true", "algorithm.name=diffusion_nft")
     # one process: refused before the model loads or the run directory exists
     with pytest.raises(ConfigError) as err:
         Runner(_config(tmp_path, "model.args.fsdp=true"), progress=False).run()

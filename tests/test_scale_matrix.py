@@ -26,3 +26,5 @@ def test_two_processes_replicated_and_sharded_equal_one(tmp_path, algorithm, sam
     found = scale_matrix.run(tmp_path, algorithm, sampler, finetune, modes)
     problems = scale_matrix.compare(found, f"{algorithm} x {sampler} x {finetune}")
     assert not problems, "\n".join(problems)
+    if "off_policy_frac" in found["one"]:  # OP-GRPO and its ablations replayed buffer samples (from step 2)
+        assert found["one"]["off_policy_frac"].max() > 0

@@ -219,20 +219,6 @@ def constructor_args(args: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k != SHARD_ARG}
 
 
-def check_sharded_update(name: str, alg_config: AlgorithmConfig) -> None:
-    """Under FSDP every process must call the sharded transformer as often as the others (models/sharding.py). The
-    template's update pads a process that holds fewer chunks of a minibatch; an algorithm with its own update
-    (DiffusionNFT, AWM) does not, so its processes stay in lockstep only when each trains all its samples in one
-    chunk per timestep: one minibatch, no micro-batches."""
-    cls = algorithms.get(name)
-    if cls.update is Algorithm.update:
-        return
-    if alg_config.minibatches != 1 or alg_config.micro_batch is not None:
-        raise ConfigError(f"FSDP sharding: algorithm {name!r} has its own update, whose network calls stay in lockstep "
-                          f"over the processes only with algorithm.minibatches 1 and algorithm.micro_batch null; got "
-                          f"minibatches {alg_config.minibatches}, micro_batch {alg_config.micro_batch}")
-
-
 def without_sharding(config: ExperimentConfig) -> ExperimentConfig:
     """``config`` without its FSDP request: how one process reads a run trained sharded (``flowzoo eval``,
     ``flowzoo export``), from its checkpoint's full weights. The same run (``fsdp`` is no part of its identity)."""
@@ -262,8 +248,6 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     alg_config = config.algorithm_config()
     check_world_size(config, alg_config, world_size)
     check_update(config, alg_config)
-    if shard_request(config.model.args):
-        check_sharded_update(config.algorithm_name, alg_config)
     check_prompt_sampler(config, alg_config)
     try:  # the algorithm's own checks (constructor, step plan) on a stand-in with the model's declared defaults
         stand_in = algorithms.get(config.algorithm_name)(DeclaredDefaults(model_cls), None, alg_config, seed=config.seed)
