@@ -722,7 +722,7 @@ class Algorithm:
         if count:
             source, nfe = self.padding_rows(traj), self.model.nfe  # evaluations that train nothing are not counted
             for _ in range(count):
-                self.score_transition(source, torch.zeros(1, dtype=torch.long), 0)
+                self.score_transition(source, torch.zeros(1, dtype=torch.long, device=source.train.device), 0)
             self.model.nfe = nfe
 
     def update_parts(self, traj: Trajectory, minibatch: torch.Tensor, micro_batch: int | None
@@ -731,11 +731,11 @@ class Algorithm:
         in ``minibatch``, weight 1) for each micro-batch of this process's rows, then, under sharding, as many
         (one-row padding trajectory, [0], weight 0) parts as this process lacks against the one with the most, whose
         calls keep the processes in lockstep and whose loss is multiplied by 0."""
-        parts = [(traj, part, 1.0) for part in torch.arange(len(minibatch)).split(micro_batch or max(len(minibatch), 1))
-                 if len(part)]
+        positions = torch.arange(len(minibatch), device=minibatch.device)  # host indices, as the minibatch
+        parts = [(traj, part, 1.0) for part in positions.split(micro_batch or max(len(minibatch), 1)) if len(part)]
         padding = self.lockstep_padding(len(parts))
         if padding:
-            parts += [(self.padding_rows(traj), torch.zeros(1, dtype=torch.long), 0.0)] * padding
+            parts += [(self.padding_rows(traj), torch.zeros(1, dtype=torch.long, device=minibatch.device), 0.0)] * padding
         return parts
 
     def padding_rows(self, traj: Trajectory) -> Trajectory:

@@ -212,7 +212,7 @@ class DiffusionNFT(Algorithm):
                     else:  # a padding part: one row, any draw, weighted 0
                         rows, x0_source = part.repeat(len(js)), at_least_float32(source.final)
                         steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-                        part = torch.zeros(1, dtype=torch.long)
+                        part = torch.zeros(1, dtype=torch.long, device=minibatch.device)
                     x0 = x0_source[rows]
                     sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
                     s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))

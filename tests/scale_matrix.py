@@ -9,7 +9,8 @@ Each run is built so that processes are left with uneven or no rows, the cases t
   prompts whose CRC-32 is even, which all score 0.5: their groups have zero advantages, so with
   ``drop_zero_advantage`` (on in every case) a process whose share of the batch is such a group trains no row;
 * the filtering samplers (``dynamic``, ``difficulty``) drop such groups and draw again, so the kept groups may all lie
-  on one process and the other holds no row of the batch;
+  on one process and the other holds no row of the batch: at seed 4, ``dynamic`` does so at steps 1 and 3 (its draws
+  and the reward's constant prompts are known in advance; ``test_the_matrix_leaves_a_process_without_rows`` checks it);
 * OP-GRPO and its ablations replay buffer samples from step 2 (``off_policy_groups`` 0.5, one replayed sample per
   such group, truncated at ``t_off`` 1), which lie on some processes only.
 
@@ -47,10 +48,17 @@ from tests.test_fsdp import ARGS, CONFIG, _metrics, _two_processes
 
 #: tests/test_fsdp.py's small random tiny run, 3 steps, one minibatch without micro-batches (what DiffusionNFT and
 #: AWM allow sharded; Flow-GRPO then back-propagates its rollout's kept graphs), no checkpoints
+SEED = 4  # the dynamic sampler keeps one process's groups only at steps 1 and 3 (steps_leaving_a_process_without_rows)
 BASE = [a for a in ARGS if not a.startswith(("algorithm.minibatches", "algorithm.micro_batch", "train.checkpoint_every",
                                              "reward=", "algorithm.kl_beta"))]
 BASE += ["train.checkpoint_every=0", "reward=half_constant", "algorithm.drop_zero_advantage=true",
-         "algorithm.kl_beta=0.04"]
+         "algorithm.kl_beta=0.04", f"seed={SEED}"]
+#: the training prompts: the first scores a constant (even CRC-32), the second does not; every step draws both, so
+#: OP-GRPO's dataset-prompt replay (replay_prompts: batch) finds its prompts in the buffer from step 2
+TRAIN_PROMPTS = ("a red circle", "two blue squares")
+TEST_PROMPTS = ("a green triangle", "the yellow square", "two red circles")
+#: the algorithms whose default windows need more than the 3 sampling steps of the other cases
+STEPS = {"flow_grpo_fast": 6, "mix_grpo": 6, "mix_grpo_flash": 6, "mix_grpo_flash_star": 6}
 SAMPLERS = {
     "uniform": "uniform",
     "replay_buffer": "replay_buffer",
@@ -86,9 +94,20 @@ def half_constant_reward() -> Iterator[None]:
         rewards.REGISTRY._entries.pop("half_constant", None)
 
 
-def case_args(algorithm: str, sampler: str, finetune: str) -> list[str]:
-    args = [*BASE, f"algorithm.name={algorithm}", f"train.prompt_sampler={SAMPLERS[sampler]}",
+def prompt_args(tmp: Path) -> list[str]:
+    """The matrix's prompt files, written under ``tmp``, as config overrides."""
+    folder = tmp / "prompts"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.txt").write_text("\n".join(TRAIN_PROMPTS) + "\n")
+    (folder / "test.txt").write_text("\n".join(TEST_PROMPTS) + "\n")
+    return ["prompts.source=files", f"prompts.train={folder / 'train.txt'}", f"prompts.test={folder / 'test.txt'}"]
+
+
+def case_args(algorithm: str, sampler: str, finetune: str, tmp: Path) -> list[str]:
+    args = [*BASE, *prompt_args(tmp), f"algorithm.name={algorithm}", f"train.prompt_sampler={SAMPLERS[sampler]}",
             f"model.args.finetune={finetune}"]
+    if algorithm in STEPS:
+        args.append(f"algorithm.num_steps={STEPS[algorithm]}")
     if issubclass(algorithms.get(algorithm), algorithms.get("op_grpo")):
         args += ["algorithm.off_policy_groups=0.5", "algorithm.replay_k=1",
                  f"algorithm.replay_prompts={'buffer' if sampler == 'replay_buffer' else 'batch'}"]
@@ -111,7 +130,7 @@ SUBSET = [("op_grpo", "replay_buffer", "full"), ("flow_grpo", "dynamic", "full")
 
 def run(tmp: Path, algorithm: str, sampler: str, finetune: str, modes: Sequence[str] = MODES) -> dict[str, pd.DataFrame]:
     """The 1-process run and the 2-process runs of ``modes`` of one case: {"one" | mode: metrics}."""
-    args = case_args(algorithm, sampler, finetune)
+    args = case_args(algorithm, sampler, finetune, tmp)
     name = f"{algorithm}-{sampler}-{finetune}"
     os.environ["OMP_NUM_THREADS"] = "1"
     found = {}
@@ -143,3 +162,20 @@ def compare(found: dict[str, pd.DataFrame], what: str) -> list[str]:
                 worst = np.nanmax(np.abs(a - b))
                 problems.append(f"{what} {mode}: {column} differs by up to {worst:.3g} ({a.tolist()} vs {b.tolist()})")
     return problems
+
+
+def steps_leaving_a_process_without_rows(max_rounds: int = 2, steps: int = 3, groups: int = 2) -> list[int]:
+    """The training steps at which the ``dynamic`` sampler's kept groups all lie on one of the 2 processes (known from
+    its draws and the reward's constant prompt, without running a model): the other process then holds no row."""
+    from algorithms.prompt_samplers.base import uniform_order
+    from flowzoo.streams import PROMPT_REFILL
+
+    found = []
+    for step in range(1, steps + 1):
+        order = uniform_order(len(TRAIN_PROMPTS), SEED, step, groups * max_rounds, PROMPT_REFILL)
+        kept = [i for i, index in enumerate(order) if zlib.crc32(TRAIN_PROMPTS[index].encode()) % 2]
+        chosen = (kept + [i for i in range(len(order)) if i not in kept])[:groups]
+        # position i of a round of `groups` groups lies on process i * 2 // groups
+        if kept and len({(i % groups) * 2 // groups for i in chosen}) == 1:
+            found.append(step)
+    return found

@@ -266,7 +266,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         GENERATOR + " (indices into the host sigma grid)",
     ("algorithms/plans.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
         GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
-    ("algorithms/diffusion_nft.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
     ("algorithms/diffusion_nft.py", "full_tensor(w.detach()).cpu()"): CHECKPOINT,
     ("algorithms/awm.py", "torch.zeros(0, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
     ("algorithms/awm.py", "torch.zeros(1, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
@@ -278,7 +277,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/awm.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/awm.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/awm.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/awm.py", "torch.arange(len(minibatch))"): HOST_INDEX + " (positions in the minibatch)",
     # ---- state and collectives
     ("algorithms/ema.py", "full_tensor(t.detach()).cpu()"): CHECKPOINT,
     ("algorithms/distributed.py", "tensor.detach().cpu()"): COLLECTIVE,

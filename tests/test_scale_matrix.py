@@ -28,3 +28,9 @@ def test_two_processes_replicated_and_sharded_equal_one(tmp_path, algorithm, sam
     assert not problems, "\n".join(problems)
     if "off_policy_frac" in found["one"]:  # OP-GRPO and its ablations replayed buffer samples (from step 2)
         assert found["one"]["off_policy_frac"].max() > 0
+
+
+def test_the_matrix_leaves_a_process_without_rows():
+    """The matrix's seed and reward make the filtering sampler keep one process's groups only (steps 1 and 3), and
+    the 2 x 4 = 8 samples of a step split as 4 per process, so a constant group empties one process's trained rows."""
+    assert scale_matrix.steps_leaving_a_process_without_rows() == [1, 3]
