@@ -17,10 +17,11 @@ file whatever the number of processes that wrote it, and resumes on any number (
 process's shard with ``distribute_tensor(..., src_data_rank=None)``, which takes the local chunk without any
 communication since every process read the same checkpoint).
 
-Every FSDP call is a collective: every process must run its sharded transformer the same number of times, in the
-same order. Rollouts do (every process rolls out an equal slice with the same step plan); the update and the
-evaluation pad a process that holds fewer chunks with calls whose result is discarded (``Algorithm.update``,
-``Runner.evaluate``).
+Every FSDP call is a collective: every process must run its sharded transformer the same number of times, of the
+same kind, in the same order, whatever rows it holds. Rollouts do (every process rolls out an equal slice with the
+same step plan); where the rows differ (OP-GRPO's replayed rows, dropped zero-advantage rows, a filtering sampler's
+kept groups, the evaluation's last chunk) a process that holds fewer pads with calls of the same kind whose result is
+discarded (``algorithms/lockstep.py``: ``LockstepPadding``, and the check ``FLOWZOO_CHECK_LOCKSTEP=1``).
 """
 
 from __future__ import annotations
