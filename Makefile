@@ -53,9 +53,11 @@ sharded-gpu-check: setup  ## with 2+ GPUs: one sharded OP-GRPO run with buffer r
 
 # the scale rehearsal (docs/models.md): every algorithm x prompt sampler x LoRA/full x replicated/FSDP2 on 2 CPU
 # processes against 1 (tests/test_scale_matrix.py), then every paper suite's algorithms on tiny pipelines of their
-# models, sharded and replicated, killed and resumed on 1 process, evaluated and exported (tests/test_scale_rehearsal.py)
-scale-check: setup  ## the whole scale rehearsal on 2 CPU processes (make test runs a subset)
+# models, sharded and replicated, killed and resumed on 1 process, evaluated and exported (tests/test_scale_rehearsal.py);
+# then the GPU check's sharded OP-GRPO run on 2 CPU processes
+scale-check: setup  ## the whole scale rehearsal on 2 CPU processes (make test runs a subset), then sharded-gpu-check's CPU dry run
 	FLOWZOO_SCALE_MATRIX=full $(PY) -m pytest tests/test_scale_matrix.py tests/test_scale_rehearsal.py -p no:cacheprovider -rf
+	$(MAKE) --no-print-directory sharded-gpu-check SHARDED_DEVICE=cpu
 
 report: setup  ## rewrite reports/quick/ from runs/quick/
 	$(VENV)/bin/flowzoo report runs/quick --out reports/quick

@@ -557,7 +557,7 @@ class Algorithm(LockstepPadding):
             cond=cond,
             x=x1,
             generators=gens[rows.start: rows.stop],
-            plan=dataclasses.replace(plan, train=plan.train[rows.start: rows.stop]),
+            plan=dataclasses.replace(plan, train=plan.train[rows.start: rows.stop], graph_steps=plan.train.any(0)),
             group=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop],
         )
 

@@ -89,7 +89,8 @@ def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_
     for t in range(start_step, stop_step):
         sigma = plan.sigmas[t].expand(batch)
         sigma_next = plan.sigmas[t + 1].expand(batch)
-        keep_graph = live is not None and bool(plan.sde[t]) and bool(plan.train[:, t].any())
+        trained = plan.train[:, t].any() if getattr(plan, "graph_steps", None) is None else plan.graph_steps[t]
+        keep_graph = live is not None and bool(plan.sde[t]) and bool(trained)
         with torch.set_grad_enabled(keep_graph):
             v = model.velocity(x, sigma, cond, guidance, cfg_grad=cfg_grad, cfg_batch=cfg_batch)
             if plan.sde[t]:

@@ -40,6 +40,10 @@ class StepPlan:
     dpm_solver: torch.Tensor | None = None
     reduction: str = "mean"  # log-density over latent dims: "mean" (reference codes) or "sum" (joint density)
     decode: str = "sample"  # the rewarded state: "sample" (x_T) or "prediction" (x_{T-1} - sigma_{T-1} v)
+    # [T] the steps a recompute-free rollout evaluates with autograd (keeps graphs of): those any sample of the
+    # *global* batch trains, so that every process keeps the same graphs whatever its rows (a sharded model's calls
+    # are collectives, algorithms/lockstep.py); None: the steps this plan's own rows train
+    graph_steps: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         num_steps = self.sigmas.shape[0] - 1

@@ -128,10 +128,28 @@ def matrix() -> list[tuple[str, str, str]]:
 SUBSET = [("op_grpo", "replay_buffer", "full"), ("flow_grpo", "dynamic", "full"), ("diffusion_nft", "uniform", "lora")]
 
 
-def run(tmp: Path, algorithm: str, sampler: str, finetune: str, modes: Sequence[str] = MODES) -> dict[str, pd.DataFrame]:
-    """The 1-process run and the 2-process runs of ``modes`` of one case: {"one" | mode: metrics}."""
-    args = case_args(algorithm, sampler, finetune, tmp)
-    name = f"{algorithm}-{sampler}-{finetune}"
+#: settings the matrix's defaults do not reach, each a case of its own: {name: (algorithm, sampler, finetune, args)}
+VARIANTS = {
+    # DanceGRPO trains a random subset of steps per sample: a process keeps the graphs of the steps any sample of the
+    # global batch trains (StepPlan.graph_steps), not of its own rows' (which hung sharded: one process back-propagated
+    # a step's graph the other never kept)
+    "dance_grpo-kept-graphs": ("dance_grpo", "uniform", "lora", ["algorithm.reuse_rollout_graph=true"]),
+    # Flow-GRPO-Fast's first release: a group's ODE prefix runs once, then branches (a group may span processes)
+    "flow_grpo_fast-shared-prefix": ("flow_grpo_fast", "dynamic", "full", ["algorithm.shared_prefix=true"]),
+    # OP-GRPO with 2 epochs of 2 minibatches in chunks of 1 sample: the recomputed chunks are padded per minibatch
+    "op_grpo-epochs-chunks": ("op_grpo", "replay_buffer", "full",
+                              ["algorithm.inner_epochs=2", "algorithm.minibatches=2", "algorithm.micro_batch=1"]),
+    # AWM with 2 minibatches of 1-sample micro-batches, the second against the rollout's weights
+    "awm-chunks": ("awm", "dynamic", "full", ["algorithm.minibatches=2", "algorithm.micro_batch=1"]),
+}
+
+
+def run(tmp: Path, algorithm: str, sampler: str, finetune: str, modes: Sequence[str] = MODES,
+        extra: Sequence[str] = (), name: str | None = None) -> dict[str, pd.DataFrame]:
+    """The 1-process run and the 2-process runs of ``modes`` of one case (``extra``: more overrides):
+    {"one" | mode: metrics}."""
+    args = [*case_args(algorithm, sampler, finetune, tmp), *extra]
+    name = name or f"{algorithm}-{sampler}-{finetune}"
     os.environ["OMP_NUM_THREADS"] = "1"
     found = {}
     code = main(["train", str(CONFIG), *args, f"run_dir={tmp / name / 'one'}", "--quiet"])

@@ -30,6 +30,19 @@ def test_two_processes_replicated_and_sharded_equal_one(tmp_path, algorithm, sam
         assert found["one"]["off_policy_frac"].max() > 0
 
 
+VARIANTS = sorted(scale_matrix.VARIANTS) if FULL else ["dance_grpo-kept-graphs"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_beyond_the_defaults_equal_one_process(tmp_path, variant):
+    algorithm, sampler, finetune, extra = scale_matrix.VARIANTS[variant]
+    modes = scale_matrix.MODES if FULL else ("sharded",)
+    found = scale_matrix.run(tmp_path, algorithm, sampler, finetune, modes, extra, name=variant)
+    problems = scale_matrix.compare(found, variant)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_matrix_leaves_a_process_without_rows():
     """The matrix's seed and reward make the filtering sampler keep one process's groups only (steps 1 and 3), and
     the 2 x 4 = 8 samples of a step split as 4 per process, so a constant group empties one process's trained rows."""
