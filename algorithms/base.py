@@ -140,6 +140,9 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.guidance is not None and not (math.isfinite(self.guidance) and self.guidance >= 0):  # NaN fails
+            raise ConfigError(f"algorithm.guidance must be a finite number >= 0 (1 = no classifier-free guidance) or "
+                              f"null (the model's default), got {self.guidance}")
         if self.shift is not None and not (math.isfinite(self.shift) and self.shift > 0):  # NaN fails `> 0`
             raise ConfigError(f"algorithm.shift must be a finite number > 0 (1 = no shift) or null (the model's "
                               f"default), got {self.shift}")

@@ -76,12 +76,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str) -> Path:
+def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str, pipeline_class: str = "") -> Path:
     """The local diffusers pipeline directory, checked before anything is loaded.
 
     ``path`` falls back to the environment variable ``env_var``. Fails with a ConfigError naming the path and the
     first missing piece: the directory, ``model_index.json``, or a component folder (with its config / tokenizer
-    files) that ``model_index.json`` lists.
+    files) that ``model_index.json`` lists; or, with ``pipeline_class``, a pipeline of another class
+    (``model_index.json``'s ``_class_name``), naming the adapter that loads it.
     """
     raw = path if path not in (None, "") else os.environ.get(env_var)
     if not raw:
@@ -96,6 +97,14 @@ def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str)
         components = json.loads(index.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"model {model!r}: {str(index)!r} is not valid JSON ({err})") from None
+    found = components.get("_class_name") if isinstance(components, dict) else None
+    if pipeline_class and isinstance(found, str) and found != pipeline_class:
+        import models
+
+        other = [n for n in models.names() if getattr(models.get(n), "pipeline_class", "") == found]
+        hint = f"; the adapter for it: {other[0]}" if other else ""
+        raise ConfigError(f"model {model!r}: {str(root)!r} holds a {found} (model_index.json _class_name), not the "
+                          f"{pipeline_class} this adapter loads{hint}")
     for name, spec in components.items():
         # entries like "vae": ["diffusers", "AutoencoderKL"]; optional ones are [null, null]
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
@@ -204,7 +213,7 @@ class DiffusersFlowModel(FlowModel):
     ) -> None:
         super().__init__()
         check_finetune(finetune, self.name)
-        root = check_pipeline_dir(path, self.env_var, self.name)
+        root = check_pipeline_dir(path, self.env_var, self.name, self.pipeline_class)
         self.path = root
         self.dtype = resolve_dtype(dtype)
         self.device = resolve_device(device)

@@ -1,0 +1,36 @@
+"""Round 4 of hostile inputs (the models' part): a guidance that is no CFG scale, and an adapter pointed at another
+model's pipeline folder, each one line before anything loads or is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark.cli import main
+from flowzoo.errors import ConfigError
+
+pytest.importorskip("diffusers")
+
+
+@pytest.mark.parametrize("value,expected", [("-3", "algorithm.guidance must be a finite number >= 0"),
+                                            ("-0.5", "algorithm.guidance must be a finite number >= 0"),
+                                            ("nan", "algorithm.guidance: bad value 'nan'")])
+def test_a_negative_or_non_finite_guidance_is_refused_in_one_line(tmp_path, capsys, value, expected):
+    run = tmp_path / "run"
+    code = main(["train", "benchmark/configs/toy_flow_grpo.yaml", f"algorithm.guidance={value}", f"run_dir={run}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert expected in err and not run.exists()
+
+
+def test_an_adapter_pointed_at_another_models_pipeline_names_the_right_adapter(tmp_path):
+    from models.qwen_image import QwenImageModel
+    from tests import tiny_pipelines as tiny
+
+    (tmp_path / "tok").mkdir()
+    flux = tiny.build_tiny_flux(tmp_path / "flux", tmp_path / "tok")
+    with pytest.raises(ConfigError) as err:
+        QwenImageModel(path=flux)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == (f"model 'qwen_image': {str(flux)!r} holds a FluxPipeline (model_index.json _class_name), not "
+                       f"the QwenImagePipeline this adapter loads; the adapter for it: flux")
