@@ -34,3 +34,20 @@ def test_an_adapter_pointed_at_another_models_pipeline_names_the_right_adapter(t
     assert "\n" not in message
     assert message == (f"model 'qwen_image': {str(flux)!r} holds a FluxPipeline (model_index.json _class_name), not "
                        f"the QwenImagePipeline this adapter loads; the adapter for it: flux")
+
+
+@pytest.mark.parametrize("workers,trials,cpus,expected", [
+    (9, 10, 2, "--workers 9: at most 8 local worker processes on this machine's 2 CPU(s) (4 per CPU); use "
+               "--executor slurm for more"),
+    (200, 1, 64, "--workers 200: the tuning has"),
+])
+def test_tune_workers_beyond_the_trials_or_the_cpus_are_refused_before_anything_is_written(
+        tmp_path, capsys, monkeypatch, workers, trials, cpus, expected):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    runs = tmp_path / "runs"
+    code = main(["tune", "op-grpo-study", "--workers", str(workers), "--trials", str(trials), "--runs", str(runs)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert expected in err and not runs.exists()

@@ -602,6 +602,24 @@ def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers
                        f"kept: rerun the same command to go on")
 
 
+#: local tune workers per CPU at most: each is a training process, and beyond a few per core they only contend (and
+#: hundreds meet the process limit)
+LOCAL_WORKERS_PER_CPU = 4
+
+
+def check_workers(workers: int, total_trials: int, local: bool) -> None:
+    """A one-line ConfigError for more workers than trials to run (the rest would idle), or, run here, more processes
+    than ``LOCAL_WORKERS_PER_CPU`` per CPU; before anything is written."""
+    if workers > total_trials:
+        raise ConfigError(f"--workers {workers}: the tuning has {total_trials} trial(s) in all, so at most "
+                          f"{total_trials} worker(s) can have one")
+    most = LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1)
+    if local and workers > most:
+        raise ConfigError(f"--workers {workers}: at most {most} local worker processes on this machine's "
+                          f"{os.cpu_count() or 1} CPU(s) ({LOCAL_WORKERS_PER_CPU} per CPU); use --executor slurm for "
+                          f"more")
+
+
 def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = None, tasks: str | None = None,
          algorithms: str | None = None, storage: str | None = None,
          executor=None) -> tuple[Suite, TuningDesign, list[Cell], str]:
@@ -614,6 +632,7 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
         raise ConfigError(f"--workers {workers}: give at least 1")
     suite, design = load_tuning(suite_ref)
     cells = tuning_cells(suite, design, tasks, algorithms)
+    check_workers(workers, len(cells) * (trials or design.trials), executor is None)
     url = storage or default_storage(runs_dir, suite)
     note = check_storage(url, executor.kind if executor is not None else "local")
     for cell in cells:
