@@ -239,6 +239,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     from models.shipped import refuse_shipped
 
+    refuse_shipped(args.runs, "--runs")  # before the trials' folders or the default SQLite file are made there
     if args.out:
         refuse_shipped(args.out, "--out")
         from flowzoo.io import check_out_dir

@@ -51,3 +51,18 @@ def test_tune_workers_beyond_the_trials_or_the_cpus_are_refused_before_anything_
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert expected in err and not runs.exists()
+
+
+@pytest.mark.parametrize("where", ["runs", "storage"])
+def test_tune_never_writes_into_the_shipped_weights(tmp_path, capsys, where):
+    from models.shipped import weights_dir
+
+    before = sorted(p.name for p in weights_dir().iterdir())
+    target = weights_dir() / "x"
+    args = ["--runs", str(target)] if where == "runs" else ["--runs", str(tmp_path / "runs"),
+                                                            "--storage", f"sqlite:///{weights_dir() / 'x.db'}"]
+    code = main(["tune", "op-grpo-study", "--trials", "1", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "is inside the shipped weights directory" in err and f"--{where}" in err
+    assert sorted(p.name for p in weights_dir().iterdir()) == before

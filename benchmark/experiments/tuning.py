@@ -502,6 +502,9 @@ def check_storage(url: str, executor_kind: str = "local") -> str | None:
     if parsed.database in (None, "", ":memory:"):
         raise ConfigError(f"--storage {url}: an in-memory SQLite database lives in one process, so workers, jobs and "
                           f"--report would not share its trials; give a file (sqlite:////path/tune.db) or a server URL")
+    from models.shipped import refuse_shipped
+
+    refuse_shipped(parsed.database, "--storage")  # the SQLite file is written
     if executor_kind != "slurm":
         return None
     path = Path(parsed.database).resolve()
