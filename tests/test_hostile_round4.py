@@ -66,3 +66,53 @@ def test_tune_never_writes_into_the_shipped_weights(tmp_path, capsys, where):
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "is inside the shipped weights directory" in err and f"--{where}" in err
     assert sorted(p.name for p in weights_dir().iterdir()) == before
+
+
+def _tuned_copy(tmp_path, edit=None):
+    """The committed toy-study tuning's chosen files, copied, with ``edit(data)`` applied to the dense task's
+    flow_grpo file."""
+    import shutil
+
+    import yaml
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree("reports/example-op-grpo-study-tuning/tuned", tuned)
+    if edit:
+        path = tuned / "toy2d_sep64_dense" / "flow_grpo.yaml"
+        data = yaml.safe_load(path.read_text())
+        edit(data)
+        path.write_text(yaml.safe_dump(data))
+    return tuned
+
+
+@pytest.mark.parametrize("edit,seeds,expected", [
+    (lambda d: d["algorithm_keys"].update(name="op_grpo"), None,
+     "algorithm_keys.name 'op_grpo': a tuned file holds the tuned knobs of the algorithm it was found for"),
+    (lambda d: d.update(suite="tiny-counting-study"), None,
+     "chosen for suite 'tiny-counting-study', but found for suite 'op-grpo-study'"),
+    (lambda d: d.update(task="toy2d_sep64_sparse"), None,
+     "chosen for task 'toy2d_sep64_sparse', but found for task 'toy2d_sep64_dense'"),
+    (None, [1000], "seed 1000: "),
+])
+def test_bench_tuned_refuses_a_file_of_another_cell_or_a_tuning_seed(tmp_path, edit, seeds, expected):
+    from benchmark.experiments.suite import expand, load_suite
+
+    suite = load_suite("op-grpo-study")
+    suite.tuned = str(_tuned_copy(tmp_path, edit))
+    suite.tasks = {"toy2d_sep64_dense": suite.tasks["toy2d_sep64_dense"]}
+    suite.seed_sets, suite.seeds = {}, seeds or [0]
+    with pytest.raises(ConfigError) as err:
+        expand(suite, tmp_path / "runs")
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
+    from benchmark.experiments.suite import expand, load_suite
+
+    suite = load_suite("op-grpo-study")
+    suite.tuned = str(_tuned_copy(tmp_path))
+    suite.tasks = {"toy2d_sep64_dense": suite.tasks["toy2d_sep64_dense"]}
+    suite.seed_sets, suite.seeds = {}, [0]
+    configs = expand(suite, tmp_path / "runs")
+    assert {"flow_grpo", "op_grpo", "awm", "diffusion_nft"} <= {c.algorithm_name for c in configs}

@@ -234,7 +234,7 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
     trial's values); default: the suite's ``tuned:`` directory, if it names one."""
     noted = tuned is None and bool(suite.tuned)  # runs at the suite's tuned recipes record where it came from
     if noted:
-        tuned = lambda task, alg: find_tuned(suite.tuned, task, alg)  # noqa: E731
+        tuned = lambda task, alg: find_tuned(suite.tuned, task, alg, suite.name)  # noqa: E731
     placed = [o for o in overrides if o.partition("=")[0].strip() == "run_dir"]
     if placed:  # every run of the grid would share that one directory
         raise ConfigError(f"bench override {placed[0]!r}: bench places each run at RUNS/<suite>/<task>/<algorithm>/"
@@ -246,6 +246,9 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
         data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
         data["train"] = train_keys(suite.name, task, alg, data)
         layer: TunedValues | None = tuned(task, alg) if tuned else None
+        if layer is not None and seed in layer.seeds:
+            raise ConfigError(f"seed {seed}: {layer.source} was chosen on tuning seeds {list(layer.seeds)}; a run at "
+                              f"its recipe on one of them is evaluated on the seed that chose it: give other --seeds")
         applied = apply_tuned(data, layer, ((task_cfg.get("per_algorithm") or {}).get(alg) or {})) if layer else None
         data.update(task=task, seed=seed, run_dir=str(run_dir_of(suite, runs_dir, task, alg, seed)))
         data = apply_overrides(data, list(overrides))

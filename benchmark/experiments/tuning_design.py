@@ -110,15 +110,18 @@ class TunedValues:
     algorithm: dict
     sampler: dict
     source: str
+    seeds: tuple = ()  # the tuning seeds that chose them (a tuned file's ``seeds``)
 
 
 def tuned_path(directory: str | Path, task: str, algorithm: str) -> Path:
     return Path(directory) / task / f"{algorithm}.yaml"
 
 
-def find_tuned(directory: str | Path, task: str, algorithm: str) -> TunedValues | None:
+def find_tuned(directory: str | Path, task: str, algorithm: str, suite: str | None = None) -> TunedValues | None:
     """The cell's tuned values from ``directory``: its own file, else its base task's, else (for an ablation) its
-    method's less the keys the ablation's preset fixes; None when there is none."""
+    method's less the keys the ablation's preset fixes; None when there is none. A file that names another suite
+    (``suite``, when given), task or algorithm than the place it was found at, or whose keys would change the
+    algorithm (``name``), is a one-line ConfigError."""
     from benchmark.experiments.search_space import _preset_keys
 
     if not Path(directory).is_dir():
@@ -132,13 +135,34 @@ def find_tuned(directory: str | Path, task: str, algorithm: str) -> TunedValues 
         path = tuned_path(directory, cell_task, cell_algorithm)
         if path.is_file():
             data = read_yaml(path)
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: not a tuned configuration (a mapping written by flowzoo tune --out)")
             keys = data.get("algorithm_keys") or {}
             sampler = data.get("sampler_keys") or {}
             if not isinstance(keys, dict) or not isinstance(sampler, dict):
                 raise ConfigError(f"{path}: algorithm_keys and sampler_keys must be mappings")
+            check_tuned_file(path, data, {"suite": suite, "task": cell_task, "algorithm": cell_algorithm})
             fixed = _preset_keys(algorithm)
-            return TunedValues({k: v for k, v in keys.items() if k not in fixed}, dict(sampler), str(path))
+            seeds = data.get("seeds") or []
+            if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+                raise ConfigError(f"{path}: seeds must be a list of integers (the tuning seeds), got {seeds!r}")
+            return TunedValues({k: v for k, v in keys.items() if k not in fixed}, dict(sampler), str(path),
+                               tuple(seeds))
     return None
+
+
+def check_tuned_file(path: Path, data: dict, expected: dict[str, str | None]) -> None:
+    """A one-line ConfigError when a tuned file was chosen for another suite, task or algorithm than the cell that
+    found it (its own fields), or when its ``algorithm_keys`` name an algorithm (``name``: the cell would train
+    another algorithm in its directory)."""
+    if "name" in data.get("algorithm_keys", {}):
+        raise ConfigError(f"{path}: algorithm_keys.name {data['algorithm_keys']['name']!r}: a tuned file holds "
+                          f"the tuned knobs of the algorithm it was found for, never another algorithm")
+    for key, want in expected.items():
+        found = data.get(key)
+        if want is not None and found is not None and found != want:
+            raise ConfigError(f"{path}: chosen for {key} {found!r}, but found for {key} {want!r} (is --tuned "
+                              f"the directory of another tuning?)")
 
 
 def sampler_name(spec: Any) -> str | None:
