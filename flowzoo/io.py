@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 from filelock import FileLock, Timeout
 
-from flowzoo.errors import RunError
+from flowzoo.errors import ConfigError, RunError
 
 _UMASK = os.umask(0o022)  # read once at import (os.umask can only be read by setting it), then put back
 os.umask(_UMASK)
@@ -73,6 +73,16 @@ def _check_file_target(path: Path) -> None:
                 raise NotADirectoryError(errno.ENOTDIR, f"is a file, so {path} cannot be written under it",
                                          str(parent))
             return
+
+
+def refuse_input_as_output(out: str | os.PathLike, inputs: list[str | os.PathLike], what: str = "--out") -> None:
+    """A one-line ConfigError when the output file ``out`` is one of the command's ``inputs`` (the same file, however
+    named): writing it would replace what the command reads."""
+    target = Path(out).resolve()
+    for source in inputs:
+        if Path(source).resolve() == target:
+            raise ConfigError(f"{what} {str(out)!r} is the command's input {str(source)!r}: writing it would replace "
+                              f"what it reads; give another file")
 
 
 def check_out_dir(out: str | os.PathLike, what: str = "--out") -> Path:

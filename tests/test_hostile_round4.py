@@ -116,3 +116,43 @@ def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
     suite.seed_sets, suite.seeds = {}, [0]
     configs = expand(suite, tmp_path / "runs")
     assert {"flow_grpo", "op_grpo", "awm", "diffusion_nft"} <= {c.algorithm_name for c in configs}
+
+
+def test_study_save_metrics_never_replaces_another_runs_files(tmp_path, capsys):
+    """--save-metrics B where B holds other runs at the same relative paths cut their metrics.csv to the study's
+    columns and replaced their config.yaml; an earlier copy of the same runs is still refreshed."""
+    from benchmark.analysis.study import main as study_main
+    from tests.test_hostile_round3 import _write_run
+
+    runs, other = tmp_path / "runs", tmp_path / "other"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+        _write_run(other, "op_grpo", seed, [0.0, 0.3, 0.3, 0.3, 0.3])
+    theirs = (other / "t" / "op_grpo" / "s0" / "config.yaml").read_text().replace("seed: 0", "seed: 0\nnote: mine")
+    (other / "t" / "op_grpo" / "s0" / "config.yaml").write_text(theirs)
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    args = [str(runs), "--out", str(tmp_path / "study"), "--resamples", "200"]
+    assert study_main([*args, "--save-metrics", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds another run" in err and "give another directory" in err
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before  # nothing of theirs touched
+    assert study_main([*args, "--save-metrics", str(tmp_path / "saved")]) == 0
+    assert study_main([*args, "--save-metrics", str(tmp_path / "saved")]) == 0  # its own earlier copies: refreshed
+
+
+def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
+    import shutil
+
+    from benchmark.analysis.recipe_compare import main as compare_main
+
+    shared, tuned = tmp_path / "shared", tmp_path / "tuned"
+    for folder in (shared, tuned):
+        folder.mkdir()
+        shutil.copy("reports/example-op-grpo-study/claims.csv", folder / "claims.csv")
+    before = (shared / "claims.csv").read_bytes()
+    assert compare_main([str(shared), str(tuned), "--out", str(shared / "claims.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is the command's input" in err
+    assert (shared / "claims.csv").read_bytes() == before
+    assert compare_main([str(shared), str(tuned), "--out", str(tmp_path / "compare.md")]) == 0

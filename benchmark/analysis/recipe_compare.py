@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from flowzoo.errors import ConfigError, one_line_errors
-from flowzoo.io import atomic_write_text
+from flowzoo.io import atomic_write_text, refuse_input_as_output
 
 COLUMNS = ("claim", "verdict exploration", "verdict replication", "replication")
 UNJUDGED = "not tested"
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         from models.shipped import refuse_shipped
 
         refuse_shipped(args.out, "--out")
+        refuse_input_as_output(args.out, [Path(args.shared) / "claims.csv", Path(args.tuned) / "claims.csv"])
         table = compare(read_claims(args.shared), read_claims(args.tuned))
         atomic_write_text(args.out, to_markdown(table, args.shared, args.tuned))  # a full disk: one line naming it
         print(f"{args.out}: {dict(table['change'].value_counts())}")

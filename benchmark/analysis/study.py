@@ -449,10 +449,15 @@ def portable_config(text: str, relative: Path) -> str:
     return re.sub(r"^run_dir: .*$", f"run_dir: {relative.as_posix()}", text, count=1, flags=re.M)
 
 
-def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int = 6) -> int:
+def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int = 6,
+                         merged_into: str | Path | None = None) -> int:
     """Copies each run's config.yaml and its metrics.csv cut to ``KEPT_COLUMNS`` plus the per-step log-ratio columns
     (floats at ``digits`` significant digits) into ``out_dir``, keeping the relative layout; returns the run count.
-    The study's tables computed from the copy match the full runs' to that precision."""
+    The study's tables computed from the copy match the full runs' to that precision.
+
+    ``merged_into``: the folder the copies will be moved into (``out_dir`` is its stage). A run directory there at a
+    copy's place that is not an earlier copy of the same run (another config.yaml, or a metrics.csv without one) is a
+    one-line ConfigError: the copy would replace another run's files."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     count = 0
     for run in find_run_dirs(runs_dir):
@@ -461,11 +466,18 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
             frame = read_metrics(run / "metrics.csv")
         except (ConfigError, RunError):  # a damaged file is no record (the study's README lists it as skipped)
             continue
+        config = portable_config((run / "config.yaml").read_text(), run.relative_to(runs_dir)).encode()
+        if merged_into is not None:
+            prior = Path(merged_into) / run.relative_to(runs_dir)
+            foreign = ((prior / "config.yaml").is_file() and (prior / "config.yaml").read_bytes() != config) or (
+                (prior / "metrics.csv").exists() and not (prior / "config.yaml").is_file())
+            if foreign:
+                raise ConfigError(f"--save-metrics {merged_into}: {prior} holds another run (not a copy of {run}); "
+                                  "saving would replace its config.yaml and cut its metrics.csv: give another directory")
         target = out_dir / run.relative_to(runs_dir)
         target.mkdir(parents=True, exist_ok=True)
         keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
         atomic_write(target / "metrics.csv", lambda f: frame[keep].to_csv(f, index=False, float_format=f"%.{digits}g"))
-        config = portable_config((run / "config.yaml").read_text(), run.relative_to(runs_dir)).encode()
         atomic_write(target / "config.yaml", lambda f: f.write(config), mode="wb")
         count += 1
     return count
@@ -580,7 +592,7 @@ def write_study(request: StudyRequest) -> Path:
         frames["wall_clock.csv"] = wall
     if request.save_metrics:
         with staged_directory(request.save_metrics, "--save-metrics") as stage:
-            saved = save_trimmed_metrics(request.runs_dir, stage)
+            saved = save_trimmed_metrics(request.runs_dir, stage, merged_into=request.save_metrics)
         print(f"saved {saved} runs' metrics to {request.save_metrics}")
     with staged_directory(out) as stage:
         for name, frame in frames.items():
