@@ -156,3 +156,44 @@ def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "is the command's input" in err
     assert (shared / "claims.csv").read_bytes() == before
     assert compare_main([str(shared), str(tuned), "--out", str(tmp_path / "compare.md")]) == 0
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql://u:Pw/x@host/db", "postgresql://u:***@host/db"),
+    ("postgresql://u:p@ss@host:5432/db", "postgresql://u:***@host:5432/db"),
+    ("postgresql://u@host/db?password=X&sslmode=require", "postgresql://u@host/db?password=***&sslmode=require"),
+    ("postgresql://host/db?user=u&PASSWORD=y", "postgresql://host/db?user=u&PASSWORD=***"),
+    ("mysql+pymysql://root:secret@h/db?charset=utf8", "mysql+pymysql://root:***@h/db?charset=utf8"),
+    ("host=h dbname=d password=abc user=u", "host=h dbname=d password=*** user=u"),
+    ("sqlite:////shared/tune.db", "sqlite:////shared/tune.db"),
+])
+def test_every_form_of_a_storage_password_is_masked(url, shown):
+    from benchmark.experiments.tuning import shown_url
+
+    assert shown_url(url) == shown
+
+
+def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, monkeypatch, capsys):
+    """Under --executor slurm|submitit-local the URL went in plain into the job's pickle, jobs.json and every log."""
+    import os
+    import pickle
+    import stat
+
+    from benchmark.experiments import tuning
+
+    url = "postgresql://ana:s3/cret@db.example/tune"
+    reference = tuning.storage_for_jobs(url, tmp_path / "jobs")
+    assert "s3/cret" not in reference and reference.startswith(tuning.SECRET_FILE)
+    secret = tmp_path / "jobs" / "storage.url"
+    assert secret.read_text() == url and stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    assert tuning.storage_for_jobs("sqlite:////shared/t.db", tmp_path / "jobs") == "sqlite:////shared/t.db"
+
+    seen = []
+    monkeypatch.setattr(tuning, "_worker", lambda *args: seen.append(args))
+    monkeypatch.chdir(tmp_path)  # the job changes into its cwd; restored after the test
+    job = tuning.TuneJob(("suite", None, None, 2, reference, "trials"), 3, 1, "key", cwd=str(tmp_path))
+    assert b"s3/cret" not in pickle.dumps(job)  # what submitit stores
+    assert job() == ("key", None)
+    assert seen == [("suite", None, None, 2, url, "trials", 3, 1)]  # the worker opens the real URL
+    printed = capsys.readouterr().out
+    assert "s3/cret" not in printed and "postgresql://ana:***@db.example/tune" in printed

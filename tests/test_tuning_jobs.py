@@ -65,6 +65,7 @@ def test_two_jobs_on_one_study_never_run_the_same_trial_and_spend_the_budget(tmp
 def test_a_job_is_seeded_as_the_local_worker_of_its_index(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(tuning, "_worker", lambda *args: seen.append(args))
+    monkeypatch.chdir(tmp_path)  # the job changes into its cwd: restored after the test, not left to later tests
     job = tuning.TuneJob(("suite", None, None, 2, "sqlite:///x.db", "trials"), 3, 1, "key", cwd=str(tmp_path))
     assert job() == ("key", None)
     assert seen == [("suite", None, None, 2, "sqlite:///x.db", "trials", 3, 1)]  # threads, worker index 1

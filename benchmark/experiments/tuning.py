@@ -350,9 +350,56 @@ def check_report_storage(url: str, suite: Suite) -> None:
                           f"`flowzoo tune {suite.name}` with the same --runs first, or give its --storage URL")
 
 
+#: query and keyword/value parameters that carry a password in the URLs and connection strings libpq, MySQL drivers
+#: and SQLAlchemy accept
+PASSWORD_KEYS = ("password", "passwd", "pwd", "sslpassword")
+
+
 def shown_url(url: str) -> str:
-    """A storage URL as errors print it: its password masked (``postgresql://user:***@host/db``)."""
-    return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
+    """A storage URL as every line prints it: its password masked in each form libpq accepts, the userinfo
+    (``postgresql://user:***@host/db``, the password running to the last ``@``, so a ``/`` or ``@`` in it is masked
+    too) and the parameters (``...?password=***``, ``host=h password=***``)."""
+    text = str(url)
+    head, mark, query = text.partition("?")
+    scheme = head.find("://")
+    if scheme >= 0 and "@" in head[scheme + 3:]:
+        userinfo, _, rest = head[scheme + 3:].rpartition("@")
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        head = f"{head[:scheme + 3]}{userinfo}@{rest}"
+    keys = "|".join(PASSWORD_KEYS)
+    masked = re.sub(rf"(?i)(^|[?&;\s])({keys})(\s*=\s*)('[^']*'|[^&;\s]*)", r"\1\2\3***", head + mark + query)
+    return masked
+
+
+#: what a tune job receives in place of a storage URL that holds a password: the path of a file only its owner reads
+SECRET_FILE = "flowzoo-secret-file:"
+
+
+def storage_for_jobs(url: str, folder: Path) -> str:
+    """The storage as the scheduler's jobs receive it: ``url`` itself when it holds no password, else a reference to
+    ``folder/storage.url`` (written with 0600 rights), so that neither submitit's pickled job nor jobs.json nor a log
+    holds the password."""
+    if shown_url(url) == url:
+        return url
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "storage.url"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(url)
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+    return SECRET_FILE + str(path.resolve())
+
+
+def resolve_storage(value: str) -> str:
+    """A job's storage: the URL, or the one the referenced secret file holds (``storage_for_jobs``)."""
+    if not value.startswith(SECRET_FILE):
+        return value
+    path = value[len(SECRET_FILE):]
+    try:
+        return Path(path).read_text().strip()
+    except OSError as error:
+        raise ConfigError(f"the tune job's storage file {path} cannot be read ({error.strerror})") from None
 
 
 #: seconds a database server may take to accept a connection before the tune command fails in one line
@@ -530,8 +577,9 @@ class TuneJob:
 
     def __call__(self) -> tuple[str, str | None]:
         os.chdir(self.cwd)
-        print(f"flowzoo tune job: worker {self.worker_index} on {self.args[4]}", flush=True)
-        _worker(*self.args, self.threads, self.worker_index)
+        url = resolve_storage(self.args[4])  # a password travels in a 0600 file, never in the job's pickle or log
+        print(f"flowzoo tune job: worker {self.worker_index} on {shown_url(url)}", flush=True)
+        _worker(*self.args[:4], url, *self.args[5:], self.threads, self.worker_index)
         return self.key, None
 
     def checkpoint(self, *args, **kwargs):
@@ -592,14 +640,16 @@ def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers
 
     res = worker_resources(suite, cells, executor.cluster.resources)
     executor.check([res])
-    scope = f"{','.join(c.study_name for c in cells)} x {budget} trials on {args[4]}"
+    url = args[4]
+    scope = f"{','.join(c.study_name for c in cells)} x {budget} trials on {shown_url(url)}"
+    job_args = (*args[:4], storage_for_jobs(url, executor.folder), *args[5:])
     jobs = []
     for index in range(workers):
         key = f"tune {suite.name} worker {index}/{workers}: {scope}"  # a rerun waits for its live job
-        jobs.append(GridJob(key, f"tune/{suite.name}/worker{index}", TuneJob(args, res.threads, index, key), res))
+        jobs.append(GridJob(key, f"tune/{suite.name}/worker{index}", TuneJob(job_args, res.threads, index, key), res))
     failures: list[str] = []
     executor.run_jobs(jobs, workers, math.inf, lambda key, error: error and failures.append(error),
-                      on_poll=TrialLines(suite, cells, budget, args[4]))
+                      on_poll=TrialLines(suite, cells, budget, url))
     if failures:
         raise RunError(f"{len(failures)} of {workers} tune job(s) failed (first: {failures[0]}); finished trials are "
                        f"kept: rerun the same command to go on")
