@@ -197,3 +197,17 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     assert seen == [("suite", None, None, 2, url, "trials", 3, 1)]  # the worker opens the real URL
     printed = capsys.readouterr().out
     assert "s3/cret" not in printed and "postgresql://ana:***@db.example/tune" in printed
+
+
+@pytest.mark.parametrize("values,expected", [
+    (["a=0-1", "a=100-101"], "--seed-sets 'a=100-101': set 'a' is given twice; give each set once"),
+    (["a=0-1,exploration"], "is not a seed or a range a-b"),
+    (["huge=0-1000000000000"], "--seed-sets 'huge=0-1000000000000': more than 10,000 seeds in one set"),
+])
+def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expected):
+    from benchmark.analysis.study_sets import parse_seed_sets
+
+    with pytest.raises(ConfigError) as err:
+        parse_seed_sets(values)
+    assert expected in str(err.value)
+    assert parse_seed_sets(["a=0-1", "b=100,102"]) == {"a": [0, 1], "b": [100, 102]}

@@ -79,8 +79,15 @@ def parse_seed_sets(values: list[str] | None) -> dict[str, list[int] | None] | N
             if not SET_NAME.fullmatch(name) or name == ALL_SEEDS:
                 raise ConfigError(f"--seed-sets {value!r}: {name!r} is not a seed-set name (letters, digits, '_', "
                                   f"'-', '.'; not {ALL_SEEDS!r}); give NAME=SEEDS or the suite's set names")
+            if name in sets:
+                raise ConfigError(f"--seed-sets {value!r}: set {name!r} is given twice; give each set once")
             sets[name] = _parse_seeds(spec, value) if spec else None
     return sets
+
+
+#: seeds a ``--seed-sets`` value may name at most (a study's sets are tens of seeds; a typo like 0-1000000000 must not
+#: build a billion-element list)
+MAX_SET_SEEDS = 10_000
 
 def _parse_seeds(spec: str, value: str) -> list[int]:
     seeds = []
@@ -92,6 +99,8 @@ def _parse_seeds(spec: str, value: str) -> list[int]:
             raise ConfigError(f"--seed-sets {value!r}: {part!r} is not a seed or a range a-b") from None
         if high < low:
             raise ConfigError(f"--seed-sets {value!r}: range {part!r} runs backwards")
+        if high - low + 1 + len(seeds) > MAX_SET_SEEDS:
+            raise ConfigError(f"--seed-sets {value!r}: more than {MAX_SET_SEEDS:,} seeds in one set")
         seeds += range(low, high + 1)
     return sorted(set(seeds))
 
