@@ -240,6 +240,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from models.shipped import refuse_shipped
 
     refuse_shipped(args.runs, "--runs")  # before the trials' folders or the default SQLite file are made there
+    if args.trials is not None and args.trials < 1:  # --report too: it writes the budget as spent/trials
+        raise FlowZooError(f"--trials {args.trials}: give a positive number of trials (the same for every cell)")
     if args.out:
         refuse_shipped(args.out, "--out")
         from flowzoo.io import check_out_dir

@@ -211,3 +211,32 @@ def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expect
         parse_seed_sets(values)
     assert expected in str(err.value)
     assert parse_seed_sets(["a=0-1", "b=100,102"]) == {"a": [0, 1], "b": [100, 102]}
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ({"steps": 0}, "tuning.steps must be a positive integer, got 0"),
+    ({"sampler": {"seed": -1}}, "tuning.sampler.seed must be >= 0, got -1"),
+])
+def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expected):
+    from benchmark.experiments.tuning_design import read_design
+
+    section = {"objective": "auc", "trials": 4, "seeds": [1000], **extra}
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
+        read_design("s", section, [0, 1])
+    assert read_design("s", {**section, "steps": 10**12, "sampler": {}}, [0, 1]).steps == 10**12
+
+
+def test_the_evaluation_count_of_a_huge_run_is_computed_not_enumerated():
+    """tuning.steps 10^12 built a set of every step before training (the machine ran out of memory)."""
+    from benchmark.experiments.tuning import evaluations_per_run
+
+    assert evaluations_per_run(10**12, 50) == 1 + 2 * 10**10 and evaluations_per_run(7, 0) == 2
+    assert [evaluations_per_run(s, 3) for s in (3, 4, 6, 7)] == [2, 3, 3, 4]  # step 0, multiples of 3, the last
+
+
+def test_tune_report_refuses_a_trial_count_below_1(tmp_path, capsys):
+    code = main(["tune", "op-grpo-study", "--report", "--trials", "-1", "--out", str(tmp_path / "out"),
+                 "--runs", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--trials -1: give a positive number" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

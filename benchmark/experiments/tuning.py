@@ -66,7 +66,8 @@ def objective_value(curves: list, objective: str) -> float:
 
 def evaluations_per_run(steps: int, eval_every: int) -> int:
     """How many evaluations a run of ``steps`` makes: step 0, every ``eval_every`` steps and the last step."""
-    return 1 + len({s for s in range(1, steps + 1) if (eval_every and s % eval_every == 0) or s == steps})
+    multiples = steps // eval_every if eval_every else 0  # closed form: no set of every step (steps may be huge)
+    return 1 + multiples + (0 if eval_every and steps % eval_every == 0 else 1)
 
 
 # ----------------------------------------------------------------------------------------------------------- cells

@@ -81,9 +81,11 @@ def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> T
         raise ConfigError(f"{where}.pruner.name {design.pruner.name!r} is not one of {', '.join(PRUNERS)}")
     if design.sampler.name not in SAMPLERS:
         raise ConfigError(f"{where}.sampler.name {design.sampler.name!r} is not one of {', '.join(SAMPLERS)}")
-    for name, value in (("trials", design.trials), ("steps", design.steps or 1)):
-        if value < 1:
+    for name, value in (("trials", design.trials), ("steps", 1 if design.steps is None else design.steps)):
+        if value < 1:  # steps 0 is no "the suite's steps": that is null
             raise ConfigError(f"{where}.{name} must be a positive integer, got {value}")
+    if design.sampler.seed < 0:
+        raise ConfigError(f"{where}.sampler.seed must be >= 0, got {design.sampler.seed}")
     for name, value in (("sampler.startup_trials", design.sampler.startup_trials),
                         ("pruner.startup_trials", design.pruner.startup_trials),
                         ("pruner.warmup_evaluations", design.pruner.warmup_evaluations)):
