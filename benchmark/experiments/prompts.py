@@ -5,6 +5,9 @@
   ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.experiments.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
+* ``dataset``: a Hugging Face dataset on local disk (``benchmark.experiments.prompt_datasets``): ``prompts.train`` and
+  ``prompts.test`` each a ``save_to_disk`` folder or Parquet / Arrow / JSON / CSV files; ``prompts.dataset`` names the
+  prompt column, the metadata columns and a DatasetDict's splits.
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
   training prompts and 256 held-out evaluation prompts from two fixed seeds. ``tags`` (``tiny_shapes`` only) keeps
   the prompts of those GenEval tags in both lists (e.g. ``[counting]``: the 12 counting prompts, repeats kept).
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from flowzoo.errors import ConfigError
 
 Prompts = list[tuple[str, dict]]
-SOURCES = ("toy2d", "files", "tiny_shapes", "tiny_glyphs")
+SOURCES = ("toy2d", "files", "dataset", "tiny_shapes", "tiny_glyphs")
 #: sizes of the tiny sources: training prompts, held-out evaluation prompts (docs/tiny.md)
 TINY_TRAIN_PROMPTS, TINY_EVAL_PROMPTS = 1024, 256
 
@@ -32,6 +35,8 @@ class PromptSection:
     classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
     layout: str | None = None  # the "toy2d" many-condition layout (models.toy2d.LAYOUTS); None = "overlapping"
     tags: list[str] | None = None  # "tiny_shapes": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS)
+    # "dataset": {column, metadata, train_split, test_split} (benchmark.experiments.prompt_datasets.DatasetSpec)
+    dataset: dict | None = None
 
 
 def check_source(section: PromptSection) -> None:
@@ -39,14 +44,20 @@ def check_source(section: PromptSection) -> None:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
     if section.tags is not None:
         _check_tags(section)
-    if section.source == "files":
-        from benchmark.experiments.prompt_files import resolve_prompt_file
-
+    if section.dataset is not None and section.source != "dataset":
+        raise ConfigError(f"prompts.dataset is only used by the 'dataset' source, not {section.source!r}")
+    if section.source in ("files", "dataset"):
         for split in ("train", "test"):
             path = getattr(section, split)
             if path is None:
-                raise ConfigError(f"prompts.{split}: the 'files' source needs a prompt file or folder")
-            resolve_prompt_file(path, split)
+                raise ConfigError(f"prompts.{split}: the {section.source!r} source needs a "
+                                  f"{'prompt file or folder' if section.source == 'files' else 'dataset path'}")
+            if section.source == "files":
+                from benchmark.experiments.prompt_files import resolve_prompt_file
+
+                resolve_prompt_file(path, split)
+        if section.source == "dataset":
+            dataset_spec(section)
     else:
         for key in ("classes", "layout"):
             if getattr(section, key) is not None and section.source != "toy2d":
@@ -58,7 +69,18 @@ def check_source(section: PromptSection) -> None:
             check_many_layout(classes, DEFAULT_LAYOUT if section.layout is None else section.layout)
         for split in ("train", "test"):
             if getattr(section, split) is not None:
-                raise ConfigError(f"prompts.{split} is only used by the 'files' source, not {section.source!r}")
+                raise ConfigError(f"prompts.{split} is only used by the 'files' and 'dataset' sources, not "
+                                  f"{section.source!r}")
+
+
+def dataset_spec(section: PromptSection):
+    """``prompts.dataset`` as a checked DatasetSpec (its defaults where unset)."""
+    from benchmark.experiments.prompt_datasets import DatasetSpec, check_dataset_spec
+    from flowzoo.schema import from_mapping
+
+    spec = from_mapping(DatasetSpec, section.dataset or {}, where="prompts.dataset")
+    check_dataset_spec(spec)
+    return spec
 
 
 def _check_tags(section: PromptSection) -> None:
@@ -93,9 +115,16 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
             keep = set(section.tags)
             train, test = ([(p, m) for p, m in prompts if m.get("tag") in keep] for prompts in (train, test))
         return train, test
-    from benchmark.experiments.prompt_files import read_prompts
+    if section.source == "dataset":
+        from benchmark.experiments.prompt_datasets import read_dataset_prompts
 
-    train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
+        spec = dataset_spec(section)
+        train, test = (read_dataset_prompts(section.train, "train", spec),
+                       read_dataset_prompts(section.test, "test", spec))
+    else:
+        from benchmark.experiments.prompt_files import read_prompts
+
+        train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
     for split, prompts, path in (("train", train, section.train), ("test", test, section.test)):
         if not prompts:
             raise ConfigError(f"prompts.{split}: {path} holds no prompts")

@@ -1,0 +1,86 @@
+"""Prompt sets from a Hugging Face dataset on local disk (``prompts.source: dataset``), read through ``datasets``.
+
+``prompts.train`` / ``prompts.test`` each name, on local disk (no hub: this reads no network):
+
+* a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (read with ``load_from_disk``; of a
+  DatasetDict the split ``prompts.dataset.train_split`` / ``test_split`` is taken, default ``train`` / ``test``);
+* a Parquet, Arrow, JSON / JSON Lines or CSV file, or a folder of files of one of those kinds (read with
+  ``load_dataset(<kind>, data_files=...)``).
+
+``prompts.dataset``: ``column`` (default ``prompt``), the text column; ``metadata`` (default none), the columns kept as
+each prompt's metadata (what rewards such as GenEval's read: ``tag``, ``include``, ...). A missing path, split or
+column is one line naming it and what there is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowzoo.errors import ConfigError
+
+#: file suffix -> the ``datasets`` builder that reads it
+BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+
+
+@dataclass
+class DatasetSpec:
+    """``prompts.dataset``: which columns and splits of the dataset are the prompts."""
+
+    column: str = "prompt"
+    metadata: list[str] = field(default_factory=list)
+    train_split: str = "train"
+    test_split: str = "test"
+
+
+def check_dataset_spec(spec: DatasetSpec) -> None:
+    if not isinstance(spec.column, str) or not spec.column:
+        raise ConfigError(f"prompts.dataset.column must be a column name, got {spec.column!r}")
+    if not isinstance(spec.metadata, list) or not all(isinstance(c, str) and c for c in spec.metadata):
+        raise ConfigError(f"prompts.dataset.metadata must be a list of column names, got {spec.metadata!r}")
+
+
+def read_dataset_prompts(path: str, split: str, spec: DatasetSpec) -> list[tuple[str, dict]]:
+    """The (prompt, metadata) pairs of the dataset at ``path`` (``split``: ``train`` or ``test``)."""
+    where = f"prompts.{split}"
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise ConfigError(f"{where}: {path} does not exist (a save_to_disk folder, or Parquet / Arrow / JSON / CSV "
+                          f"files)")
+    dataset = _load(root, where, getattr(spec, f"{split}_split"))
+    columns = list(dataset.column_names)
+    for column in [spec.column, *spec.metadata]:
+        if column not in columns:
+            raise ConfigError(f"{where}: {path} has no column {column!r}; its columns: {', '.join(columns)}")
+    prompts = dataset[spec.column]
+    bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: row {bad} of {path} has no prompt text in column {spec.column!r} "
+                          f"(got {prompts[bad]!r})")
+    metadata = {c: dataset[c] for c in spec.metadata}
+    return [(p, {c: values[i] for c, values in metadata.items()}) for i, p in enumerate(prompts)]
+
+
+def _load(root: Path, where: str, split: str):
+    import datasets
+
+    saved = root.is_dir() and any((root / name).is_file() for name in ("dataset_dict.json", "dataset_info.json"))
+    if saved:
+        loaded = datasets.load_from_disk(str(root))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ConfigError(f"{where}: {root} has the splits {', '.join(loaded)}, not {split!r} "
+                                  f"(prompts.dataset.{where.split('.')[-1]}_split)")
+            return loaded[split]
+        return loaded
+    files = [root] if root.is_file() else sorted(f for f in root.iterdir() if f.is_file() and not f.name.startswith("."))
+    kinds = {BUILDERS.get(f.suffix.lower()) for f in files}
+    if not files or None in kinds or len(kinds) != 1:
+        found = ", ".join(sorted({f.suffix or f.name for f in files})) or "nothing"
+        raise ConfigError(f"{where}: {root} is no save_to_disk folder and holds {found}, not files of one kind of "
+                          f"{', '.join(BUILDERS)}")
+    try:
+        return datasets.load_dataset(kinds.pop(), data_files=[str(f) for f in files], split="train")
+    except (ValueError, OSError) as error:  # a damaged file: the builder's first line
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"{where}: cannot read {root} ({first})") from None
