@@ -240,3 +240,22 @@ def test_tune_report_refuses_a_trial_count_below_1(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--trials -1: give a positive number" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_report_check_fails_a_folder_without_a_readable_page_in_one_line(tmp_path, capsys):
+    """An empty folder or a binary index.md was a traceback; --screenshots naming a file is the usage error."""
+    from benchmark.analysis.report_check import main as check_main
+
+    empty, binary = tmp_path / "empty", tmp_path / "binary"
+    empty.mkdir()
+    binary.mkdir()
+    (binary / "index.md").write_bytes(bytes(range(128, 256)) * 3)
+    assert check_main([str(empty), str(binary)]) == 1
+    out = capsys.readouterr().out
+    assert f"{empty}: FAIL: {empty} holds no index.html, README.md or index.md" in out
+    assert f"{binary}: FAIL: its page is not UTF-8 text" in out and "report-check: 0 passed, 2 failed" in out
+    assert sorted(p.name for p in binary.iterdir()) == ["index.md"]  # no temporary page left behind
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        check_main([str(empty), "--screenshots", str(tmp_path / "file")])
+    assert exit_.value.code == 2 and "is a file, not a folder to write the screenshots into" in capsys.readouterr().err

@@ -92,9 +92,10 @@ def page_of(report: Path) -> tuple[Path, bool]:
         if (report / name).is_file():
             from benchmark.analysis.markdown_html import markdown_to_html
 
-            fd, tmp = tempfile.mkstemp(prefix=".report-check-", suffix=".html", dir=report)
+            html = markdown_to_html((report / name).read_text(), title=report.name, base_dir=report)  # before the
+            fd, tmp = tempfile.mkstemp(prefix=".report-check-", suffix=".html", dir=report)  # file: none left on error
             with os.fdopen(fd, "w") as f:
-                f.write(markdown_to_html((report / name).read_text(), title=report.name, base_dir=report))
+                f.write(html)
             return Path(tmp), True
     raise FileNotFoundError(f"{report} holds no index.html, README.md or index.md")
 
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     for report in args.reports + args.no_figure:
         if not report.is_dir():
             parser.error(f"report directory {str(report)!r} does not exist")
+    if args.screenshots is not None and args.screenshots.exists() and not args.screenshots.is_dir():
+        parser.error(f"--screenshots {str(args.screenshots)!r} is a file, not a folder to write the screenshots into")
     browser = find_browser()
     if browser is None:
         print("report-check: browser part skipped: no Chromium on PATH (looked for "
@@ -212,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report-check: rendering in {browser} (headless, {WINDOW[0]} x {WINDOW[1]})")
     failed = 0
     for report, need in [(r, True) for r in args.reports] + [(r, False) for r in args.no_figure]:
-        failures = check(report, browser, args.screenshots, need)
+        try:
+            failures = check(report, browser, args.screenshots, need)
+        except FileNotFoundError as error:  # no page in the folder: a failed report, not a traceback
+            failures = [str(error)]
+        except UnicodeDecodeError:
+            failures = ["its page is not UTF-8 text"]
         for failure in failures:
             print(f"{report}: FAIL: {failure}")
         failed += bool(failures)
