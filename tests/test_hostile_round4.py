@@ -259,3 +259,18 @@ def test_report_check_fails_a_folder_without_a_readable_page_in_one_line(tmp_pat
     with pytest.raises(SystemExit) as exit_:
         check_main([str(empty), "--screenshots", str(tmp_path / "file")])
     assert exit_.value.code == 2 and "is a file, not a folder to write the screenshots into" in capsys.readouterr().err
+
+
+def test_a_fingerprint_with_nothing_to_compare_is_not_called_fresh(tmp_path):
+    """freshness with `cells: {}` or a cell with `rows: []` reported "fresh" having compared nothing."""
+    import json
+
+    from benchmark.analysis import freshness
+
+    path = tmp_path / freshness.FINGERPRINT_FILE
+    path.write_text(json.dumps({"steps": 3, "columns": [], "cells": {}}))
+    with pytest.raises(ConfigError, match="no cells to compare"):
+        freshness.read_fingerprint(tmp_path)
+    path.write_text(json.dumps({"steps": 3, "columns": [], "cells": {"t/a": {"seed": 0, "config": {}, "rows": []}}}))
+    with pytest.raises(ConfigError, match="cell 't/a': no rows to compare"):
+        freshness.read_fingerprint(tmp_path)

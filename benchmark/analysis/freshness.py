@@ -88,6 +88,8 @@ def read_fingerprint(report_dir) -> dict:
         raise ConfigError(f"{path}: not a fingerprint (needs steps and cells)")
     if isinstance(data["steps"], bool) or not 1 <= data["steps"] <= MAX_STEPS:  # each cell is rerun this many steps
         raise ConfigError(f"{path}: steps {data['steps']!r} is not in [1, {MAX_STEPS}] (flowzoo report writes {STEPS})")
+    if not data["cells"]:  # "fresh" would then be said having compared nothing
+        raise ConfigError(f"{path}: no cells to compare; rewrite the report from its runs")
     for key, cell in data["cells"].items():
         problem = _cell_problem(cell)
         if problem:
@@ -106,6 +108,8 @@ def _cell_problem(cell) -> str | None:
     rows = cell.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("step"), int) for r in rows):
         return "rows are not a list of {step, values}"
+    if not rows:
+        return "no rows to compare"
     for row in rows:
         for column, value in row.items():
             if column != "step" and (isinstance(value, bool) or not isinstance(value, (int, float))
