@@ -21,8 +21,8 @@ atol 1e-5 on every metrics.csv column but the timings (and the padding-call coun
 atol 1e-4 on ``loss``: at ratio 1 the PPO surrogate is a sum of +-A terms that cancel to ~1e-5, so its rounding is the
 terms' (DanceGRPO's, measured: 1.7e-5 between 1 and 2 replicated processes, whose ratios agree to 1e-6).
 
-Every 2-process run sets ``FLOWZOO_CHECK_LOCKSTEP=1`` (tests/test_fsdp.py's ``_two_processes``): a sharded run fails on the first step whose transformer calls
-differ between processes, naming the phase.
+Every 2-process run sets ``FLOWZOO_CHECK_LOCKSTEP=1`` (tests/test_fsdp.py's ``_two_processes``): a sharded run
+fails on the first step whose transformer calls differ between processes, naming the phase.
 """
 
 from __future__ import annotations

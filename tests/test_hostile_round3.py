@@ -190,7 +190,7 @@ def test_guidance_0_is_not_refused_where_a_gradient_flows():
     """cfg_grad both at g = 0 trains the unconditional branch (d v = d u), which a g = 0 evaluation samples."""
     from benchmark.experiments.loading import load_config
 
-    load_config(TOY, ["algorithm.guidance=0", "algorithm.cfg_grad=both"])  # a negative scale: tests/test_hostile_round4.py
+    load_config(TOY, ["algorithm.guidance=0", "algorithm.cfg_grad=both"])  # negative: tests/test_hostile_round4.py
 
 
 def test_guidance_0_with_cfg_grad_cond_really_gives_a_zero_gradient_and_both_does_not():

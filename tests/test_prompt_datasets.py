@@ -51,7 +51,7 @@ def test_bad_paths_splits_and_columns_are_one_line(tmp_path):
     (tmp_path / "mixed" / "a.parquet").write_bytes((tmp_path / "p.parquet").read_bytes())
     (tmp_path / "mixed" / "b.txt").write_text("x\n")
     cases = [
-        (_section(tmp_path / "nope", tmp_path / "p.parquet"), "prompts.train: " + str(tmp_path / "nope") + " does not exist"),
+        (_section(tmp_path / "nope", tmp_path / "p.parquet"), f"prompts.train: {tmp_path / 'nope'} does not exist"),
         (_section(tmp_path / "p.parquet", tmp_path / "p.parquet", column="text"),
          "has no column 'text'; its columns: prompt, tag, include"),
         (_section(tmp_path / "p.parquet", tmp_path / "p.parquet", metadata=["tags"]), "has no column 'tags'"),

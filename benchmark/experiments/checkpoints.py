@@ -43,8 +43,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
-    without an unset ``train.prompt_sampler``, ``prompts.tags`` or ``prompts.dataset``; without the algorithm's ``EXECUTION_KEYS`` and the
-    model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
+    without an unset ``train.prompt_sampler``, ``prompts.tags`` or ``prompts.dataset``; without the algorithm's
+    ``EXECUTION_KEYS`` and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     resolved.pop("recipe", None)  # where the values came from (a tuned file), not what they are: a note
