@@ -48,6 +48,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     resolved.pop("recipe", None)  # where the values came from (a tuned file), not what they are: a note
+    resolved.pop("use_recipe", None)  # how the keys were resolved; the keys themselves are the identity
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
         resolved["train"] = {k: (EVAL_BATCH_IDENTITY if k == "eval_batch" else v)
                              for k, v in resolved["train"].items()

@@ -78,6 +78,10 @@ class ExperimentConfig:
     # a cell run at a tuned recipe records {tuned: DIR, file: DIR/<task>/<algorithm>.yaml, algorithm_keys: {...},
     # sampler_keys: {...}} (the values the tuned layer set); None (left out of config.yaml): the suite's own recipe
     recipe: dict | None = None
+    # apply the algorithm's released recipe (benchmark/hyperparams/<algorithm>.yaml) under this config's algorithm
+    # keys (benchmark/experiments/resolve.py); false: the class defaults under them. How the keys were resolved, not
+    # what they are: no part of a run's identity, and config.yaml (which holds every key) leaves it out when true
+    use_recipe: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**63:  # the seed goes into torch.manual_seed and numpy's SeedSequence
@@ -205,10 +209,15 @@ def declared_secrets(config: ExperimentConfig) -> set[tuple]:
     return found
 
 
+#: top-level keys config.yaml leaves out at these values (a run stores the config.yaml it stored before they existed)
+OPTIONAL_STORED_KEYS = {"recipe": None, "use_recipe": True}
+
+
 def resolved_dict(config: ExperimentConfig) -> dict:
     """The config as stored and shown (config.yaml, trackers): every secret value is ``***``; an unset ``recipe``
     note is left out (a run at the suite's own recipe stores the config.yaml it stored before notes existed)."""
     resolved = redact(to_mapping(config), declared_secrets(config))
-    if resolved.get("recipe") is None:
-        resolved.pop("recipe", None)
+    for key, default in OPTIONAL_STORED_KEYS.items():
+        if resolved.get(key) == default:
+            resolved.pop(key, None)
     return resolved

@@ -11,9 +11,10 @@ from typing import Any, Mapping, Sequence
 import models
 import rewards
 from benchmark.experiments.config import (
-    ExperimentConfig, apply_overrides, declared_secrets, read_yaml,
+    ExperimentConfig, declared_secrets, read_yaml,
 )
 from benchmark.experiments import experiment, tracking
+from benchmark.experiments.resolve import Resolved, resolve_config_mapping
 from benchmark.experiments.prompts import check_source
 from flowzoo.errors import ConfigError
 from flowzoo.labels import reject_nul
@@ -67,5 +68,13 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """A config file (or none: every default) with ``key=value`` overrides, its algorithm keys resolved over the
+    released recipe (:mod:`benchmark.experiments.resolve`), validated."""
+    return load_resolved(path, overrides)[0]
+
+
+def load_resolved(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[ExperimentConfig, Resolved]:
+    """:func:`load_config` and where its algorithm keys came from (``Resolved.recipe_line`` for the command line)."""
     data = read_yaml(path) if path is not None else {}
-    return build_config(apply_overrides(data, overrides))
+    resolved = resolve_config_mapping(data, overrides)
+    return build_config(resolved.data), resolved

@@ -35,7 +35,9 @@ from algorithms.distributed import SingleProcess, from_environment
 from algorithms.rollout import sample_generators, sample_ode
 from benchmark.experiments import experiment
 from benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
-from benchmark.experiments.config import ExperimentConfig, declared_secrets, read_stored_config, resolved_dict
+from benchmark.experiments.config import (
+    OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
+)
 from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
 from benchmark.experiments.samples import save_samples
@@ -109,7 +111,7 @@ def killed_before_checkpoint(run_dir: Path) -> bool:
     except ConfigError:
         return False
     names = {f.name for f in fields(ExperimentConfig)}
-    return set(stored) - {"recipe"} == names - {"recipe"} and set(stored) <= names
+    return set(stored) - set(OPTIONAL_STORED_KEYS) == names - set(OPTIONAL_STORED_KEYS) and set(stored) <= names
 
 
 def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:

@@ -4,11 +4,11 @@ A suite YAML (``benchmark/suites/*.yaml``) holds ``name``, ``seeds``, ``algorith
 every run) and ``tasks`` (task name -> config keys: model, reward, prompts, train, ...; plus optionally
 ``algorithms`` and ``seeds`` to run a subset of the suite's algorithms or other seeds on that task).
 
-A run's algorithm keys, lowest precedence first: the class defaults (with its preset); the suite's shared
-``algorithm`` block (``defaults.algorithm``, then ``tasks.<task>.algorithm``); the algorithm's own recipe,
-``benchmark/hyperparams/<algorithm>.yaml`` (rl-baselines3-zoo style, see :mod:`benchmark.experiments.recipes`); the suite's
-per-algorithm block (``defaults.per_algorithm.<algorithm>``, then ``tasks.<task>.per_algorithm.<algorithm>``);
-``key=value`` overrides from the command line.
+A run's algorithm keys are layered by :mod:`benchmark.experiments.resolve`, the one resolver every command uses:
+the class defaults (with its preset) < the suite's shared ``algorithm`` block (``defaults.algorithm``, then
+``tasks.<task>.algorithm``) < the algorithm's released recipe (``benchmark/hyperparams/<algorithm>.yaml``) < the
+suite's per-algorithm block (``defaults.per_algorithm.<algorithm>``, then ``tasks.<task>.per_algorithm.<algorithm>``)
+< the tuned layer < ``key=value`` overrides from the command line. :func:`cell_keys` gives a cell's layers.
 
 A run's ``train`` keys: the suite's ``train`` block (defaults, then the task's), then the algorithm's entry of
 ``per_algorithm_train: {<algorithm>: {...}}`` (defaults, then the task's), e.g. each algorithm's released prompts per
@@ -30,13 +30,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import algorithms
-from benchmark.experiments.config import ExperimentConfig, apply_overrides, read_yaml
+from benchmark.experiments.config import ExperimentConfig, read_yaml
 from benchmark.experiments.loading import build_config
 from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.executors import Resources, resolve_resources
-from benchmark.experiments.recipes import recipe
+from benchmark.experiments.resolve import Layers, resolve
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
-from benchmark.experiments.tuning_design import TunedValues, apply_tuned, find_tuned, read_design, recipe_note
+from benchmark.experiments.tuning_design import TunedValues, find_tuned, read_design, recipe_note
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
@@ -165,19 +165,37 @@ def _mapping(value: Any, where: str) -> dict:
     return value
 
 
-def algorithm_keys(suite_name: str, task: str, alg: str, model: str, data: dict) -> dict:
-    """The run's algorithm keys: shared block < the algorithm's recipe < the suite's per-algorithm block.
+@dataclass(frozen=True)
+class CellKeys:
+    """A suite cell's config before the resolver layers it (benchmark/experiments/resolve.py): the merged suite
+    config without the algorithm blocks, its shared and own algorithm keys, and the own keys no tuning replaces."""
 
-    ``data`` is the run's merged suite config (defaults deep-updated by the task); its ``per_algorithm`` is consumed.
-    """
-    where = f"suite {suite_name}, task {task}"
-    shared = _mapping(data.get("algorithm"), f"{where}: `algorithm`")
+    data: dict  # defaults deep-updated by the task, ``train`` resolved, ``per_algorithm*`` consumed
+    shared: dict  # ``defaults.algorithm`` then ``tasks.<task>.algorithm``: under the recipe
+    own: dict  # ``defaults.per_algorithm.<alg>`` then ``tasks.<task>.per_algorithm.<alg>``: over the recipe
+    pinned: dict  # ``tasks.<task>.per_algorithm.<alg>``: what makes a control what it is; never tuned
+
+    @property
+    def model(self) -> str:
+        return (self.data.get("model") or {}).get("name", "toy2d")
+
+
+def cell_keys(suite: Suite, task: str, alg: str) -> CellKeys:
+    """The keys of cell (task, alg) of the suite, as every command that runs it starts from them."""
+    task_cfg = {k: v for k, v in (suite.tasks[task] or {}).items() if k not in ("algorithms", "seeds", "resources")}
+    data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
+    where = f"suite {suite.name}, task {task}"
+    shared = _mapping(data.pop("algorithm", None), f"{where}: `algorithm`")
     per_algorithm = _mapping(data.pop("per_algorithm", None), f"{where}: `per_algorithm`")
     for name in per_algorithm:
         algorithms.get(name)  # a misspelt name fails with the list of known ones
     own = _mapping(per_algorithm.get(alg), f"{where}: `per_algorithm.{alg}`")
-    # a control or variant task ``task@variant`` takes the recipe of ``task``
-    return {**shared, **recipe(alg, task.partition("@")[0], model), **own, "name": alg}
+    if "name" in shared or "name" in own:
+        raise ConfigError(f"{where}: the algorithm's name comes from the suite's `algorithms:` list, not from an "
+                          f"`algorithm:` or `per_algorithm` block (found name: {shared.get('name', own.get('name'))!r})")
+    data["train"] = train_keys(suite.name, task, alg, data)
+    pinned = _mapping(((task_cfg.get("per_algorithm") or {}).get(alg)), f"{where}: `per_algorithm.{alg}`")
+    return CellKeys(data, shared, own, dict(pinned))
 
 
 def train_keys(suite_name: str, task: str, alg: str, data: dict) -> dict:
@@ -240,20 +258,17 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
         raise ConfigError(f"bench override {placed[0]!r}: bench places each run at RUNS/<suite>/<task>/<algorithm>/"
                           f"s<seed>; give another --runs directory instead of run_dir")
     configs, layered = [], 0
-    for task, task_cfg, alg, seed in _grid(suite):
-        data = _deep_update(copy.deepcopy(suite.defaults), copy.deepcopy(task_cfg))
-        model = (data.get("model") or {}).get("name", "toy2d")
-        data["algorithm"] = algorithm_keys(suite.name, task, alg, model, data)
-        data["train"] = train_keys(suite.name, task, alg, data)
+    for task, _, alg, seed in _grid(suite):
+        keys = cell_keys(suite, task, alg)
         layer: TunedValues | None = tuned(task, alg) if tuned else None
         if layer is not None and seed in layer.seeds:
             raise ConfigError(f"seed {seed}: {layer.source} was chosen on tuning seeds {list(layer.seeds)}; a run at "
                               f"its recipe on one of them is evaluated on the seed that chose it: give other --seeds")
-        applied = apply_tuned(data, layer, ((task_cfg.get("per_algorithm") or {}).get(alg) or {})) if layer else None
-        data.update(task=task, seed=seed, run_dir=str(run_dir_of(suite, runs_dir, task, alg, seed)))
-        data = apply_overrides(data, list(overrides))
+        data = {**keys.data, "task": task, "seed": seed, "run_dir": str(run_dir_of(suite, runs_dir, task, alg, seed))}
+        resolved = resolve(data, alg, Layers(keys.shared, keys.own, keys.pinned, layer, tuple(overrides)))
+        data = resolved.data
         if noted and layer is not None and "recipe" not in data:
-            data["recipe"] = recipe_note(suite.tuned, layer, applied, data)
+            data["recipe"] = recipe_note(suite.tuned, layer, resolved.tuned_applied, data)
         layered += layer is not None
         configs.append(build_config(data))
     if noted and configs and not layered:  # asked for tuned recipes, and every run would silently be untuned
@@ -292,7 +307,7 @@ def describe_differences(run_dir: Path, config: ExperimentConfig) -> str:
     return f"differs in {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
 
 
-def _cells(suite: Suite) -> list[tuple[str, str]]:
+def cells(suite: Suite) -> list[tuple[str, str]]:
     """(task, algorithm) pairs the suite runs: a task's own ``algorithms`` or the suite's, less ``only_tasks``."""
     return [(task, alg) for task, task_cfg in suite.tasks.items()
             for alg in (task_cfg or {}).get("algorithms", suite.algorithms)
@@ -345,8 +360,8 @@ def select(suite: Suite, algorithms_csv: str | None = None, seeds_csv: str | Non
                     task_cfg["algorithms"] = kept
                 else:
                     del suite.tasks[task]
-        if not _cells(suite):
-            runnable = sorted({alg for _, alg in _cells(original)})
+        if not cells(suite):
+            runnable = sorted({alg for _, alg in cells(original)})
             raise ConfigError(f"--algorithms {algorithms_csv}: no task of suite {suite.name} runs "
                               f"{'it' if len(wanted) == 1 else 'them'}; its tasks run: {', '.join(runnable)}")
     if seeds_csv:

@@ -36,9 +36,11 @@ from benchmark.experiments.config import ExperimentConfig
 from benchmark.experiments.executors import Resources
 from benchmark.experiments.runner import Runner
 from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
-from benchmark.experiments.suite import Suite, _cells, _deep_update, expand, load_suite, select
+from benchmark.experiments.suite import Suite, cell_keys, expand, load_suite, select
+from benchmark.experiments.suite import cells as suite_cells_of
 from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
 from benchmark.experiments.tuning_pruners import make_pruner
+from flowzoo.cells import base_task
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
 from flowzoo.errors import ConfigError, FlowZooError
 
@@ -96,24 +98,22 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
     """The design's cells (default: every cell of the suite), cut by ``--tasks``/``--algorithms``; a cell's space
     is its algorithm's and its prompt sampler's, less the keys the cell pins (its own ``per_algorithm`` block and the
     sampler arguments it names): those make a control what it is."""
-    suite_cells = _cells(suite)
+    suite_cells = suite_cells_of(suite)
     wanted = [(t, a) for t, algs in design.cells.items() for a in algs] if design.cells else suite_cells
     unknown = [f"{t}/{a}" for t, a in wanted if (t, a) not in suite_cells]
     if unknown:
         raise ConfigError(f"suite {suite.name}: tuning.cells names {', '.join(unknown)}, not cells of the suite; "
                           f"cells: {', '.join(f'{t}/{a}' for t, a in suite_cells)}")
     chosen = select(suite, algorithms_csv, None, tasks_csv)  # validates the names
-    wanted = [(t, a) for t, a in wanted if (t, a) in _cells(chosen)]
+    wanted = [(t, a) for t, a in wanted if (t, a) in suite_cells_of(chosen)]
     if not wanted:
         raise ConfigError(f"--tasks/--algorithms leave no cell of suite {suite.name}'s tuning design to tune")
     cells = []
     for task, alg in wanted:
-        data = _deep_update(_deep_update({}, suite.defaults), suite.tasks[task] or {})
-        model = (data.get("model") or {}).get("name", "toy2d")
-        base = task.partition("@")[0]
-        pinned = ((suite.tasks[task] or {}).get("per_algorithm") or {}).get(alg) or {}
-        knobs = {k: v for k, v in algorithm_space(alg, model, base).items() if k not in pinned}
-        spec = (data.get("train") or {}).get("prompt_sampler")
+        keys = cell_keys(suite, task, alg)
+        model, base = keys.model, base_task(task)
+        knobs = {k: v for k, v in algorithm_space(alg, model, base).items() if k not in keys.pinned}
+        spec = keys.data["train"].get("prompt_sampler")
         sampler = sampler_name(spec)
         named = set(spec) - {"name"} if isinstance(spec, dict) else set()
         sampler_knobs = ({k: v for k, v in sampler_space(sampler, model, base).items() if k not in named}

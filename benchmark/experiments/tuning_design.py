@@ -29,6 +29,7 @@ from typing import Any
 import algorithms
 from benchmark.experiments.config import read_yaml
 from benchmark.experiments.tuning_pruners import PRUNERS
+from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping
 
@@ -130,9 +131,9 @@ def find_tuned(directory: str | Path, task: str, algorithm: str, suite: str | No
         raise ConfigError(f"tuned: {directory} is not a directory of tuned configurations (flowzoo tune --out DIR "
                           f"writes DIR/tuned)")
     method = algorithms.get(algorithm).ablation_of
-    candidates = [(task, algorithm), (task.partition("@")[0], algorithm)]
+    candidates = [(task, algorithm), (base_task(task), algorithm)]
     if method:
-        candidates += [(task, method), (task.partition("@")[0], method)]
+        candidates += [(task, method), (base_task(task), method)]
     for cell_task, cell_algorithm in dict.fromkeys(candidates):
         path = tuned_path(directory, cell_task, cell_algorithm)
         if path.is_file():
