@@ -1,6 +1,6 @@
 """The ``flowzoo`` command line (also ``python -m benchmark``).
 
-    flowzoo train CONFIG [key=value ...]     one run
+    flowzoo train CONFIG [key=value ...]     one run (CONFIG: a YAML file or a suite's cell SUITE:TASK/ALGORITHM)
     flowzoo bench SUITE [--runs DIR] [--workers N] [--executor local|submitit-local|slurm] [--out DIR] [key=value ...]
     flowzoo report RUNS_DIR --out DIR
     flowzoo study RUNS_DIR --suite SUITE [--out DIR] [--claims SET] [--timing CSV] [--vs CELL,...] ...
@@ -27,14 +27,16 @@ from flowzoo.errors import FlowZooError, one_line_errors, user_error
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from algorithms.distributed import process_group
-    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.run_source import load_run
     from benchmark.experiments.runner import holds_other_config, is_finished, train
     from benchmark.experiments.suite import describe_differences
     from flowzoo.errors import ConfigError
 
-    config = load_config(args.config, args.overrides)
+    config, resolved = load_run(args.config, args.overrides)
     run_dir = config.resolved_run_dir()
     with process_group() as dist:  # under a launcher: joined here, left cleanly (or at once on failure) below
+        if dist.is_main and not args.quiet:
+            print(resolved.recipe_line(), flush=True)
         try:
             if holds_other_config(run_dir, config):
                 raise ConfigError(f"run directory {run_dir} holds a run of a different config "
@@ -181,10 +183,10 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_grad_snr(args: argparse.Namespace) -> int:
-    from benchmark.experiments.loading import load_config
     from benchmark.experiments.grad_snr import measure
+    from benchmark.experiments.run_source import load_run
 
-    result = measure(load_config(args.config, args.overrides), args.batches, args.fixed_prompts, not args.quiet)
+    result = measure(load_run(args.config, args.overrides)[0], args.batches, args.fixed_prompts, not args.quiet)
     print(result.line())
     return 0
 
@@ -290,6 +292,19 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
         return super()._get_help_string(action)
 
 
+class _Names:
+    """A registry's names in a help text (``%(name)s``), read from ``module.names()`` only when the help is shown, so
+    building the parser imports nothing heavy."""
+
+    def __init__(self, module: str):
+        self.module = module
+
+    def __str__(self) -> str:
+        import importlib
+
+        return ", ".join(importlib.import_module(self.module).names())
+
+
 class _DeprecatedAlias(argparse.Action):
     """A hidden old spelling of an option: it stores into the new option's ``dest`` and says so on stderr."""
 
@@ -322,10 +337,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"flowzoo {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = _command(sub, "train", _cmd_train, "train one run from a config file",
-                 "The run goes to the config's run_dir (default runs/<task>/<algorithm>/s<seed>); a finished run is "
-                 "kept,\na killed one resumes from its last checkpoint. Bad configs fail before anything is written.")
-    t.add_argument("config", help="YAML config (see benchmark/configs/)")
+    t = _command(sub, "train", _cmd_train, "train one run from a config file or one cell of a suite",
+                 "The run goes to the config's run_dir (default runs/<task>/<algorithm>/s<seed>; a suite's cell: "
+                 "runs/<suite>/<task>/<algorithm>/s<seed>,\nas bench places it); a finished run is kept, a killed one "
+                 "resumes from its last checkpoint. Bad configs fail\nbefore anything is written. The algorithm's "
+                 "released recipe (benchmark/hyperparams, docs/recipes.md) sits under\nthe config's own algorithm "
+                 "keys; the first line says which values it set (use_recipe=false: none).")
+    t.add_argument("config", metavar="CONFIG", help="YAML config (see benchmark/configs/), or a suite's cell "
+                   "SUITE:TASK/ALGORITHM (e.g. tiny-rare-counting-study:tiny_counting_rare/flow_grpo), resolved as "
+                   "bench resolves it")
     t.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -389,9 +409,10 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--suite", required=True, metavar="SUITE",
                     help="suite name (see `flowzoo list`) or YAML path: its seed_sets and its claims: key")
     st.add_argument("--out", default=None, metavar="DIR", help="output folder (default: reports/<suite name>)")
-    st.add_argument("--claims", default=None, metavar="SET",
-                    help="claim set to judge: op-grpo-toy, op-grpo-tiny-counting, op-grpo-tiny-rare-counting, or "
-                         "none (default: the suite's claims: key, else the set whose task the suite holds)")
+    claims = st.add_argument("--claims", default=None, metavar="SET",
+                             help="claim set to judge: %(claim_sets)s, or none (default: the suite's claims: key, "
+                                  "else the set whose task the suite holds; `flowzoo list` describes them)")
+    claims.claim_sets = _Names("benchmark.analysis.study_claims")  # read from the registry when --help is shown
     st.add_argument("--vs", default=None, metavar="CELL,...", help="cells (algorithm or algorithm@variant) to pair "
                     "the others with besides the baseline (the claim set's own, e.g. op_grpo, are added when they ran)")
     st.add_argument("--baseline", default="flow_grpo", help="the cell every other is paired with; its gain sets the "
@@ -435,7 +456,8 @@ def parser() -> argparse.ArgumentParser:
                  "Takes K independent batches' update gradients at the same weights and prints their mean pairwise "
                  "cosine\n(with its standard error), the share of coordinates with |z| > 3, the reward and seconds "
                  "per batch.")
-    g.add_argument("config", help="YAML config (see benchmark/configs/)")
+    g.add_argument("config", metavar="CONFIG", help="YAML config (see benchmark/configs/) or a suite's cell "
+                   "SUITE:TASK/ALGORITHM")
     g.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.prompts_per_step=16")
     g.add_argument("--batches", type=at_most(MAX_REPEATS), default=16, help="independent batches to compare")
     g.add_argument("--fixed-prompts", action="store_true", help="the same prompts in every batch (only noise varies)")
@@ -472,7 +494,8 @@ def parser() -> argparse.ArgumentParser:
                   "A run directory: its last checkpoint (the final one of a finished run) under its own config. A "
                   "config:\nits untrained model. Prints one JSON line (eval_reward, eval/<component>, per-tag means); "
                   "writes\nnothing into the run.")
-    ev.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory or a YAML config")
+    ev.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory, a YAML config or a suite's cell "
+                    "SUITE:TASK/ALGORITHM")
     ev.add_argument("overrides", nargs="*", default=[], help="key=value overrides of a config, e.g. algorithm.guidance=3")
     ev.add_argument("--steps", type=at_most(MAX_SAMPLING_STEPS), default=None, metavar="N",
                     help="ODE steps (default: the config's train.eval_num_steps)")
@@ -512,9 +535,10 @@ def parser() -> argparse.ArgumentParser:
                                                                "figures into DIR")
     tu.add_argument("--report", action="store_true", help="run no trial: only write --out from the storage")
 
-    ls = _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards and suites",
+    ls = _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards, suites and claim sets",
                   "Each with a one-line description; `flowzoo list NAME` shows one entry's parameters and defaults.")
-    ls.add_argument("name", nargs="?", default=None, help="an algorithm, model, reward or suite to show in full")
+    ls.add_argument("name", nargs="?", default=None,
+                    help="an algorithm, model, reward, prompt sampler, suite or claim set to show in full")
     return p
 
 

@@ -96,17 +96,19 @@ def check_out_file(out: Path) -> Path:
 
 def _target(path: Path, overrides: Sequence[str]):
     """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
-    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.run_source import load_run
     from benchmark.experiments.runner import load_trained_run
+    from benchmark.experiments.suite import parse_cell_ref
 
     if path.is_dir():
         if overrides:
             raise ConfigError(f"key=value overrides ({' '.join(overrides)}) apply to a config file; a run is evaluated "
                               f"as it was trained (change --steps/--samples, or evaluate its config.yaml)")
         return load_trained_run(path, f"evaluate {str(path / 'config.yaml')!r} for the untrained model")
-    if not path.is_file():
-        raise ConfigError(f"{str(path)!r} does not exist; give a config file or a run directory")
-    return load_config(path, overrides), None, None
+    if not path.is_file() and parse_cell_ref(str(path)) is None:
+        raise ConfigError(f"{str(path)!r} does not exist; give a config file, a run directory or a suite's cell "
+                          f"SUITE:TASK/ALGORITHM")
+    return load_run(str(path), overrides)[0], None, None
 
 
 def evaluate(

@@ -56,6 +56,7 @@ class Resolved:
     task: str
     recipe_files: tuple[str, ...]  # the hyperparams files read (names), empty with use_recipe: false
     recipe_keys: dict  # the recipe's keys the run holds (not replaced by a later layer)
+    recipe_offered: dict  # every key the recipe gives this algorithm, model and task
     tuned_applied: tuple[dict, dict] | None  # the tuned layer's algorithm keys and sampler arguments it set
     use_recipe: bool = True
 
@@ -63,12 +64,17 @@ class Resolved:
         """One line saying which recipe the run took, e.g. for ``flowzoo train``."""
         where = f"{self.algorithm} on {self.model}, task {self.task}"
         if not self.use_recipe:
-            return f"recipe: none ({where}; use_recipe: false, so class defaults under the config's keys)"
-        if not self.recipe_files:
-            return f"recipe: none for {where} (no benchmark/hyperparams file; class defaults under the config's keys)"
-        held = ", ".join(f"{k}={_short(v)}" for k, v in self.recipe_keys.items()) or "none left"
-        return (f"recipe: {' < '.join(self.recipe_files)} for {where}, under the config's own keys; "
-                f"{len(self.recipe_keys)} value(s) from it: {held} (use_recipe=false to opt out)")
+            return f"recipe: off for {where} (use_recipe: false): class defaults under the config's keys"
+        if not self.recipe_offered:
+            return (f"recipe: none for {where} (benchmark/hyperparams holds no value for it): class defaults under "
+                    f"the config's keys")
+        files = " < ".join(self.recipe_files)
+        if not self.recipe_keys:
+            return (f"recipe: {files} for {where}: all {len(self.recipe_offered)} of its values replaced by the "
+                    f"config's own keys")
+        held = ", ".join(f"{k}={_short(v)}" for k, v in self.recipe_keys.items())
+        return (f"recipe: {files} for {where}: {held} (under the config's own keys; use_recipe=false opts out; "
+                f"docs/recipes.md)")
 
 
 def _short(value: Any) -> str:
@@ -124,7 +130,7 @@ def resolve(data: dict, name: str, layers: Layers = Layers()) -> Resolved:
     held = {k: v for k, v in from_recipe.items() if k in final and final[k] == v and k not in layers.own
             and not (applied and k in applied[0])}
     files = tuple(p.name for p in recipe_files(algorithm)) if use_recipe else ()
-    return Resolved(data, algorithm, model, task, files, held, applied, use_recipe)
+    return Resolved(data, algorithm, model, task, files, held, from_recipe, applied, use_recipe)
 
 
 def resolve_config_mapping(data: dict, overrides: Sequence[str] = ()) -> Resolved:

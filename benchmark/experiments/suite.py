@@ -34,7 +34,7 @@ from benchmark.experiments.config import ExperimentConfig, read_yaml
 from benchmark.experiments.loading import build_config
 from benchmark.experiments.inert import check_trains_something
 from benchmark.experiments.executors import Resources, resolve_resources
-from benchmark.experiments.resolve import Layers, resolve
+from benchmark.experiments.resolve import Layers, Resolved, resolve
 from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
 from benchmark.experiments.tuning_design import TunedValues, find_tuned, read_design, recipe_note
 from flowzoo.errors import ConfigError
@@ -250,6 +250,12 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
 
     ``tuned``: (task, algorithm) -> :class:`TunedValues` or None, the cell's tuned layer (``flowzoo tune`` passes a
     trial's values); default: the suite's ``tuned:`` directory, if it names one."""
+    return [config for config, _ in expand_resolved(suite, runs_dir, overrides, tuned)]
+
+
+def expand_resolved(suite: Suite, runs_dir: Path, overrides: list[str] = (),
+                    tuned=None) -> list[tuple[ExperimentConfig, Resolved]]:
+    """:func:`expand`, each config with where its algorithm keys came from."""
     noted = tuned is None and bool(suite.tuned)  # runs at the suite's tuned recipes record where it came from
     if noted:
         tuned = lambda task, alg: find_tuned(suite.tuned, task, alg, suite.name)  # noqa: E731
@@ -270,12 +276,52 @@ def expand(suite: Suite, runs_dir: Path, overrides: list[str] = (), tuned=None) 
         if noted and layer is not None and "recipe" not in data:
             data["recipe"] = recipe_note(suite.tuned, layer, resolved.tuned_applied, data)
         layered += layer is not None
-        configs.append(build_config(data))
+        configs.append((build_config(data), resolved))
     if noted and configs and not layered:  # asked for tuned recipes, and every run would silently be untuned
         raise ConfigError(f"tuned: {suite.tuned} holds no tuned configuration for any cell of this grid (it looks for "
                           f"{suite.tuned}/<task>/<algorithm>.yaml; `flowzoo tune SUITE --out DIR` writes them to "
                           f"DIR/tuned)")
     return configs
+
+
+#: how a command names one cell of a suite instead of a config file (``flowzoo train``, ``eval``, ``grad-snr``)
+CELL_REF = "SUITE:TASK/ALGORITHM"
+
+
+def parse_cell_ref(text: str) -> tuple[str, str, str] | None:
+    """(suite, task, algorithm) of ``SUITE:TASK/ALGORITHM`` (the suite a name or a YAML path), or None when ``text``
+    is no such reference (an existing file or directory never is)."""
+    if Path(text).exists() or ":" not in text:
+        return None
+    suite, _, cell = text.rpartition(":")
+    task, slash, alg = cell.partition("/")
+    if not suite or not slash or not task or not alg or "/" in alg:
+        return None
+    return suite, task, alg
+
+
+def cell_run(ref: str, overrides: list[str] = (), runs_dir: str | Path = "runs") -> tuple[ExperimentConfig, Resolved]:
+    """One run of a suite's cell, resolved exactly as ``flowzoo bench`` resolves it (its tuned recipe included),
+    at the suite's first seed or ``seed=S``, in ``RUNS/<suite>/<task>/<algorithm>/s<seed>`` or ``run_dir=DIR``."""
+    parsed = parse_cell_ref(ref)
+    if parsed is None:
+        raise ConfigError(f"{ref!r} is no cell reference; give {CELL_REF}, e.g. quick:toy2d_mode/op_grpo")
+    suite_ref, task, alg = parsed
+    suite = load_suite(suite_ref)
+    if task not in suite.tasks:
+        raise ConfigError(f"{ref}: suite {suite.name} has no task {task!r}; tasks: {', '.join(suite.tasks)}")
+    if (task, alg) not in cells(suite):
+        runs = [a for t, a in cells(suite) if t == task]
+        raise ConfigError(f"{ref}: suite {suite.name} does not run {alg!r} on {task}; it runs: {', '.join(runs)}")
+    keyed = {o.partition("=")[0].strip(): o.partition("=")[2].strip() for o in overrides}
+    rest = [o for o in overrides if o.partition("=")[0].strip() not in ("seed", "run_dir")]
+    one = select(suite, alg, keyed.get("seed"), task)
+    if "seed" not in keyed:
+        one = first_seed_only(one)
+    ((config, resolved),) = expand_resolved(one, Path(runs_dir), rest)
+    if keyed.get("run_dir"):
+        config.run_dir = keyed["run_dir"]
+    return config, resolved
 
 
 def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
