@@ -8,16 +8,16 @@ import yaml
 
 from benchmark.analysis.pilot_table import main, pilot_rows, variant_summary
 from benchmark.experiments.config import resolved_dict
-from benchmark.experiments.loading import load_config
+from benchmark.experiments.run_source import load_run
 from flowzoo.errors import ConfigError
 
-REFERENCE = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "tiny_counting_sparse.yaml"
+REFERENCE = "tiny-counting-study:tiny_counting_sparse/flow_grpo"  # the study's Flow-GRPO cell
 
 
 def _run(root: Path, name: str, seed: int, overrides: list[str], evals: list[float], rewards: list[float]) -> None:
     run = root / name / f"s{seed}"
     run.mkdir(parents=True)
-    config = resolved_dict(load_config(REFERENCE, [f"seed={seed}", *overrides]))
+    config = resolved_dict(load_run(REFERENCE, [f"seed={seed}", *overrides])[0])
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     rows = [{"step": 0, "nfe": 0, "wall_s": 0.0, "eval_reward": evals[0]}]
     for step, reward in enumerate(rewards, start=1):

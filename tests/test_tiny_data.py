@@ -92,20 +92,17 @@ def test_tiny_prompt_tags_bad_values_are_named(section, message):
 
 @pytest.mark.parametrize("suite, task", [("tiny-counting-study", "tiny_counting_sparse"),
                                          ("tiny-rare-counting-study", "tiny_counting_rare")])
-def test_the_counting_configs_are_their_studys_flow_grpo_runs(tmp_path, suite, task):
-    """benchmark/configs/<task>.yaml (train, eval) and its study suite's Flow-GRPO runs are the same runs: equal
-    identities seed by seed."""
-    from pathlib import Path
-
+def test_one_run_of_a_counting_study_cell_is_the_studys_run(tmp_path, suite, task):
+    """``flowzoo train SUITE:TASK/flow_grpo seed=S`` (docs/tiny.md's one-run command) and the study's Flow-GRPO runs
+    are the same runs: equal identities seed by seed."""
     from benchmark.experiments.checkpoints import config_digest
-    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.run_source import load_run
     from benchmark.experiments.suite import expand, load_suite
 
-    root = Path(__file__).resolve().parents[1]
     runs = [c for c in expand(load_suite(suite), tmp_path) if c.task == task and c.algorithm_name == "flow_grpo"]
     assert len(runs) == 20
     for run in runs[:2] + runs[-1:]:
-        config = load_config(root / "benchmark" / "configs" / f"{task}.yaml", [f"seed={run.seed}"])
+        config, _ = load_run(f"{suite}:{task}/flow_grpo", [f"seed={run.seed}"])
         assert config_digest(config) == config_digest(run)
 
 

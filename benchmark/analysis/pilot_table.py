@@ -56,7 +56,7 @@ def variant_label(config: dict, reference: dict) -> str:
 def pilot_rows(runs_dir: str | Path, reference: str | Path, last: int = 3) -> pd.DataFrame:
     """One row per run under ``runs_dir`` (module docstring)."""
     from benchmark.experiments.config import resolved_dict
-    from benchmark.experiments.loading import load_config
+    from benchmark.experiments.run_source import load_run
 
     if last < 1:
         raise ConfigError(f"--last must be a positive number of evaluations, got {last}")
@@ -67,7 +67,7 @@ def pilot_rows(runs_dir: str | Path, reference: str | Path, last: int = 3) -> pd
     for run in runs:
         config, (_, _, seed, _) = read_run_keys(run)  # a damaged config.yaml: one line naming it
         if seed not in references:
-            references[seed] = resolved_dict(load_config(reference, [f"seed={seed}"]))
+            references[seed] = resolved_dict(load_run(str(reference), [f"seed={seed}"])[0])
         ref = references[seed]
         metrics = read_metrics(run / "metrics.csv")
         evals = metrics.dropna(subset=["eval_reward"]).sort_values("step")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.pilot_table",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir", help="directory searched for run directories")
-    parser.add_argument("--reference", required=True, help="the config the variants are named against")
+    parser.add_argument("--reference", required=True, help="the config the variants are named against: a YAML file or a suite's cell SUITE:TASK/ALGORITHM")
     parser.add_argument("--last", type=int, default=3, help="evaluations averaged for 'final' (default 3)")
     parser.add_argument("--csv", help="also write the per-run rows to this CSV file")
     args = parser.parse_args(argv)
