@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import algorithms
-from benchmark.experiments import recipes
+from benchmark.experiments import hyperparams, recipes
 from benchmark.cli import main
 from benchmark.experiments.suite import Suite, expand, load_suite
 from flowzoo.errors import ConfigError
@@ -221,7 +221,7 @@ def _recipe_dir(tmp_path, monkeypatch, files: dict[str, str]) -> Path:
     folder.mkdir()
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
-    monkeypatch.setattr(recipes, "RECIPES_DIR", folder)
+    monkeypatch.setattr(hyperparams, "RECIPES_DIR", folder)  # the one reader of the files
     return folder
 
 

@@ -12,15 +12,18 @@ source or ``ours: why`` as a trailing comment::
         t_off: {type: int, low: 1, high: 4}  # ours: T = 5 sampling steps on the tiny tier
 
 Knob types: ``float`` and ``int`` (``low``, ``high``, optional ``log``) and ``categorical`` (``choices``). An
-algorithm reads the spaces of the recipe files it reads (:func:`benchmark.experiments.recipes.recipe_files`, base
-first, a later file's knob over an earlier one's); a preset (an ablation) inherits its parent's space less the keys
+algorithm reads the spaces of the recipe files it reads (:func:`benchmark.experiments.hyperparams.read_algorithm_files`,
+base first, a later file's knob over an earlier one's); a preset (an ablation) inherits its parent's space less the keys
 the preset fixes (``op_grpo_no_truncation`` never tunes ``t_off``: its ``t_off: null`` is what it ablates).
+
+Reading the files (the section, each knob's source comment, the chain of files an algorithm reads, the merge of
+scopes) is :mod:`benchmark.experiments.hyperparams`'s, shared with the recipes; this module makes knobs of what it
+reads.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,15 +32,13 @@ import yaml
 
 import algorithms
 from algorithms import prompt_samplers
-from benchmark.experiments.config import read_yaml
+from benchmark.experiments import hyperparams
+from benchmark.experiments.hyperparams import SEARCH_SPACE
 from flowzoo.errors import ConfigError
 
-SECTION = "search_space"
-SAMPLERS_DIR = Path(__file__).resolve().parents[1] / "hyperparams" / "samplers"
 TYPES = ("float", "int", "categorical")
-
-_KNOB_LINE = re.compile(r"^    ([A-Za-z0-9_]+):.*?#\s*(.+)$")
-_SCOPE_LINE = re.compile(r"^  ([A-Za-z0-9_.@\-]+):\s*(#.*)?$")
+#: keys a preset fixes: never tuned (named here for tuning_design.py and the tests)
+_preset_keys = hyperparams.preset_keys
 
 
 @dataclass(frozen=True)
@@ -104,79 +105,43 @@ def _knob(name: str, spec: Any, where: str, source: str) -> Knob:
     return Knob(name, kind, low, high, log, source=source)
 
 
-def read_space_file(path: Path) -> dict[str, dict[str, Knob]]:
-    """The ``search_space`` section of ``path`` as {scope: {knob: Knob}}; every knob on one line with its source."""
-    if not path.is_file():
-        return {}
-    section = read_yaml(path).get(SECTION)
-    if section is None:
-        return {}
-    if not isinstance(section, dict) or not all(isinstance(v, dict) for v in section.values()):
-        raise ConfigError(f"{path.name}: {SECTION} must map scopes (default, a model, a task) to knobs")
-    sources: dict[tuple[str, str], str] = {}
-    inside, scope = False, None
-    for line in path.read_text().splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if not line.startswith(" "):
-            inside = line.startswith(f"{SECTION}:")
-            continue
-        if not inside:
-            continue
-        if top := _SCOPE_LINE.match(line):
-            scope = top.group(1)
-        elif (knob := _KNOB_LINE.match(line)) and scope is not None:
-            sources[(scope, knob.group(1))] = knob.group(2).strip()
+def _file_space(file: hyperparams.HyperparamsFile) -> dict[str, dict[str, Knob]]:
+    """A read file's search space as {scope: {knob: Knob}}."""
     space: dict[str, dict[str, Knob]] = {}
-    for scope, knobs in section.items():
-        for name, spec in knobs.items():
-            source = sources.get((scope, name))
-            if not source:
-                raise ConfigError(f"{path.name}: {SECTION}.{scope}.{name} has no source; write the knob on one line "
-                                  f"ending in `# <released file:line>` or `# ours: <why>`")
-            space.setdefault(scope, {})[name] = _knob(name, spec, f"{path.name}: {SECTION}.{scope}", source)
+    for value in hyperparams.space_values(file):
+        where = f"{file.path.name}: {SEARCH_SPACE}.{value.scope}"
+        space.setdefault(value.scope, {})[value.knob] = _knob(value.knob, value.value, where, value.source)
     return space
 
 
-def _scoped(files: list[Path], model: str | None, task: str | None) -> dict[str, Knob]:
-    merged: dict[str, Knob] = {}
-    for path in files:
-        scopes = read_space_file(path)
-        for scope in ("default", model, task):
-            merged.update(scopes.get(scope, {}) if scope else {})
-    return merged
+def read_space_file(path: Path) -> dict[str, dict[str, Knob]]:
+    """The ``search_space`` section of ``path`` as {scope: {knob: Knob}}; every knob on one line with its source."""
+    return _file_space(hyperparams.read_hyperparams(path)) if path.is_file() else {}
 
 
-def _preset_keys(algorithm: str) -> set[str]:
-    """Keys a preset fixes (relative to the class it is a preset of): its identity, never tuned."""
-    from benchmark.experiments.recipes import algorithm_classes, own_preset
-
-    return {key for cls in algorithm_classes(algorithm) for key in own_preset(cls)}
+def _known(space: dict[str, Knob], config: type, owner: str) -> dict[str, Knob]:
+    """``space``, refused when it names a knob that ``config`` (the owner's Config) lacks."""
+    fields = set(config.__dataclass_fields__)
+    unknown = sorted(set(space) - fields)
+    if unknown:
+        raise ConfigError(f"search space of {owner}: unknown knobs {unknown}; valid: {', '.join(sorted(fields))}")
+    return space
 
 
 def algorithm_space(algorithm: str, model: str | None = None, task: str | None = None) -> dict[str, Knob]:
     """The algorithm's knobs for a task on a model (no model/task: the ``default`` scope only)."""
-    from benchmark.experiments.recipes import recipe_files
-
-    fixed = _preset_keys(algorithm)
-    space = _scoped(recipe_files(algorithm), model, task)
-    fields = set(algorithms.get(algorithm).Config.__dataclass_fields__)
-    unknown = sorted(set(space) - fields)
-    if unknown:
-        raise ConfigError(f"search space of {algorithm}: unknown knobs {unknown}; valid: {', '.join(sorted(fields))}")
-    return {name: knob for name, knob in space.items() if name not in fixed}
+    fixed = hyperparams.preset_keys(algorithm)
+    files = hyperparams.read_algorithm_files(algorithm)
+    space = hyperparams.merge_scopes([_file_space(file) for file in files], model, task)
+    known = _known(space, algorithms.get(algorithm).Config, algorithm)
+    return {name: knob for name, knob in known.items() if name not in fixed}
 
 
 def sampler_space(sampler: str, model: str | None = None, task: str | None = None) -> dict[str, Knob]:
     """The prompt sampler's knobs (its arguments) for a task on a model."""
-    cls = prompt_samplers.get(sampler)
-    space = _scoped([SAMPLERS_DIR / f"{sampler}.yaml"], model, task)
-    fields = set(cls.Config.__dataclass_fields__)
-    unknown = sorted(set(space) - fields)
-    if unknown:
-        raise ConfigError(f"search space of sampler {sampler}: unknown knobs {unknown}; valid: "
-                          f"{', '.join(sorted(fields))}")
-    return space
+    config = prompt_samplers.get(sampler).Config
+    space = hyperparams.merge_scopes([read_space_file(hyperparams.sampler_path(sampler))], model, task)
+    return _known(space, config, f"sampler {sampler}")
 
 
 def describe(scopes: dict[str, dict[str, Knob]]) -> list[str]:
@@ -199,16 +164,14 @@ def declared_scopes(files: list[Path], fixed: set[str] = frozenset()) -> dict[st
 
 def listing(name: str) -> list[str]:
     """The search-space lines of an algorithm or prompt sampler for ``flowzoo list NAME`` (none: one line saying so)."""
-    from benchmark.experiments.recipes import recipe_files
-
     if name in algorithms.names():
-        scopes = declared_scopes(recipe_files(name), _preset_keys(name))
+        scopes = declared_scopes(hyperparams.algorithm_paths(name), hyperparams.preset_keys(name))
         where = "benchmark/hyperparams/<algorithm>.yaml"
     else:
-        scopes = declared_scopes([SAMPLERS_DIR / f"{name}.yaml"])
+        scopes = declared_scopes([hyperparams.sampler_path(name)])
         where = f"benchmark/hyperparams/samplers/{name}.yaml"
     if not any(scopes.values()):
-        return [f"search space (flowzoo tune): none declared; add a `{SECTION}:` section to {where}"]
+        return [f"search space (flowzoo tune): none declared; add a `{SEARCH_SPACE}:` section to {where}"]
     return ["search space (flowzoo tune; scopes: default < model < task):", *describe(scopes)]
 
 
