@@ -68,7 +68,7 @@ def _no_checkpoint(run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("args, message", [
-    (lambda run, tmp: [str(tmp / "nope")], "does not exist; give a config file or a run directory"),
+    (lambda run, tmp: [str(tmp / "nope")], "does not exist; give a config file, a run directory or a suite's cell"),
     (lambda run, tmp: [str(tmp)], "is not a run directory (it has no config.yaml)"),
     (lambda run, tmp: [str(_no_checkpoint(run, tmp))], "has no checkpoint.pt yet"),
     (lambda run, tmp: [str(run), "algorithm.guidance=3"], "key=value overrides (algorithm.guidance=3) apply to a "
