@@ -1,10 +1,18 @@
 """Model registry: ``models.get(name)`` returns a FlowModel class, ``models.names()`` lists them.
 
+A new model is one file in this package with a ``FlowModel`` subclass decorated ``@register("name")``: the package
+imports every module in it, so the file registers itself (docs/adding-a-model.md). ``register`` gives the class its
+``name`` (stated once, there). What the harness needs to know about a model (its sample kind, defaults, argument
+ranges, export format, ...) are attributes of its class, never tables keyed by its name elsewhere.
+
 Modules that need heavy libraries (diffusers, transformers) import them inside the adapter, so that importing
 ``models`` stays cheap.
 """
 
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 from flowzoo.registry import Registry
 from models.base import Condition, FlowModel
@@ -14,9 +22,7 @@ register = REGISTRY.register_class  # sets the class's `name`
 get = REGISTRY.get
 names = REGISTRY.names
 
-from models import toy2d  # noqa: E402,F401
-from models import sd3, wan  # noqa: E402,F401
-from models import flux, qwen_image  # noqa: E402,F401
-from models import tiny  # noqa: E402,F401
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["Condition", "FlowModel", "REGISTRY", "register", "get", "names"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
@@ -91,6 +91,16 @@ class FlowModel:
     shard_blocks: ClassVar[tuple[str, ...] | None] = ()
     #: set by ``models.sharding.shard_model``: the transformer's parameters are DTensors sharded over the processes
     sharded: bool = False
+    #: ``{constructor argument: Range or check(value, where)}``: the value ranges the config check enforces on
+    #: ``model.args`` before the model is built (``flowzoo.ranges``; types come from the constructor's annotations)
+    argument_ranges: ClassVar[dict[str, Any]] = {}
+    #: ``flowzoo export``: the diffusers pipeline class whose ``save_lora_weights`` writes this adapter's LoRA (its
+    #: file loads with that pipeline's ``load_lora_weights``); None: the model has no diffusers format and export
+    #: refuses its runs. A ``DiffusersFlowModel`` defaults to its own ``pipeline_class``
+    lora_format: ClassVar[str | None] = None
+    #: ``flowzoo export`` of a full fine-tuning: the diffusers class whose ``from_pretrained`` loads the saved
+    #: transformer (None: the model card says ``<transformer class>``)
+    transformer_class: ClassVar[str | None] = None
 
     #: where the network runs; every tensor a rollout or an update computes with is created on it
     device: torch.device = torch.device("cpu")
@@ -144,6 +154,14 @@ class FlowModel:
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
+
+    @classmethod
+    def export_load_hint(cls, full: bool, weights_name: str) -> str:
+        """The model card's ``Load:`` line of a run exported by ``flowzoo export`` to ``DIR`` (``full``: a full
+        fine-tuning's ``DIR/transformer``; else the LoRA file ``DIR/<weights_name>``)."""
+        if full:
+            return f'{cls.transformer_class or "<transformer class>"}.from_pretrained("DIR/transformer")'
+        return f'{cls.lora_format}.from_pretrained(BASE).load_lora_weights("DIR")'
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def velocity(

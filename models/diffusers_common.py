@@ -17,6 +17,7 @@ from typing import ClassVar, Iterator, Literal, Sequence, get_args
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE
 from models.base import Condition, FlowModel, at_least_float32
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -60,6 +61,12 @@ def check_no_grad_path(value: str, model: str) -> str:
     if value not in NO_GRAD_PATHS:
         raise ConfigError(f"model {model!r}: unknown no_grad_path {value!r}; valid: {', '.join(NO_GRAD_PATHS)}")
     return value
+
+
+def check_dtype_argument(value, where: str) -> None:
+    """``argument_ranges`` check of a pipeline adapter's ``dtype`` / ``vae_dtype`` argument (one of :data:`DTYPES`)."""
+    if value not in DTYPES:
+        raise ConfigError(f"{where}: unknown dtype {value!r}; valid: {', '.join(DTYPES)}")
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -185,6 +192,10 @@ class DiffusersFlowModel(FlowModel):
 
     pipeline_class: ClassVar[str] = ""  # name of the diffusers pipeline class
     env_var: ClassVar[str] = ""
+    #: the ranges of the constructor arguments every pipeline adapter shares; a subclass adds its own as
+    #: ``argument_ranges = {**DiffusersFlowModel.argument_ranges, ...}``
+    argument_ranges: ClassVar[dict] = {"dtype": check_dtype_argument, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
+                                       "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1}
     #: the empty negative prompt of the Flow-GRPO recipes (``compute_text_embeddings([""], ...)``)
     negative_prompt: ClassVar[str] = ""
     #: the LoRA targets when the config names none (per model, as its released trainers list them)
@@ -195,6 +206,11 @@ class DiffusersFlowModel(FlowModel):
     shard_blocks: ClassVar[tuple[str, ...] | None] = None
     #: what RL trains (:data:`Finetune`), set by the constructor
     finetune: str = "lora"
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.lora_format is None and cls.pipeline_class:  # export writes its pipeline's own LoRA format
+            cls.lora_format = cls.pipeline_class
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1
 from models import register
 from models.base import Condition
 from models.diffusers_common import DiffusersFlowModel, Finetune
@@ -93,7 +94,9 @@ class FluxModel(DiffusersFlowModel):
     default_num_steps = 12  # DanceGRPO's FLUX LoRA recipe (finetune_flux_grpo_8gpus_lora.sh:42); suites set their own
     default_eval_num_steps = 28  # FluxPipeline's num_inference_steps default; Flow-GRPO config/grpo.py:408 at 27b6ef8
     pipeline_class = "FluxPipeline"
+    transformer_class = "FluxTransformer2DModel"
     env_var = "FLOWZOO_FLUX_PATH"
+    argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = FLUX_LORA_TARGETS
 
     def __init__(

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1
 from models import register
 from models.base import Condition
 from models.diffusers_common import DiffusersFlowModel, Finetune
@@ -57,7 +58,9 @@ class QwenImageModel(DiffusersFlowModel):
     default_num_steps = 10  # Flow-GRPO config/grpo.py:526 at 27b6ef8 (pickscore_qwenimage)
     default_eval_num_steps = 50  # config/grpo.py:527
     pipeline_class = "QwenImagePipeline"
+    transformer_class = "QwenImageTransformer2DModel"
     env_var = "FLOWZOO_QWEN_IMAGE_PATH"
+    argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
     #: Flow-GRPO's Qwen-Image negative prompt (scripts/train_qwenimage.py:660 at 27b6ef8)
     negative_prompt = " "

@@ -19,6 +19,7 @@ from models import register
 from models.base import Condition
 from models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1
 
 
 @register("sd3")
@@ -29,7 +30,9 @@ class SD3Model(DiffusersFlowModel):
     default_num_steps = 10
     default_eval_num_steps = 40
     pipeline_class = "StableDiffusion3Pipeline"
+    transformer_class = "SD3Transformer2DModel"
     env_var = "FLOWZOO_SD3_PATH"
+    argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = SD3_LORA_TARGETS  # the joint attention only, as the SD3 releases train
     shard_blocks = ("transformer_blocks",)  # the SD3Transformer2DModel block list FSDP2 wraps (models/sharding.py)
 

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE
 from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
 from models import register
 from models.base import Condition, FlowModel
@@ -176,6 +177,12 @@ class TinyModel(DiffusersFlowModel):
     negative_prompt = ""
     default_lora_targets = SD3_LORA_TARGETS  # an SD3 transformer without dual attention: every attention projection
     shard_blocks = ("transformer_blocks",)  # SD3Transformer2DModel's joint blocks (FSDP2, models/sharding.py)
+    # its own dtypes (float32, float64) and arguments: not the pipeline adapters' ranges
+    argument_ranges = {"lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE, "seed": NON_NEGATIVE,
+                       "cache_size": NON_NEGATIVE}
+    # no diffusers pipeline, but an SD3 transformer: its LoRA file has StableDiffusion3Pipeline's layout
+    lora_format = "StableDiffusion3Pipeline"
+    transformer_class = "SD3Transformer2DModel"
 
     def __init__(
         self,
@@ -249,6 +256,13 @@ class TinyModel(DiffusersFlowModel):
     def decode(self, x0: torch.Tensor) -> torch.Tensor:
         """Pixel space: [-1, 1] -> [0, 1]."""
         return self._to_unit_range(x0)
+
+    @classmethod
+    def export_load_hint(cls, full: bool, weights_name: str) -> str:
+        if full:
+            return super().export_load_hint(full, weights_name)
+        # no pipeline to load it into: the transformer loads the LoRA itself
+        return f'transformer.load_lora_adapter("DIR", weight_name="{weights_name}", prefix="transformer")'
 
     def __repr__(self) -> str:  # pragma: no cover - cosmetic
         return f"TinyModel(arch={self.arch}, weights={str(self.path) if self.path else None!r})"

@@ -53,6 +53,7 @@ from torch import nn
 
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save
+from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE
 from models import register
 from models.base import Condition, FlowModel
 
@@ -104,6 +105,14 @@ def check_classes(classes) -> int:
         raise ConfigError(f"toy2d: classes must be {NUM_CLASSES} (the 8-mode tier) or an int >= {MIN_MANY_CLASSES} "
                           f"(the many-condition layout), got {classes!r}")
     return classes
+
+
+def check_classes_argument(value, where: str) -> None:
+    """``argument_ranges`` check of ``model.args.classes``: :func:`check_classes`' message under ``where``."""
+    try:
+        check_classes(value)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {str(error).removeprefix('toy2d: ')}") from None
 
 
 def many_center(c: int, classes: int, layout: str = DEFAULT_LAYOUT) -> tuple[float, float]:
@@ -299,6 +308,8 @@ class Toy2DModel(FlowModel):
     default_eval_batch = 8192  # 2-D points: a whole evaluation in one chunk (2.7x faster than 64 a chunk, measured)
     preferred_threads = 1  # the MLP is too small to gain from intra-op threads
     fused_update = True  # per-call overhead is the whole cost of a 2-D MLP's update (docs/perf.md, "The toy tier")
+    argument_ranges = {"hidden": AT_LEAST_1, "layers": AT_LEAST_1, "pretrain_steps": NON_NEGATIVE,
+                       "pretrain_seed": NON_NEGATIVE, "classes": check_classes_argument}
 
     def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0,
                  classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT, dtype: str = "float32"):

@@ -17,9 +17,10 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import AT_LEAST_1
 from models import register
 from models.base import Condition
-from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune
+from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument
 
 
 @register("wan")
@@ -30,7 +31,10 @@ class WanModel(DiffusersFlowModel):
     default_num_steps = 20
     default_eval_num_steps = 50
     pipeline_class = "WanPipeline"
+    transformer_class = "WanTransformer3DModel"
     env_var = "FLOWZOO_WAN_PATH"
+    argument_ranges = {**DiffusersFlowModel.argument_ranges, "vae_dtype": check_dtype_argument, "frames": AT_LEAST_1,
+                       "height": AT_LEAST_1, "width": AT_LEAST_1}
     default_lora_targets = WAN_LORA_TARGETS  # attn1 and attn2, as Flow-GRPO's Wan trainer
     shard_blocks = ("blocks",)  # the WanTransformer3DModel block list FSDP2 wraps (models/sharding.py)
 

@@ -6,79 +6,23 @@ intervals, scales > 0) and the devices, so that a bad value is one line naming `
 model is built, never a torch error from inside the network (``hidden: -5``, ``layers: 0``) or a network of width 0
 that trains without complaint.
 
-The ranges of the registered models and rewards are in :data:`RANGES`; a model or reward class may declare its own
-as ``argument_ranges = {"name": Range(...)}`` (they take precedence), so adding one stays one file.
+A model adapter declares its arguments' ranges on its class as ``argument_ranges = {"name": Range(...)}``
+(``flowzoo.ranges``), so adding one stays one file; the rewards' are in :data:`RANGES`, and a reward class may declare
+its own the same way (they take precedence).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_path_text
+from flowzoo.ranges import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, Range  # noqa: F401 (the ranges' home)
 
-
-@dataclass(frozen=True)
-class Range:
-    """An interval of numbers: ``low``/``high`` (None: unbounded), each end closed unless ``*_open``."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
-            return False
-        return True
-
-    def __str__(self) -> str:
-        if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
-        if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-
-AT_LEAST_1 = Range(1)  # sizes and counts
-NON_NEGATIVE = Range(0)  # step counts, seeds, retries, waits, paddings
-POSITIVE = Range(0, low_open=True)  # scales, alphas, timeouts
-FRACTION = Range(0, 1)
-
-
-
-def _toy2d_classes(value: Any, where: str) -> None:
-    from models.toy2d import check_classes
-
-    try:
-        check_classes(value)
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {str(error).removeprefix('toy2d: ')}") from None
-
-
-def _dtype(value: Any, where: str) -> None:
-    from models.diffusers_common import DTYPES
-
-    if value not in DTYPES:
-        raise ConfigError(f"{where}: unknown dtype {value!r}; valid: {', '.join(DTYPES)}")
-
-
-#: (kind, registered name) -> {argument: a range, or a function(value, where) raising ConfigError}; kind is "model"
-#: or "reward"
+#: (kind, registered name) -> {argument: a range, or a function(value, where) raising ConfigError}, for classes that
+#: declare none of their own (the rewards below; every model adapter declares its ``argument_ranges``)
 RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
-    ("model", "toy2d"): {"hidden": AT_LEAST_1, "layers": AT_LEAST_1, "pretrain_steps": NON_NEGATIVE,
-                         "pretrain_seed": NON_NEGATIVE, "classes": _toy2d_classes},
-    ("model", "tiny"): {"lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE, "seed": NON_NEGATIVE,
-                        "cache_size": NON_NEGATIVE},
-    ("model", "sd3"): {"dtype": _dtype, "resolution": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
-                       "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
-    ("model", "wan"): {"dtype": _dtype, "vae_dtype": _dtype, "frames": AT_LEAST_1, "height": AT_LEAST_1,
-                       "width": AT_LEAST_1, "lora_rank": AT_LEAST_1,
-                       "lora_alpha": POSITIVE, "cache_size": NON_NEGATIVE, "max_sequence_length": AT_LEAST_1},
     ("reward", "ocr"): {"upscale": AT_LEAST_1, "pad": NON_NEGATIVE},
     ("reward", "video_ocr"): {"frame_stride": AT_LEAST_1},
     ("reward", "shapes_geneval"): {"color_tolerance": POSITIVE, "min_area": FRACTION,

@@ -6,13 +6,16 @@ The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last 
 ``DIR/pytorch_lora_weights.safetensors`` (keys ``transformer.<module>.lora_A.weight``/``lora_B.weight``, the
 adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
 ``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs,
-``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file
-has the SD3 layout and loads with
-``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")``.
+``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. The pipeline class is the
+model adapter's ``lora_format`` (``models/base.py``; a diffusers adapter's own ``pipeline_class``), so a new adapter
+declares it on its class. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline:
+its file has the SD3 layout and loads with
+``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")`` (the
+model card's line: the adapter's ``export_load_hint``).
 A full fine-tuning (``model.args.finetune: full``) has no LoRA: its whole transformer goes to ``DIR/transformer``
 with diffusers' ``save_pretrained`` (config + safetensors), which ``<TransformerClass>.from_pretrained(DIR/transformer)``
-loads (``StableDiffusion3Pipeline.from_pretrained(BASE, transformer=...)`` for sd3). A run trained sharded (FSDP) is
-exported the same way: its checkpoint holds the full, gathered weights.
+loads (the adapter's ``transformer_class``; ``StableDiffusion3Pipeline.from_pretrained(BASE, transformer=...)`` for
+sd3). A run trained sharded (FSDP) is exported the same way: its checkpoint holds the full, gathered weights.
 ``DIR/README.md`` is a model card: the run's config and its final metrics. Every file is written atomically.
 """
 
@@ -24,16 +27,16 @@ from pathlib import Path
 
 import yaml
 
+import models
 from flowzoo.errors import RunError
 from flowzoo.io import _UMASK, atomic_write_text, staged_directory
 
-#: model name -> the diffusers pipeline class whose LoRA format (and ``save_lora_weights``) its transformer uses
-LORA_FORMATS = {"sd3": "StableDiffusion3Pipeline", "wan": "WanPipeline", "tiny": "StableDiffusion3Pipeline",
-                "flux": "FluxPipeline", "qwen_image": "QwenImagePipeline"}
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
-#: model name -> its diffusers transformer class (a full fine-tuning's export loads with its ``from_pretrained``)
-TRANSFORMER_CLASSES = {"sd3": "SD3Transformer2DModel", "tiny": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
-                       "flux": "FluxTransformer2DModel", "qwen_image": "QwenImageTransformer2DModel"}
+
+
+def exportable() -> list[str]:
+    """The registered models whose runs export: those whose adapter declares a ``lora_format``."""
+    return [name for name in models.names() if models.get(name).lora_format]
 
 
 def _load_run(run_dir: Path):
@@ -43,9 +46,9 @@ def _load_run(run_dir: Path):
     if run_dir.is_dir() and (run_dir / "config.yaml").is_file():
         from benchmark.experiments.loading import load_config
         name = load_config(run_dir / "config.yaml").model.name
-        if name not in LORA_FORMATS:
+        if name not in models.REGISTRY or not models.get(name).lora_format:
             raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers "
-                           f"format; export takes runs of {', '.join(LORA_FORMATS)}")
+                           f"format; export takes runs of {', '.join(exportable())}")
     config, state, _ = load_trained_run(run_dir, "nothing to export")
     return config, state
 
@@ -62,13 +65,8 @@ def _model_card(run_dir: Path, config, state: dict) -> str:
     else:
         row = state["rows"][-1] if state["rows"] else {}
         metrics = {k: v for k, v in row.items() if isinstance(v, (int, float, str)) and v == v}
-    pipeline = LORA_FORMATS[config.model.name]
-    if config.model.args.get("finetune") == "full":
-        load = f'{TRANSFORMER_CLASSES.get(config.model.name, "<transformer class>")}.from_pretrained("DIR/transformer")'
-    elif config.model.name == "tiny":
-        load = f'transformer.load_lora_adapter("DIR", weight_name="{WEIGHTS_NAME}", prefix="transformer")'
-    else:
-        load = f'{pipeline}.from_pretrained(BASE).load_lora_weights("DIR")'
+    full = config.model.args.get("finetune") == "full"
+    load = models.get(config.model.name).export_load_hint(full, WEIGHTS_NAME)
     return (
         f"# FlowZoo LoRA: {config.algorithm_name} on {config.model.name}\n\n"
         f"Exported by `flowzoo export` from `{run_dir}` ({status}, step {state['step']} of {config.train.steps}).\n\n"
@@ -81,7 +79,6 @@ def _model_card(run_dir: Path, config, state: dict) -> str:
 def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write ``out/pytorch_lora_weights.safetensors`` and ``out/README.md`` for the run in ``run_dir``."""
     import diffusers
-    import models
     from peft.utils import get_peft_model_state_dict
 
     from algorithms.ema import load_average
@@ -105,7 +102,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
         return out
     lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
     metadata = transformer.peft_config["default"].to_dict()
-    pipeline = getattr(diffusers, LORA_FORMATS[config.model.name])
+    pipeline = getattr(diffusers, model_cls.lora_format)
 
     with staged_directory(out) as staging:  # all or nothing: no half-written --out folder
         pipeline.save_lora_weights(staging, transformer_lora_layers=lora, transformer_lora_adapter_metadata=metadata)

@@ -89,7 +89,7 @@ class RandomFlux(FluxModel):
     def __init__(self, arch: dict, resolution: int, device: str, dtype: str, lora_rank: int = 128,
                  text_tokens: int = 512, seed: int = 0):
         device, dtype = resolve_device(device), resolve_dtype(dtype)
-        transformer = _random_transformer("FluxTransformer2DModel", arch, device, dtype, seed)
+        transformer = _random_transformer(self.transformer_class, arch, device, dtype, seed)
         _setup(self, transformer, device, dtype, resolution, text_tokens, FLUX_SCHEDULER, lora_rank,
                FLUX_DANCE_GRPO_LORA_TARGETS)
         self.distilled_guidance, self.guidance_embeds = 3.5, bool(arch["guidance_embeds"])
@@ -117,7 +117,7 @@ class RandomQwenImage(QwenImageModel):
     def __init__(self, arch: dict, resolution: int, device: str, dtype: str, lora_rank: int = 64,
                  text_tokens: int = 512, seed: int = 0):
         device, dtype = resolve_device(device), resolve_dtype(dtype)
-        transformer = _random_transformer("QwenImageTransformer2DModel", arch, device, dtype, seed)
+        transformer = _random_transformer(self.transformer_class, arch, device, dtype, seed)
         _setup(self, transformer, device, dtype, resolution, text_tokens, QWEN_SCHEDULER, lora_rank,
                self.default_lora_targets)
         self.shift_terminal = QWEN_SCHEDULER["shift_terminal"]
