@@ -40,6 +40,7 @@ def trained(tmp_path_factory):
         "train": {"steps": 1, "prompts_per_step": 2, "eval_every": 1, "eval_samples_per_prompt": 1,
                   "save_samples": False},
         "run_dir": str(tmp / "run"),
+        "use_recipe": False,  # the export's mechanics on a 1-step run: not the SD3 recipe (EMA every 8 steps)
     }
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", str(tmp / "config.yaml"), "--quiet"]) == 0
