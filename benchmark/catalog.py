@@ -1,5 +1,6 @@
-"""What `flowzoo list` prints: every registered algorithm, model, reward, prompt sampler and suite with a one-line
-description, and one entry in full (`flowzoo list NAME`: its parameters with their defaults, as the config takes them).
+"""What `flowzoo list` prints: every registered algorithm, model, reward, prompt sampler, suite and claim set with a
+one-line description, and one entry in full (`flowzoo list NAME`: its parameters with their defaults, as the config
+takes them).
 
 Descriptions come from what each class already states (its docstring, else its module's), never from a second list
 of names, so a new registration shows up with the text its author wrote.
@@ -38,6 +39,7 @@ def _sections():
     import models
     import rewards
     from algorithms import prompt_samplers
+    from benchmark.analysis import study_claims
     from benchmark.experiments.suite import load_suite, suite_names
 
     def algorithm_line(name):
@@ -53,6 +55,7 @@ def _sections():
         ("rewards", rewards.names(), lambda name: summary(rewards.get(name))),
         ("prompt samplers", prompt_samplers.names(), lambda name: summary(prompt_samplers.get(name))),
         ("suites", suite_names(), lambda name: _one_line(load_suite(name).description)),
+        ("claim sets", study_claims.names(), lambda name: _one_line(study_claims.claim_set(name).description)),
     )
 
 
@@ -90,6 +93,7 @@ def detail(name: str) -> str:
     import models
     import rewards
     from algorithms import prompt_samplers
+    from benchmark.analysis import study_claims
     from benchmark.experiments.suite import load_suite, suite_names
 
     if name in algorithms.names():
@@ -119,8 +123,14 @@ def detail(name: str) -> str:
                           f"algorithms: {', '.join(suite.algorithms)}", f"seeds: {sets}"]
                          + ([f"tuning: {suite.tuning}"] if suite.tuning else [])
                          + ([f"tuned: {suite.tuned}"] if suite.tuned else []))
+    elif name in study_claims.names():
+        claims = study_claims.claim_set(name)
+        return "\n".join([f"claim set {name}: {claims.description}", f"tasks: {', '.join(claims.tasks)}",
+                          f"references: {', '.join(claims.references) or '(the baseline only)'}",
+                          f"rules: {claims.source}"])
     else:
-        known = [*algorithms.names(), *models.names(), *rewards.names(), *prompt_samplers.names(), *suite_names()]
+        known = [*algorithms.names(), *models.names(), *rewards.names(), *prompt_samplers.names(), *suite_names(),
+                 *study_claims.names()]
         raise ConfigError(f"nothing registered as {name!r}; known: {', '.join(known)}")
     lines = head + ([f"  {key} = {value!r}" for key, value in params] or ["  (none)"])
     if name in algorithms.names() or name in prompt_samplers.names():  # what flowzoo tune may change

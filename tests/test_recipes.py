@@ -17,6 +17,7 @@ import algorithms
 from benchmark.experiments import hyperparams, recipes
 from benchmark.cli import main
 from benchmark.experiments.suite import Suite, expand, load_suite
+from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,8 +174,8 @@ def test_paper_suite_resolves_to_the_released_recipes(suite_name, prompt_dir, tm
     wrong = []
     for c in configs:
         family = c.model.name
-        base_task = c.task.partition("@")[0]  # the equal-batch variant task keeps its task's recipe
-        expected = {**EXPECTED[(family, c.algorithm_name)], **PER_TASK.get((base_task, c.algorithm_name), {})}
+        task = base_task(c.task)  # the equal-batch variant task keeps its task's recipe
+        expected = {**EXPECTED[(family, c.algorithm_name)], **PER_TASK.get((task, c.algorithm_name), {})}
         resolved = {k: c.algorithm[k] for k in expected}
         print(f"{suite_name} {c.task} {c.algorithm_name}: {resolved}")
         wrong += [f"{c.task}/{c.algorithm_name}.{k}: resolved {resolved[k]!r}, released {v!r}"

@@ -1,4 +1,5 @@
-"""The OP-GRPO study's claims table, wall-clock-to-target estimate and interleaved timing (benchmark/study*.py)."""
+"""The OP-GRPO study's claims table (benchmark/analysis/claim_sets/op_grpo_paper.py), wall-clock-to-target estimate
+and interleaved timing (benchmark/analysis/study*.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _study(tmp_path, op_rewards, no_reuse_rewards, naive_clip, late_ratio):
         _write(tmp_path, dense, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
         _write(tmp_path, dense, "op_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5 + wobble])
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=500)
-    return table, effects, claims_table(table, effects, seed_sets).set_index("claim")["verdict all"]
+    return table, effects, claims_table(table, effects, seed_sets, "op-grpo-toy").set_index("claim")["verdict all"]
 
 
 def _verdict(verdicts, start):
@@ -86,7 +87,7 @@ def test_steps_claim_reproduced_when_the_ratio_ci_holds_0342(tmp_path):
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=2000)
     row = effects[(effects["algorithm"] == "op_grpo") & (effects["metric"] == "steps_to_80")].iloc[0]
     assert row["ratio"] == pytest.approx(15 / 40) and row["ratio_low"] <= 0.342 <= row["ratio_high"]
-    verdicts = claims_table(table, effects, seed_sets).set_index("claim")["verdict all"]
+    verdicts = claims_table(table, effects, seed_sets, "op-grpo-toy").set_index("claim")["verdict all"]
     assert _verdict(verdicts, "(sparse binary reward") == "reproduced"
     assert _verdict(verdicts, "removing the sequence correction") == "not tested"
 
@@ -130,7 +131,7 @@ def test_claims_replicate_only_when_both_seed_sets_agree(tmp_path):
     # each set's target comes from its own baseline runs
     targets = effects[effects["metric"] == "steps_to_80"].groupby("seed_set")["target"].first()
     assert targets["exploration"] == pytest.approx(0.8 * 0.5015) and targets["replication"] == pytest.approx(0.8 * 0.5015)
-    claims = claims_table(table, effects, seed_sets).set_index("claim")
+    claims = claims_table(table, effects, seed_sets, "op-grpo-toy").set_index("claim")
     steps = claims.loc[claims.index.str.contains("sparse binary")].iloc[0]
     assert steps["verdict exploration"].startswith("contradicted (saves steps")
     assert steps["verdict replication"].startswith("contradicted (no saving)")
@@ -209,7 +210,7 @@ def test_decoupled_claims_follow_the_several_fold_rule(tmp_path):
         _write(tmp_path, "toy2d_sep64_sparse", "diffusion_nft", seed, [0.0, 0.6, 0.6, 0.6, 0.6, 0.6])
         _write(tmp_path, "toy2d_sep64_sparse", "awm", seed, [0.0, 0.1, 0.2, 0.6, 0.6, 0.6])
     table, effects, seed_sets, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=500)
-    verdicts = claims_table(table, effects, seed_sets).set_index("claim")["verdict all"]
+    verdicts = claims_table(table, effects, seed_sets, "op-grpo-toy").set_index("claim")["verdict all"]
     assert _verdict(verdicts, "DiffusionNFT (paper: 3-25x more efficient than FlowGRPO) reaches Flow-GRPO's level in "
                               "several-fold fewer steps (sparse)") == "reproduced"
     assert _verdict(verdicts, "AWM (paper: up to 24x speedup over Flow-GRPO) reaches Flow-GRPO's level in several-fold "
@@ -242,8 +243,8 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
                     ) == "reproduced"
     assert _verdict(verdicts, "DAPO's dynamic sampling, needs no more steps") == "not tested"
     assert not any("sparse binary reward" in claim or "video" in claim for claim in verdicts.index)
-    with pytest.raises(ConfigError, match="--claims 'quick': no such claim set; claim sets: op-grpo-toy, "
-                                          "op-grpo-tiny-counting, op-grpo-tiny-rare-counting"):
+    with pytest.raises(ConfigError, match="--claims 'quick': no such claim set; claim sets: op-grpo-tiny-counting, "
+                                          "op-grpo-tiny-rare-counting, op-grpo-toy"):
         claim_set("quick")
 
 

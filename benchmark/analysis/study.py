@@ -52,10 +52,11 @@ from benchmark.analysis.loading import (
 )
 from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from benchmark.analysis.study_claims import (
-    CLAIM_SETS,
+    CLAIMS_AUTO,
     NO_CLAIMS,
     ClaimSet,
     claim_set,
+    claim_sets,
     judge,
     match_claim_set,
     render_claims,
@@ -68,6 +69,7 @@ from benchmark.analysis.study_sets import (
     seed_sets_of,
 )
 from benchmark.analysis.study_sets import seed_list as _seed_list
+from flowzoo.cells import VARIANT_SEP, base_task, split_task, with_variant  # noqa: F401  (VARIANT_SEP: re-exported)
 from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write, check_out_dir, staged_directory
 from models.shipped import refuse_shipped
@@ -88,18 +90,16 @@ DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", 
                "log_weight_std")
 #: per-timestep |log p_old - log p_off| of the reused transitions (OP-GRPO logs one column per reused step k)
 STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
-VARIANT_SEP = "@"  # task@variant: a control cell of task
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
 
 
 def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with every ``task@variant`` run moved to the cell ``algorithm@variant`` of ``task``."""
     out = runs.copy()
-    split = out["task"].astype(str).str.partition(VARIANT_SEP)
-    variant = split[2]
-    out["task"] = split[0]
-    out["algorithm"] = out["algorithm"].astype(str).where(variant == "", out["algorithm"].astype(str) + VARIANT_SEP
-                                                           + variant)
+    split = [split_task(task) for task in out["task"]]
+    out["task"] = [task for task, _ in split]
+    out["algorithm"] = [with_variant(algorithm, variant)
+                        for algorithm, (_, variant) in zip(out["algorithm"].astype(str), split)]
     return out
 
 
@@ -181,8 +181,8 @@ def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline:
         if "target" in e and not math.isfinite(float(e["target"])):  # no target in this seed set: nothing to scale
             continue
         base_cost = timing[timing["cell"] == f"{e['task']}/{baseline}"].set_index("repeat")["s_per_step"]
-        name, _, variant = str(e["algorithm"]).partition(VARIANT_SEP)
-        cell = f"{e['task']}{VARIANT_SEP}{variant}/{name}" if variant else f"{e['task']}/{name}"
+        name, variant = split_task(e["algorithm"])  # the cell algorithm@variant ran as task@variant
+        cell = f"{with_variant(e['task'], variant)}/{name}"
         cost = timing[timing["cell"] == cell].set_index("repeat")["s_per_step"]
         repeats = sorted(set(cost.index) & set(base_cost.index))
         if not repeats:
@@ -247,9 +247,9 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None,
            skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
            figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS,
-           recipes: dict | None = None) -> str:
+           recipes: dict | None = None, claims_of: ClaimSet | None = None) -> str:
     """The study's README: the title, ``lead`` (a hand-written answer, the claims' figures), the generated answer,
-    ``figure_lines`` (the curves), then the definitions and every table."""
+    ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by ``claims_of``)."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
     lines = [f"# Study: paired effects vs {baseline}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
              *(figure_lines or []),
@@ -263,7 +263,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/analysis/study.py`.", "",
              *_skipped_lines(table, skipped or []), *_recipe_lines(table, recipes or {})]
     if claims is not None and len(claims):
-        lines += render_claims(claims, pair)
+        lines += render_claims(claims, pair, claims_of)
     if gain_rows is not None and len(gain_rows):
         lines += _gain_lines(gain_rows, baseline)
     if wall is not None and len(wall):
@@ -504,10 +504,6 @@ def read_timing(path: str) -> pd.DataFrame:
     return timing
 
 
-#: ``claims`` of a :class:`StudyRequest`: the suite's ``claims:`` key, else the claim set whose task ran
-CLAIMS_AUTO = "auto"
-
-
 @dataclass
 class StudyRequest:
     """What ``flowzoo study`` is asked (its options, with their defaults)."""
@@ -517,7 +513,8 @@ class StudyRequest:
     suite: str | None = None
     baseline: str = "flow_grpo"
     vs: tuple[str, ...] = ()
-    claims: str = CLAIMS_AUTO  # a claim set's name, "none", or CLAIMS_AUTO
+    claims: str = CLAIMS_AUTO  # a claim set's name, "none", or CLAIMS_AUTO (the suite's claims: key, else the set
+    # whose first task the suite or the runs hold)
     timing: str | None = None
     seed_sets: list[str] | None = None  # --seed-sets values (:func:`parse_seed_sets`)
     replicate_on: str | None = None
@@ -537,7 +534,7 @@ def _claim_set(request: StudyRequest, suite) -> ClaimSet | None:
         return None
     if suite.claims:
         return claim_set(suite.claims, f"suite {suite.name}: claims:")
-    return match_claim_set(task.partition(VARIANT_SEP)[0] for task in suite.tasks)
+    return match_claim_set(base_task(task) for task in suite.tasks)
 
 
 def write_study(request: StudyRequest) -> Path:
@@ -568,7 +565,7 @@ def write_study(request: StudyRequest) -> Path:
     claims_of = _claim_set(request, suite)
     matched = request.claims == CLAIMS_AUTO and suite is None  # match the runs' tasks once they are read
     optional = claims_of.references if claims_of else (
-        tuple(dict.fromkeys(r for cs in CLAIM_SETS.values() for r in cs.references)) if matched else ())
+        tuple(dict.fromkeys(r for cs in claim_sets() for r in cs.references)) if matched else ())
     skipped: list[SkippedRun] = []
     recipes: dict = {}  # run -> the tuned: directory of its recipe note (loading.tuned_recipe)
     table, effect_rows, seed_sets, runs = analyze_study(
@@ -601,7 +598,7 @@ def write_study(request: StudyRequest) -> Path:
         lead = study_page.hand_written_answer(out) + study_page.claim_figures(estimates, stage)
         figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
-                          gain_rows, skipped, lead, figure_lines, pair, recipes)
+                          gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of)
         study_page.write_page(stage, markdown, title=f"Study: {suite.name if suite else out.name}")
     return out / "README.md"
 

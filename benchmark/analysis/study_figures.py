@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from benchmark.analysis import figures
+from flowzoo.cells import base_task, split_task
 
 #: colours of the seed sets, in the order a study lists them (the designers' first)
 SET_COLOURS = ("#1f5fa8", "#d9730d", "#2a9d4b", "#8e44ad", "#7f7f7f", "#b5651d")
@@ -170,9 +171,9 @@ def cell_panels(cells, baseline: str) -> list[tuple[str, list[str]]]:
     """[(title, cells)]: the report's panels of algorithms (:func:`benchmark.analysis.figures.panels`), then the
     control cells (``algorithm@variant``), the baseline in each, at most ``figures.MAX_LINES`` lines a panel."""
     cells = sorted(set(cells))
-    plain = [c for c in cells if "@" not in c]
+    plain = [c for c in cells if not split_task(c)[1]]
     out = figures.panels(plain, baseline) if len(plain) > 1 else []
-    controls = [c for c in cells if "@" in c]
+    controls = [c for c in cells if split_task(c)[1]]
     count = math.ceil(len(controls) / (figures.MAX_LINES - 1))
     size = math.ceil(len(controls) / count) if controls else 1
     chunks = [controls[i:i + size] for i in range(0, len(controls), size)]
@@ -184,7 +185,7 @@ def cell_panels(cells, baseline: str) -> list[tuple[str, list[str]]]:
 
 def cell_styles(cells) -> dict[str, tuple]:
     """Each cell's (colour, line style, marker): a control cell in its algorithm's family colours."""
-    return figures.styles(cells, base=lambda cell: cell.partition("@")[0])
+    return figures.styles(cells, base=base_task)
 
 
 @figures.themed

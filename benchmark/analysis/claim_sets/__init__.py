@@ -1,0 +1,12 @@
+"""Every paper's claim sets, one file each: a module here builds a :class:`benchmark.analysis.study_claims.ClaimSet`
+and registers it (:func:`benchmark.analysis.study_claims.register`). The package imports every module in its folder,
+so a new file registers itself: a second paper's claims are one file (docs/adding-a-study.md). A suite names its set
+with its ``claims:`` key; ``flowzoo list`` lists them."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
