@@ -65,8 +65,8 @@ class Suite:
     tuning: dict | None = None
     #: a directory of tuned configurations, DIR/<task>/<algorithm>.yaml: each cell runs at its algorithm's tuned recipe
     tuned: str | None = None
-    #: the claim set a study of this suite judges (``flowzoo study``; a registered claim set, benchmark/analysis/claim_sets/): it
-    #: belongs to the suite file, so a renamed copy of the suite keeps its claims; unused by the runs
+    #: the claim set a study of this suite judges (``flowzoo study``; one registered in benchmark/analysis/claim_sets/):
+    #: it belongs to the suite file, so a renamed copy of the suite keeps its claims; unused by the runs
     claims: str | None = None
 
 
