@@ -30,7 +30,7 @@ PERF_JSON ?= /tmp/flowzoo-perf.json
 perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fail on a >15% ratio regression
 	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
 	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
-	$(PY) -m benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
+	$(PY) -m flowzoo.benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
 
 # with 2 or more GPUs visible, then one sharded (FSDP2, NCCL) OP-GRPO run of 2 steps with buffer replay on 2 of them,
 # the lockstep check on (the tiny tier, full fine-tuning; docs/models.md "Scale rehearsal")
@@ -48,7 +48,7 @@ sharded-gpu-check: setup  ## with 2+ GPUs: one sharded OP-GRPO run with buffer r
 	@gpus=$$($(PY) -c "import torch; print(torch.cuda.device_count() if '$(SHARDED_DEVICE)' == 'cuda' else 2)"); \
 	if [ "$$gpus" -lt 2 ]; then echo "sharded-gpu-check: $$gpus GPU(s) visible; the sharded OP-GRPO run needs 2 (skipped)"; \
 	else rm -rf $(SHARDED_RUN) && FLOWZOO_CHECK_LOCKSTEP=1 OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node 2 \
-		-m benchmark train benchmark/configs/tiny_flow_grpo.yaml $(SHARDED_ARGS) --quiet && \
+		-m flowzoo train benchmark/configs/tiny_flow_grpo.yaml $(SHARDED_ARGS) --quiet && \
 		$(PY) -c "import pandas as p; m = p.read_csv('$(SHARDED_RUN)/metrics.csv'); print(m[['step', 'reward_mean', 'grad_norm', 'off_policy_frac', 'fsdp_padding_calls', 't_sampling', 't_training']].to_string(index=False)); assert m['off_policy_frac'].max() > 0, 'no sample was replayed'"; fi
 
 # the scale rehearsal (docs/models.md): every algorithm x prompt sampler x LoRA/full x replicated/FSDP2 on 2 CPU
@@ -74,8 +74,8 @@ report-check: setup  ## check the example reports in headless Chromium (images, 
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
 		echo "report-check: could not install chromium from the OS packages (needs root and apt-get)"
-	$(PY) -m benchmark.analysis.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
-	$(PY) -m benchmark.analysis.freshness reports/example-quick --suite quick
+	$(PY) -m flowzoo.benchmark.analysis.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
+	$(PY) -m flowzoo.benchmark.analysis.freshness reports/example-quick --suite quick
 
 clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache

@@ -76,7 +76,7 @@ def ablations() -> dict[str, list[str]]:
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 
-from algorithms.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
 
 __all__ = ["Algorithm", "AlgorithmConfig", "StepStats", "REGISTRY", "register", "register_preset", "get", "names",
            "find", "ablations"]

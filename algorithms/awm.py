@@ -39,19 +39,19 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.diffusion_nft import OldPolicy
-from algorithms.distributed import GatheredBatch
-from algorithms.advantages import StdMode
-from algorithms.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
-from algorithms.plans import forward_draws
-from algorithms.rollout import sample_generators
-from algorithms.sde import flow_grpo_std, time_shift
-from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.diffusion_nft import OldPolicy
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.advantages import StdMode
+from flowzoo.algorithms.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from flowzoo.algorithms.plans import forward_draws
+from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.sde import flow_grpo_std, time_shift
+from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
-from models.base import at_least_float32
+from flowzoo.models.base import at_least_float32
 
 TimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"]
 TIME_TYPES = get_args(TimeType)

@@ -34,24 +34,24 @@ from typing import Any, ClassVar, Iterator, Literal, Sequence
 
 import torch
 
-from algorithms import prompt_samplers
-from algorithms.advantages import Aggregation, StdMode, combined_advantages, zero_std_fraction
-from algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
-from algorithms.ema import WeightEMA
-from algorithms.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
-from algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
-from algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
-from algorithms.rollout import initial_noise, rollout, sample_generators
-from algorithms.sde import Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
-from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.algorithms.advantages import Aggregation, StdMode, combined_advantages, zero_std_fraction
+from flowzoo.algorithms.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
+from flowzoo.algorithms.ema import WeightEMA
+from flowzoo.algorithms.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
+from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
+from flowzoo.algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from flowzoo.algorithms.rollout import initial_noise, rollout, sample_generators
+from flowzoo.algorithms.sde import Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
+from flowzoo.algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
 from flowzoo.streams import UPDATE_ORDER_OFFSET
-from models.base import FlowModel
-from models.sharding import full_tensor, gathered, is_sharded, like
-from rewards.base import Reward
-from rewards.errors import RewardError
-from rewards.multi import MultiReward
+from flowzoo.models.base import FlowModel
+from flowzoo.models.sharding import full_tensor, gathered, is_sharded, like
+from flowzoo.rewards.base import Reward
+from flowzoo.rewards.errors import RewardError
+from flowzoo.rewards.multi import MultiReward
 
 
 @dataclass

@@ -31,11 +31,11 @@ from typing import Literal
 
 import torch
 
-from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.plans import iteration_generator, random_step_subsets
-from algorithms.sde import Kernel, SigmaGrid
-from algorithms.trajectory import StepPlan
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.plans import iteration_generator, random_step_subsets
+from flowzoo.algorithms.sde import Kernel, SigmaGrid
+from flowzoo.algorithms.trajectory import StepPlan
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_TRAIN_SUBSETS
 

@@ -39,18 +39,18 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
-from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.advantages import StdMode
-from algorithms.distributed import GatheredBatch
-from algorithms.losses import nft_loss
-from algorithms.plans import forward_draws
-from algorithms.rollout import sample_generators
-from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.advantages import StdMode
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.losses import nft_loss
+from flowzoo.algorithms.plans import forward_draws
+from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
-from models.base import at_least_float32
-from models.sharding import full_tensor, like
+from flowzoo.models.base import at_least_float32
+from flowzoo.models.sharding import full_tensor, like
 
 #: (flat, uprate, uphold) of the released decay schedules ``return_decay`` (train_nft_sd3.py:169-189)
 DECAY_SCHEDULES = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}

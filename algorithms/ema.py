@@ -20,7 +20,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from models.sharding import full_tensor, like
+from flowzoo.models.sharding import full_tensor, like
 
 
 class WeightEMA:

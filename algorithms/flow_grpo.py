@@ -7,8 +7,8 @@ class's template; it is its own class so that it has a name and a place for futu
 
 from __future__ import annotations
 
-from algorithms import register
-from algorithms.base import Algorithm
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm
 
 
 @register("flow_grpo")

@@ -39,12 +39,12 @@ from typing import Sequence
 
 import torch
 
-from algorithms import register
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.distributed import GatheredBatch
-from algorithms.plans import iteration_generator, window_plan
-from algorithms.rollout import branched_rollout
-from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.plans import iteration_generator, window_plan
+from flowzoo.algorithms.rollout import branched_rollout
+from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
 

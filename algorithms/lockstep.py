@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 if TYPE_CHECKING:
-    from algorithms.trajectory import Trajectory
+    from flowzoo.algorithms.trajectory import Trajectory
 
 #: the environment switch of the check
 ENV = "FLOWZOO_CHECK_LOCKSTEP"

@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple, get_args
 
 import torch
 
-from algorithms.sde import reduce_latent_dims
+from flowzoo.algorithms.sde import reduce_latent_dims
 
 KLVariance = Literal["step", "release"]
 KL_VARIANCES = get_args(KLVariance)

@@ -56,15 +56,15 @@ from typing import Any, Literal
 
 import torch
 
-from algorithms import register, register_preset
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.advantages import Aggregation
-from algorithms.distributed import GatheredBatch
-from algorithms.plans import (
+from flowzoo.algorithms import register, register_preset
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.advantages import Aggregation
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.plans import (
     compressed_tail_sigmas, iteration_generator, window_plan,
 )
-from algorithms.sde import SigmaGrid
-from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms.sde import SigmaGrid
+from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
 

@@ -54,14 +54,14 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from algorithms import register, register_preset
-from algorithms.base import CLIP_FRAC_OFF, CLIP_FRAC_ON, Algorithm, AlgorithmConfig
-from algorithms.distributed import GatheredBatch
-from algorithms.losses import sequence_log_weight
-from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
-from algorithms.plans import iteration_generator
-from algorithms.rollout import rollout, sample_generators
-from algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
+from flowzoo.algorithms import register, register_preset
+from flowzoo.algorithms.base import CLIP_FRAC_OFF, CLIP_FRAC_ON, Algorithm, AlgorithmConfig
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.losses import sequence_log_weight
+from flowzoo.algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
+from flowzoo.algorithms.plans import iteration_generator
+from flowzoo.algorithms.rollout import rollout, sample_generators
+from flowzoo.algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
 

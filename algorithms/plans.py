@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from algorithms.rollout import sample_generators
-from algorithms.sde import inverse_time_shift, time_shift
-from algorithms.trajectory import StepPlan
+from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.sde import inverse_time_shift, time_shift
+from flowzoo.algorithms.trajectory import StepPlan
 
 
 def iteration_generator(seed: int, iteration: int, purpose: int) -> torch.Generator:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import torch
 
-from algorithms.trajectory import StepPlan
+from flowzoo.algorithms.trajectory import StepPlan
 
 Outcome = Literal["inserted", "replaced", "rejected"]
 Admission = Literal["above_group_mean", "any"]

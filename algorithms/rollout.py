@@ -8,9 +8,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from algorithms.sde import NoiseStreams, StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
-from algorithms.trajectory import StepPlan
-from models.base import Condition, FlowModel
+from flowzoo.algorithms.sde import NoiseStreams, StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
+from flowzoo.algorithms.trajectory import StepPlan
+from flowzoo.models.base import Condition, FlowModel
 
 
 def sample_generators(seed: int, *keys: int, count: int) -> list[torch.Generator]:

@@ -8,7 +8,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from models.base import Condition
+from flowzoo.models.base import Condition
 
 
 #: which state of a trajectory the reward decodes (``StepPlan.decode``)

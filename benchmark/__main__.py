@@ -1,5 +1,5 @@
 import sys
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 
 sys.exit(main())

@@ -35,12 +35,12 @@ def summary(obj) -> str:
 
 
 def _sections():
-    import algorithms
-    import models
-    import rewards
-    from algorithms import prompt_samplers
-    from benchmark.analysis import study_claims
-    from benchmark.experiments.suite import load_suite, suite_names
+    from flowzoo import algorithms
+    from flowzoo import models
+    from flowzoo import rewards
+    from flowzoo.algorithms import prompt_samplers
+    from flowzoo.benchmark.analysis import study_claims
+    from flowzoo.benchmark.experiments.suite import load_suite, suite_names
 
     def algorithm_line(name):
         cls = algorithms.get(name)
@@ -89,12 +89,12 @@ def _constructor_params(cls) -> list[tuple[str, object]]:
 
 def detail(name: str) -> str:
     """One registered entry in full; ``ConfigError`` naming the known names for anything else."""
-    import algorithms
-    import models
-    import rewards
-    from algorithms import prompt_samplers
-    from benchmark.analysis import study_claims
-    from benchmark.experiments.suite import load_suite, suite_names
+    from flowzoo import algorithms
+    from flowzoo import models
+    from flowzoo import rewards
+    from flowzoo.algorithms import prompt_samplers
+    from flowzoo.benchmark.analysis import study_claims
+    from flowzoo.benchmark.experiments.suite import load_suite, suite_names
 
     if name in algorithms.names():
         cls = algorithms.get(name)
@@ -134,7 +134,7 @@ def detail(name: str) -> str:
         raise ConfigError(f"nothing registered as {name!r}; known: {', '.join(known)}")
     lines = head + ([f"  {key} = {value!r}" for key, value in params] or ["  (none)"])
     if name in algorithms.names() or name in prompt_samplers.names():  # what flowzoo tune may change
-        from benchmark.experiments.search_space import listing
+        from flowzoo.benchmark.experiments.search_space import listing
 
         lines += listing(name)
     return "\n".join(lines)

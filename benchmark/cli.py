@@ -1,4 +1,4 @@
-"""The ``flowzoo`` command line (also ``python -m benchmark``).
+"""The ``flowzoo`` command line (also ``python -m flowzoo``).
 
     flowzoo train CONFIG [key=value ...]     one run (CONFIG: a YAML file or a suite's cell SUITE:TASK/ALGORITHM)
     flowzoo bench SUITE [--runs DIR] [--workers N] [--executor local|submitit-local|slurm] [--out DIR] [key=value ...]
@@ -26,10 +26,10 @@ from flowzoo.errors import FlowZooError, one_line_errors, user_error
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from algorithms.distributed import process_group
-    from benchmark.experiments.run_source import load_run
-    from benchmark.experiments.runner import holds_other_config, is_finished, train
-    from benchmark.experiments.suite import describe_differences
+    from flowzoo.algorithms.distributed import process_group
+    from flowzoo.benchmark.experiments.run_source import load_run
+    from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished, train
+    from flowzoo.benchmark.experiments.suite import describe_differences
     from flowzoo.errors import ConfigError
 
     config, resolved = load_run(args.config, args.overrides)
@@ -105,15 +105,15 @@ def at_most(high: int):
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmark.analysis.bench_report import write_suite_report
-    from benchmark.experiments.suite import load_suite, run_suite, select
+    from flowzoo.benchmark.analysis.bench_report import write_suite_report
+    from flowzoo.benchmark.experiments.suite import load_suite, run_suite, select
 
     if args.workers is not None and args.workers < 1:
         raise FlowZooError(f"--workers {args.workers}: give at least 1 (default: the number of CPUs)")
     if args.budget_minutes is not None and not (math.isfinite(args.budget_minutes) and args.budget_minutes > 0):
         raise FlowZooError(f"--budget-minutes {args.budget_minutes}: give a positive number of minutes (default: "
                            f"no limit)")
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     if args.out:
         refuse_shipped(args.out, "--out")
@@ -124,7 +124,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
     if args.tuned is not None:  # every cell at its algorithm's tuned recipe (checked where the cells expand)
         suite.tuned = args.tuned
-    from benchmark.experiments.executors import make_grid
+    from flowzoo.benchmark.experiments.executors import make_grid
 
     executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs), suite.name)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes, executor)
@@ -137,12 +137,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from benchmark.analysis.report import write_report
+    from flowzoo.benchmark.analysis.report import write_report
 
-    from benchmark.analysis.targets import parse_target
+    from flowzoo.benchmark.analysis.targets import parse_target
 
     target = parse_target(args.target) if args.target else None
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(args.out, "--out")
     out = write_report(Path(args.runs_dir), Path(args.out), baseline=args.baseline, target=target)
@@ -151,8 +151,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
-    from benchmark.analysis.study import StudyRequest, write_study
-    from benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.analysis.study import StudyRequest, write_study
+    from flowzoo.benchmark.experiments.suite import load_suite
 
     suite = load_suite(args.suite)  # a bad name fails here, in one line, before anything is read
     out = args.out or str(Path("reports") / suite.name)
@@ -171,7 +171,7 @@ def pretrain_command(args: argparse.Namespace) -> str:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from models.tiny_pretrain import pretrain
+    from flowzoo.models.tiny_pretrain import pretrain
 
     out = pretrain(
         args.data, out=args.out, run_dir=args.run_dir, steps=args.steps, minutes=args.minutes, batch=args.batch,
@@ -183,8 +183,8 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_grad_snr(args: argparse.Namespace) -> int:
-    from benchmark.experiments.grad_snr import measure
-    from benchmark.experiments.run_source import load_run
+    from flowzoo.benchmark.experiments.grad_snr import measure
+    from flowzoo.benchmark.experiments.run_source import load_run
 
     result = measure(load_run(args.config, args.overrides)[0], args.batches, args.fixed_prompts, not args.quiet)
     print(result.line())
@@ -192,10 +192,10 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from benchmark.experiments.recipes import recipe_table
+    from flowzoo.benchmark.experiments.recipes import recipe_table
     from flowzoo.io import atomic_write_text
 
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     table = recipe_table()
     if args.out:
@@ -208,7 +208,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from benchmark.experiments.export import export
+    from flowzoo.benchmark.experiments.export import export
 
     out = export(Path(args.run_dir), Path(args.out))
     what = "transformer" if (Path(out) / "transformer").is_dir() else "LoRA"  # a full fine-tuning: its whole transformer
@@ -219,7 +219,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from benchmark.experiments.eval_cmd import evaluate
+    from flowzoo.benchmark.experiments.eval_cmd import evaluate
 
     record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides)
     print(json.dumps(record))
@@ -227,7 +227,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from benchmark import catalog
+    from flowzoo.benchmark import catalog
 
     if args.name and "=" in args.name:  # list takes no key=value overrides
         args.command_parser.error(f"unrecognized arguments: {args.name}")
@@ -236,10 +236,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from benchmark.experiments.tuning import (check_report_storage, check_storage, default_storage, load_tuning, tune,
+    from flowzoo.benchmark.experiments.tuning import (check_report_storage, check_storage, default_storage, load_tuning, tune,
                                               tuning_cells)
 
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(args.runs, "--runs")  # before the trials' folders or the default SQLite file are made there
     if args.trials is not None and args.trials < 1:  # --report too: it writes the budget as spent/trials
@@ -261,15 +261,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         check_storage(url)
         check_report_storage(url, suite)
     else:
-        from benchmark.experiments.executors import make_grid
-        from benchmark.experiments.suite import load_suite
+        from flowzoo.benchmark.experiments.executors import make_grid
+        from flowzoo.benchmark.experiments.suite import load_suite
 
         executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs),
                              f"{load_suite(args.suite).name}/tune")  # job files beside bench's, not mixed
         suite, design, cells, url = tune(args.suite, Path(args.runs), args.workers, args.trials, args.tasks,
                                          args.algorithms, args.storage, executor)
     if args.out:
-        from benchmark.analysis.tuning_report import write_tuning_report
+        from flowzoo.benchmark.analysis.tuning_report import write_tuning_report
 
         out = write_tuning_report(suite.name, design, cells, url, Path(args.out), args.trials or design.trials)
         print(f"tuning report written to {out}")
@@ -277,7 +277,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_perf(args) -> int:
-    from benchmark.perf.command import command
+    from flowzoo.benchmark.perf.command import command
 
     return command(args)
 
@@ -412,7 +412,7 @@ def parser() -> argparse.ArgumentParser:
     claims = st.add_argument("--claims", default=None, metavar="SET",
                              help="claim set to judge: %(claim_sets)s, or none (default: the suite's claims: key, "
                                   "else the set whose task the suite holds; `flowzoo list` describes them)")
-    claims.claim_sets = _Names("benchmark.analysis.study_claims")  # read from the registry when --help is shown
+    claims.claim_sets = _Names("flowzoo.benchmark.analysis.study_claims")  # read from the registry when --help is shown
     st.add_argument("--vs", default=None, metavar="CELL,...", help="cells (algorithm or algorithm@variant) to pair "
                     "the others with besides the baseline (the claim set's own, e.g. op_grpo, are added when they ran)")
     st.add_argument("--baseline", default="flow_grpo", help="the cell every other is paired with; its gain sets the "
@@ -424,7 +424,7 @@ def parser() -> argparse.ArgumentParser:
                     help="say 'replicated' when the held-out 'replication' set and this set agree (default: when "
                          "exploration and replication agree)")
     st.add_argument("--timing", default=None, metavar="CSV",
-                    help="per-step costs measured interleaved (python -m benchmark.analysis.study_timing) for the "
+                    help="per-step costs measured interleaved (python -m flowzoo.benchmark.analysis.study_timing) for the "
                          "wall-clock-to-target estimates; copied into DIR as timing.csv")
     st.add_argument("--smooth", type=int, default=3, help="evaluations averaged into the final reward and the "
                     "curves the costs are read on")

@@ -1,6 +1,6 @@
 """Errors meant for the user, not for a traceback.
 
-Every entry point (``flowzoo``, and the ``python -m benchmark.analysis....`` tools) turns an error the user can act on
+Every entry point (``flowzoo``, and the ``python -m flowzoo.benchmark.analysis....`` tools) turns an error the user can act on
 (:func:`user_error`) into one line on stderr, ``flowzoo: error: ...``, and exit status 2 (:func:`one_line_errors`).
 """
 

@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 
 from flowzoo.registry import Registry
-from models.base import Condition, FlowModel
+from flowzoo.models.base import Condition, FlowModel
 
 REGISTRY: Registry[type[FlowModel]] = Registry("model")
 register = REGISTRY.register_class  # sets the class's `name`

@@ -18,7 +18,7 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE
-from models.base import Condition, FlowModel, at_least_float32
+from flowzoo.models.base import Condition, FlowModel, at_least_float32
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: compute dtypes that run under autocast (the rest run in their own precision)
@@ -106,7 +106,7 @@ def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str,
         raise ConfigError(f"model {model!r}: {str(index)!r} is not valid JSON ({err})") from None
     found = components.get("_class_name") if isinstance(components, dict) else None
     if pipeline_class and isinstance(found, str) and found != pipeline_class:
-        import models
+        from flowzoo import models
 
         other = [n for n in models.names() if getattr(models.get(n), "pipeline_class", "") == found]
         hint = f"; the adapter for it: {other[0]}" if other else ""
@@ -322,13 +322,13 @@ class DiffusersFlowModel(FlowModel):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Full tensors by name (a sharded model gathers each: every process must call it)."""
-        from models.sharding import full_tensor
+        from flowzoo.models.sharding import full_tensor
 
         return {name: full_tensor(p.detach()).clone() for name, p in self._lora_params().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load full tensors (a sharded model keeps this process's shard of each)."""
-        from models.sharding import like
+        from flowzoo.models.sharding import like
 
         params = self._lora_params()
         missing, unexpected = set(params) - set(state), set(state) - set(params)

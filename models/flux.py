@@ -33,9 +33,9 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
-from models import register
-from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models import register
+from flowzoo.models.base import Condition
+from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
 
 #: Flow-GRPO's FLUX LoRA targets (yifan123/flow_grpo scripts/train_flux.py:411-424 at 27b6ef8; LoraConfig(r=64,
 #: lora_alpha=128, init_lora_weights="gaussian"), :425-430): the joint attention of the 19 double-stream blocks with

@@ -31,10 +31,10 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
-from models import register
-from models.base import Condition
-from models.diffusers_common import DiffusersFlowModel, Finetune
-from models.flux import check_square_resolution, pipeline_shift
+from flowzoo.models import register
+from flowzoo.models.base import Condition
+from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models.flux import check_square_resolution, pipeline_shift
 
 #: Flow-GRPO's Qwen-Image LoRA targets (yifan123/flow_grpo scripts/train_qwenimage.py:410-423 at 27b6ef8;
 #: LoraConfig(r=64, lora_alpha=128, init_lora_weights="gaussian"), :424-429): the joint attention and both streams'

@@ -15,9 +15,9 @@ from typing import Sequence
 
 import torch
 
-from models import register
-from models.base import Condition
-from models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
+from flowzoo.models import register
+from flowzoo.models.base import Condition
+from flowzoo.models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
 

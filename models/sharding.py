@@ -97,7 +97,7 @@ def check_request(model_cls: type, model_args: dict) -> None:
     if not shard_request(model_args):
         return
     if not getattr(model_cls, "shardable", False):
-        import models
+        from flowzoo import models
 
         valid = [n for n in models.names() if getattr(models.get(n), "shardable", False)]
         source = (f"model.args.{SHARD_ARG}: true" if model_args.get(SHARD_ARG)

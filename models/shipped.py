@@ -16,7 +16,7 @@ from flowzoo.errors import ConfigError
 
 def weights_dir() -> Path:
     """The shipped-weights directory (read at call time: tests point it at a scratch copy)."""
-    from models import tiny
+    from flowzoo.models import tiny
 
     return tiny.WEIGHTS_DIR.resolve()
 

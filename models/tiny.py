@@ -33,12 +33,12 @@ import torch
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE
 from flowzoo.streams import TINY_LORA_INIT_OFFSET, TINY_TEXT_INIT_OFFSET, TINY_TRANSFORMER_INIT_OFFSET
-from models import register
-from models.base import Condition, FlowModel
-from models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, Finetune, NoGradPath,
+from flowzoo.models import register
+from flowzoo.models.base import Condition, FlowModel
+from flowzoo.models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, Finetune, NoGradPath,
                                      check_finetune, check_no_grad_path, resolve_device)
-from models.tiny_data import DATASETS, image_shape
-from models.tiny_text import WordTokenizer, build_text_encoder
+from flowzoo.models.tiny_data import DATASETS, image_shape
+from flowzoo.models.tiny_text import WordTokenizer, build_text_encoder
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 #: the networks' dtype (model arg ``dtype``): float32, or float64 for tests/test_device_placement.py's dtype test

@@ -33,9 +33,9 @@ import torch
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save, atomic_write_text
 from flowzoo.streams import TINY_PRETRAIN_BATCH
-from models.shipped import refuse_shipped
-from models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
-from models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
+from flowzoo.models.shipped import refuse_shipped
+from flowzoo.models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
+from flowzoo.models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

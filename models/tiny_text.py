@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
-from models.tiny_data import vocabulary
+from flowzoo.models.tiny_data import vocabulary
 
 PAD, BOS, UNK, EOS = "[PAD]", "[BOS]", "[UNK]", "[EOS]"
 # CLIPTextModel pools the hidden state at the first EOS token unless eos_token_id == 2 (a legacy rule that takes the

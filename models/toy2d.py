@@ -54,8 +54,8 @@ from torch import nn
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_torch_save
 from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE
-from models import register
-from models.base import Condition, FlowModel
+from flowzoo.models import register
+from flowzoo.models.base import Condition, FlowModel
 
 NUM_CLASSES = 4
 RADIUS = 2.0

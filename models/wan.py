@@ -18,9 +18,9 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
-from models import register
-from models.base import Condition
-from models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument
+from flowzoo.models import register
+from flowzoo.models.base import Condition
+from flowzoo.models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument
 
 
 @register("wan")

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
-from rewards.base import Reward, RewardOutput
-from rewards.multi import MultiReward
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.multi import MultiReward
 
 REGISTRY: Registry[type[Reward]] = Registry("reward")
 register = REGISTRY.register_class  # sets the class's `name`
@@ -19,14 +19,14 @@ get = REGISTRY.get
 names = REGISTRY.names
 
 # Each module registers its rewards on import; heavy libraries are imported inside the rewards that use them.
-from rewards import toy  # noqa: E402,F401
-from rewards import ocr  # noqa: E402,F401
-from rewards import jpeg  # noqa: E402,F401
-from rewards import clip_family  # noqa: E402,F401
-from rewards import imagereward  # noqa: E402,F401
-from rewards import unifiedreward  # noqa: E402,F401
-from rewards import geneval  # noqa: E402,F401
-from rewards import shapes  # noqa: E402,F401
+from flowzoo.rewards import toy  # noqa: E402,F401
+from flowzoo.rewards import ocr  # noqa: E402,F401
+from flowzoo.rewards import jpeg  # noqa: E402,F401
+from flowzoo.rewards import clip_family  # noqa: E402,F401
+from flowzoo.rewards import imagereward  # noqa: E402,F401
+from flowzoo.rewards import unifiedreward  # noqa: E402,F401
+from flowzoo.rewards import geneval  # noqa: E402,F401
+from flowzoo.rewards import shapes  # noqa: E402,F401
 
 
 def _weights(spec: str | Mapping[str, float]) -> dict[str, float]:

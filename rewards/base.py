@@ -7,7 +7,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from rewards.errors import NonFiniteSamplesError
+from flowzoo.rewards.errors import NonFiniteSamplesError
 
 
 @dataclass

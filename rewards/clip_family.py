@@ -30,10 +30,10 @@ from typing import ClassVar
 import torch
 
 from flowzoo.errors import ConfigError
-from rewards import register
-from rewards.base import Reward, RewardOutput
-from rewards.score_head import load_score_head
-from rewards.weights import local_weights, projected_features, to_pil_images
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.score_head import load_score_head
+from flowzoo.rewards.weights import local_weights, projected_features, to_pil_images
 
 
 class ClipReward(Reward):

@@ -40,9 +40,9 @@ from typing import ClassVar
 import torch
 
 from flowzoo.errors import ConfigError
-from rewards import register
-from rewards.base import Reward, RewardOutput
-from rewards.weights import local_weights, to_pil_images
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.weights import local_weights, to_pil_images
 
 THRESHOLD = 0.3
 COUNTING_THRESHOLD = 0.9

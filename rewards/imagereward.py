@@ -24,10 +24,10 @@ from collections.abc import Sequence
 
 import torch
 
-from rewards import register
-from rewards.base import Reward, RewardOutput
-from rewards.score_head import load_score_head
-from rewards.weights import local_weights, to_pil_images
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.score_head import load_score_head
+from flowzoo.rewards.weights import local_weights, to_pil_images
 
 IMAGEREWARD_MEAN = 0.16717362830052426
 IMAGEREWARD_STD = 1.0333394966054072

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rewards import register
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
 
 JPEG_QUALITY = 95
 

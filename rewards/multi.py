@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards.base import Reward, RewardOutput
 
 
 class MultiReward(Reward):

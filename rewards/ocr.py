@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from flowzoo.errors import ConfigError
-from rewards import register
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
 
 _ENGINE: Any = None
 _ENGINE_LOCK = threading.Lock()

@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from rewards.base import Reward, RewardOutput
-from rewards.errors import NonFiniteSamplesError, RewardError
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.errors import NonFiniteSamplesError, RewardError
 
 
 class RewardPool:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.tiny_data import PALETTE
-from rewards import register
-from rewards.geneval import Detection, GenEval, check_score_kind
+from flowzoo.models.tiny_data import PALETTE
+from flowzoo.rewards import register
+from flowzoo.rewards.geneval import Detection, GenEval, check_score_kind
 
 SQUARE_MIN_FILL = 0.86
 CIRCLE_FILL = (0.66, 0.86)

@@ -8,8 +8,8 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
-from rewards import register
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
 
 
 def _targets(metadata: Sequence[dict], key: str, reward: str, device: torch.device) -> torch.Tensor:

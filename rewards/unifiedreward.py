@@ -45,10 +45,10 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.secrets import REDACTED, scrub, secret_value
-from rewards import register
-from rewards.base import Reward, RewardOutput
-from rewards.errors import RewardError
-from rewards.weights import to_pil_images
+from flowzoo.rewards import register
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.errors import RewardError
+from flowzoo.rewards.weights import to_pil_images
 
 DEFAULT_TEMPLATE = (
     "You are given a text caption and an image generated from it. Judge how well the image matches the caption "

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-import algorithms
-from benchmark.perf.pipeline import MeanBrightness  # noqa: F401  (shared with flowzoo perf)
+from flowzoo import algorithms
+from flowzoo.benchmark.perf.pipeline import MeanBrightness  # noqa: F401  (shared with flowzoo perf)
 
 
 #: one preset of every algorithm family (the ablation presets change no model call)
@@ -54,8 +54,8 @@ needs_diffusers = pytest.mark.skipif(
 def random_lora_sd3(tmp_path_factory, tag: str):
     """A tiny random SD3 pipeline loaded through the adapter, its LoRA weights random (seed 11), so the policy
     differs from the reference."""
-    from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
-    from models.sd3 import SD3Model
+    from flowzoo.benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
+    from flowzoo.models.sd3 import SD3Model
 
     directory = build_tiny_sd3(tmp_path_factory.mktemp(f"{tag}_sd3"), tmp_path_factory.mktemp(f"{tag}_tok"))
     model = SD3Model(path=directory, resolution=RESOLUTION, max_sequence_length=MAX_SEQ, lora_rank=4, lora_alpha=8,

@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def toy_prompts():
-    from models.toy2d import prompt_set
+    from flowzoo.models.toy2d import prompt_set
 
     ps = prompt_set()
     return [p for p, _ in ps], [m for _, m in ps]
@@ -14,6 +14,6 @@ def toy_prompts():
 
 @pytest.fixture
 def toy_model():
-    import models
+    from flowzoo import models
 
     return models.get("toy2d")()  # pretraining is memoised per process

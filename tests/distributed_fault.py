@@ -1,4 +1,4 @@
-"""Entry point for tests/test_distributed.py: ``python -m benchmark train`` with a fault injected into one rank.
+"""Entry point for tests/test_distributed.py: ``python -m flowzoo train`` with a fault injected into one rank.
 
 ``FLOWZOO_TEST_FAIL_RANK`` names the rank whose training step ``FLOWZOO_TEST_FAIL_STEP`` raises; the time of the fault
 goes to ``FLOWZOO_TEST_FAIL_STAMP`` so the test can measure how long the other ranks take to end.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from algorithms.base import Algorithm  # noqa: E402
-from benchmark.cli import main  # noqa: E402
+from flowzoo.algorithms.base import Algorithm  # noqa: E402
+from flowzoo.benchmark.cli import main  # noqa: E402
 
 _step = Algorithm.step
 _calls = {"n": 0}

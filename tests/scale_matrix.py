@@ -38,12 +38,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-import algorithms
-import rewards
-from algorithms import prompt_samplers
-from algorithms.base import FSDP_PADDING
-from benchmark.cli import main
-from rewards.base import Reward, RewardOutput
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.algorithms.base import FSDP_PADDING
+from flowzoo.benchmark.cli import main
+from flowzoo.rewards.base import Reward, RewardOutput
 from tests.test_fsdp import ARGS, CONFIG, _metrics, _two_processes
 
 #: tests/test_fsdp.py's small random tiny run, 3 steps, one minibatch without micro-batches (what DiffusionNFT and
@@ -185,7 +185,7 @@ def compare(found: dict[str, pd.DataFrame], what: str) -> list[str]:
 def steps_leaving_a_process_without_rows(max_rounds: int = 2, steps: int = 3, groups: int = 2) -> list[int]:
     """The training steps at which the ``dynamic`` sampler's kept groups all lie on one of the 2 processes (known from
     its draws and the reward's constant prompt, without running a model): the other process then holds no row."""
-    from algorithms.prompt_samplers.base import uniform_order
+    from flowzoo.algorithms.prompt_samplers.base import uniform_order
     from flowzoo.streams import PROMPT_REFILL
 
     found = []

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from benchmark.cli import main
-from benchmark.experiments.config import resolved_dict
-from benchmark.experiments.suite import expand, load_suite
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.config import resolved_dict
+from flowzoo.benchmark.experiments.suite import expand, load_suite
 from tests.scale_matrix import compare
 from tests.test_fsdp import _checkpoint, _metrics, _two_processes
 
@@ -39,7 +39,7 @@ def pipeline(model: str, tmp: Path) -> tuple[Path, list[str]]:
 
     directory = tmp / f"pipeline-{model}"
     if model == "sd3":
-        from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
+        from flowzoo.benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3
 
         if not directory.exists():
             (tmp / "tok-sd3").mkdir(exist_ok=True)

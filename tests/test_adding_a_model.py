@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 import torch
 
-import models
-from benchmark.cli import main
-from benchmark.experiments.loading import build_config
+from flowzoo import models
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import build_config
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +51,14 @@ def test_every_model_module_registers_itself():
     """The package imports each of its modules: every adapter class defined in one is registered under its name."""
     import pkgutil
 
-    from models.base import FlowModel
+    from flowzoo.models.base import FlowModel
 
     defined = set()
     for info in pkgutil.iter_modules(models.__path__):
-        module = sys.modules[f"models.{info.name}"]  # imported by `import models`, not by this test
+        module = sys.modules[f"flowzoo.models.{info.name}"]  # imported by `import models`, not by this test
         defined |= {value for value in vars(module).values() if isinstance(value, type) and issubclass(value, FlowModel)
                     and value.__module__ == module.__name__ and "name" in vars(value) and value is not FlowModel}
-    assert {cls for cls in map(models.get, models.names()) if cls.__module__.startswith("models.")} == defined
+    assert {cls for cls in map(models.get, models.names()) if cls.__module__.startswith("flowzoo.models.")} == defined
     assert models.names() == sorted(models.names()) and {"toy2d", "tiny", "sd3"} <= set(models.names())
     with pytest.raises(ConfigError, match=r"unknown model 'nope'; known: .*toy2d"):
         models.get("nope")
@@ -81,7 +81,7 @@ def test_no_table_keyed_by_model_name_outside_the_adapters():
 
 
 def test_per_adapter_facts_are_class_attributes():
-    from benchmark.experiments.export import exportable
+    from flowzoo.benchmark.experiments.export import exportable
 
     assert models.get("toy2d").lora_format is None and models.get("toy2d").transformer_class is None
     assert models.get("sd3").lora_format == models.get("sd3").pipeline_class == "StableDiffusion3Pipeline"
@@ -110,7 +110,7 @@ def test_the_example_registers_and_its_ranges_are_checked(example):
 
 def test_the_example_is_the_exact_flow_of_its_mixture(example):
     """ODE samples of the untrained model land in class 1's modes at its weights 0.8 / 0.2."""
-    from algorithms.sde import sigma_schedule
+    from flowzoo.algorithms.sde import sigma_schedule
 
     model = models.get("gmm2d")()
     n, sigmas = 2000, sigma_schedule(40, 1.0)
@@ -158,9 +158,9 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
             (copy / "models" / path.name).symlink_to(path)
     (copy / "models" / EXAMPLE.name).write_text(EXAMPLE.read_text())
     script = f"""
-import models
-from benchmark.cli import main
-assert models.get("gmm2d").name == "gmm2d" and models.get("gmm2d").__module__ == "models.gmm2d"
+from flowzoo import models
+from flowzoo.benchmark.cli import main
+assert models.get("gmm2d").name == "gmm2d" and models.get("gmm2d").__module__ == "flowzoo.models.gmm2d"
 code = main(["train", {str(CONFIG)!r}, *{FAST!r}, "train.steps=2", "run_dir=run", "--quiet"])
 if code == 0:
     print("--- flowzoo list ---", flush=True)

@@ -10,14 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import algorithms
-import rewards
-from algorithms import register
-from algorithms.base import Algorithm, StepStats
-from algorithms.op_grpo import OPGRPO
-from benchmark.experiments import recipes
-from benchmark.analysis import report
-from benchmark.cli import main
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import Algorithm, StepStats
+from flowzoo.algorithms.op_grpo import OPGRPO
+from flowzoo.benchmark.experiments import recipes
+from flowzoo.benchmark.analysis import report
+from flowzoo.benchmark.cli import main
 from flowzoo.errors import ConfigError
 from tests.test_report import baseline_curve, fast_curve, section, write_run
 
@@ -180,7 +180,7 @@ def test_the_doc_shows_the_example_file_whole():
 
 
 def test_the_doc_s_prompt_sampler_example_registers_draws_and_resumes():
-    from algorithms import prompt_samplers
+    from flowzoo.algorithms import prompt_samplers
     from tests.value_helpers import build
 
     block = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)[1]
@@ -248,9 +248,9 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
             (copy / "models" / path.name).symlink_to(path)
     shutil.copy(EXAMPLE, copy / "algorithms" / EXAMPLE.name)
     script = """
-import algorithms
-from benchmark.experiments import recipes
-from benchmark.cli import main
+from flowzoo import algorithms
+from flowzoo.benchmark.experiments import recipes
+from flowzoo.benchmark.cli import main
 cls = algorithms.get("noise_decay_grpo")
 assert cls.family == "flow_grpo", cls.family
 for task in ("sd3_geneval", "sd3_pickscore"):

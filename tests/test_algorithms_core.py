@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.advantages import combined_advantages, group_advantages
-from algorithms.base import AlgorithmConfig
-from algorithms.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
-from algorithms.rollout import initial_noise, sample_generators
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.advantages import combined_advantages, group_advantages
+from flowzoo.algorithms.base import AlgorithmConfig
+from flowzoo.algorithms.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
+from flowzoo.algorithms.rollout import initial_noise, sample_generators
 from flowzoo.errors import ConfigError
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
@@ -162,7 +162,7 @@ def test_flow_grpo_raises_toy_reward(toy_model, toy_prompts):
 
 
 def test_state_dict_round_trip_continues_identically(toy_model, toy_prompts):
-    import models
+    from flowzoo import models
 
     prompts, meta = toy_prompts
     a = _flow_grpo(toy_model)
@@ -219,7 +219,7 @@ def test_sum_reduction_is_mean_times_dims_and_stays_on_policy(toy_model, toy_pro
 
 @pytest.mark.parametrize("kl_beta", [0.0, 0.04])
 def test_recompute_free_update_gives_the_same_step_with_fewer_forwards(toy_prompts, kl_beta):
-    import models
+    from flowzoo import models
 
     prompts, meta = toy_prompts
     plain = _flow_grpo(models.get("toy2d")(), kl_beta=kl_beta, reuse_rollout_graph=False)

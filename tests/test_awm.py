@@ -12,13 +12,13 @@ import math
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.awm import copy_decay, draw_times
-from algorithms.diffusion_nft import OldPolicy
-from algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
-from algorithms.rollout import sample_generators
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.awm import copy_decay, draw_times
+from flowzoo.algorithms.diffusion_nft import OldPolicy
+from flowzoo.algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from flowzoo.algorithms.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
 from tests.adapter_training import needs_diffusers, random_lora_sd3

@@ -13,14 +13,14 @@ Skipped by the default ``--benchmark-skip``; run with ``pytest tests/test_bench_
 import pytest
 import torch
 
-from algorithms.advantages import group_advantages
-from algorithms.losses import approx_kl, gaussian_mean_kl, ppo_clip_loss
-from algorithms.rollout import rollout, sample_generators
-from algorithms.sde import sigma_schedule
-from algorithms.trajectory import StepPlan
-from benchmark.experiments.runner import metrics_frame
+from flowzoo.algorithms.advantages import group_advantages
+from flowzoo.algorithms.losses import approx_kl, gaussian_mean_kl, ppo_clip_loss
+from flowzoo.algorithms.rollout import rollout, sample_generators
+from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.trajectory import StepPlan
+from flowzoo.benchmark.experiments.runner import metrics_frame
 from flowzoo.io import atomic_write
-from models.base import Condition, FlowModel
+from flowzoo.models.base import Condition, FlowModel
 
 BATCH, STEPS, SHAPE = 32, 10, (3, 32, 32)
 

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark.perf import measure as perf  # noqa: E402
+from flowzoo.benchmark.perf import measure as perf  # noqa: E402
 from tests.test_fidelity_sd3 import model  # noqa: E402,F401
 from tests.test_models_sd3 import sd3_dir  # noqa: E402,F401
 
@@ -60,7 +60,7 @@ def test_bench_tier_step_pair(benchmark, tier):
     path every tier ran before (reference), interleaved from the same state. The toy tier fuses its update (one call
     and one backward per minibatch, fused AdamW) and draws its rollout noise 7 steps at a time; the tiny tier keeps the
     per-step update (fusing measured 5-7% slower there, docs/perf.md), so its ratio guards against a regression."""
-    from benchmark.perf import tier_steps
+    from flowzoo.benchmark.perf import tier_steps
 
     alg = tier_steps.build_cell(tier)
     state = __import__("copy").deepcopy(alg.state_dict())

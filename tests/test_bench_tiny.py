@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-import algorithms
-import models
-from models.tiny_data import prompt_set
-from rewards.shapes import ShapesGenEval
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo.models.tiny_data import prompt_set
+from flowzoo.rewards.shapes import ShapesGenEval
 
 PROMPTS = prompt_set("shapes", 4, seed=1)
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark.analysis import study_claims
-from benchmark.analysis.study import analyze_study
-from benchmark.cli import main
-from benchmark.experiments.suite import expand, load_suite, suite_names
+from flowzoo.benchmark.analysis import study_claims
+from flowzoo.benchmark.analysis.study import analyze_study
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.suite import expand, load_suite, suite_names
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
     for part in ("benchmark", "flowzoo"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "suites", "perf"))
     shutil.copy(EXAMPLE, copy / "benchmark" / "analysis" / "claim_sets" / EXAMPLE.name)
-    script = ("from benchmark.analysis import study_claims as s\n"
+    script = ("from flowzoo.benchmark.analysis import study_claims as s\n"
               "print(s.names()); print(s.claim_set('example-mix-grpo-flash').source)\n"
               "print(s.match_claim_set(['toy2d_target', 'toy2d_mode']).name)")
     env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}

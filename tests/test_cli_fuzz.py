@@ -16,7 +16,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from benchmark.cli import main  # noqa: E402
+from flowzoo.benchmark.cli import main  # noqa: E402
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
 
@@ -32,7 +32,7 @@ def _stop(*args, **kwargs):
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     """Scratch paths: a plain file, a directory, a garbage YAML, a copy of the shipped weights."""
-    import models.tiny as tiny
+    import flowzoo.models.tiny as tiny
 
     root = tmp_path_factory.mktemp("cli_fuzz")
     (root / "file.txt").write_text("not a directory")
@@ -44,10 +44,10 @@ def sandbox(tmp_path_factory):
 
 @pytest.fixture
 def guarded(sandbox, monkeypatch):
-    import models.tiny as tiny
-    import models.tiny_pretrain as tiny_pretrain
-    from benchmark.perf import measure as perf, gpu as perf_gpu
-    from benchmark.experiments.runner import Runner
+    import flowzoo.models.tiny as tiny
+    import flowzoo.models.tiny_pretrain as tiny_pretrain
+    from flowzoo.benchmark.perf import measure as perf, gpu as perf_gpu
+    from flowzoo.benchmark.experiments.runner import Runner
 
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", sandbox / "weights")
     monkeypatch.setattr(tiny_pretrain, "build_networks", _stop)

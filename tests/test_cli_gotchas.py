@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"

@@ -30,12 +30,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import algorithms
-import models
-import rewards
-from algorithms.rollout import sample_generators, sample_ode
-from algorithms.sde import sigma_schedule
-from rewards.base import Reward, RewardOutput
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.rollout import sample_generators, sample_ode
+from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.rewards.base import Reward, RewardOutput
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -559,7 +559,7 @@ TOY_CONFIG = {"group_size": 4, "lr": 1e-3, "clip_range": 0.2, "kl_beta": 0.04}
 def test_float64_toy_tier_computes_in_float64_except_where_the_contract_says_float32(name):
     """One iteration (two for OP-GRPO: the second replays) of every algorithm on a float64 toy model, with the KL
     on where the algorithm has one, then an evaluation."""
-    from models.toy2d import prompt_set
+    from flowzoo.models.toy2d import prompt_set
 
     pairs = prompt_set()
     prompts, metadata = [p for p, _ in pairs], [m for _, m in pairs]
@@ -625,7 +625,7 @@ def predict(self, x, sigma, cond):
 def test_a_silent_float32_cast_fails_the_dtype_check(monkeypatch):
     """The toy model's former ``predict`` (``x.float()``: a float64 model computing in float32) is caught, both as an
     unexpected float32 result and by the velocity's dtype."""
-    from models.toy2d import Toy2DModel, prompt_set
+    from flowzoo.models.toy2d import Toy2DModel, prompt_set
 
     namespace: dict = {}
     exec(compile(textwrap.dedent(OLD_TOY_PREDICT), str(ROOT / "models" / "toy2d.py"), "exec"), namespace)

@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.diffusion_nft import old_policy_decay
-from algorithms.losses import nft_loss, nft_optimality
-from algorithms.rollout import sample_generators
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.diffusion_nft import old_policy_decay
+from flowzoo.algorithms.losses import nft_loss, nft_optimality
+from flowzoo.algorithms.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
 from tests.adapter_training import needs_diffusers, random_lora_sd3
@@ -333,7 +333,7 @@ def test_bad_values_are_one_line_config_errors(toy_model, bad, message):
 
 
 def test_cli_trains_and_logs_the_diagnostics(tmp_path):
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     run = tmp_path / "run"
     code = main(["train", "benchmark/configs/toy_flow_grpo.yaml", "algorithm.name=diffusion_nft", "train.steps=2",
@@ -387,11 +387,11 @@ def test_runner_resume_after_kill_gives_identical_metrics(tmp_path, monkeypatch,
     import pandas as pd
     import yaml
 
-    from benchmark.experiments.checkpoints import seal
-    from benchmark.cli import main
-    from benchmark.experiments.config import resolved_dict
-    from benchmark.experiments.loading import load_config
-    from benchmark.experiments.runner import TIMING_COLUMNS, Runner
+    from flowzoo.benchmark.experiments.checkpoints import seal
+    from flowzoo.benchmark.cli import main
+    from flowzoo.benchmark.experiments.config import resolved_dict
+    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
 
     config = "benchmark/configs/toy_flow_grpo.yaml"
     fast = ["train.steps=4", "train.prompts_per_step=4", "train.eval_every=2", "train.eval_samples_per_prompt=8",

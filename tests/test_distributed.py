@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 import torch
 
-from algorithms.distributed import SingleProcess
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
-from benchmark.experiments.runner import TIMING_COLUMNS, Runner
+from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError
 from tests.test_fsdp import _two_processes
 
@@ -63,11 +63,11 @@ def _free_port() -> int:
 
 
 def _launch(processes: int, *args: str) -> subprocess.CompletedProcess:
-    """``accelerate launch`` of ``python -m benchmark train`` on CPU (``--multi_gpu`` picks torchrun; ``--cpu`` would
+    """``accelerate launch`` of ``python -m flowzoo train`` on CPU (``--multi_gpu`` picks torchrun; ``--cpu`` would
     ask for mpirun)."""
     cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           "-m", "benchmark", "train", str(CONFIG), *args, "--quiet"]
+           "-m", "flowzoo", "train", str(CONFIG), *args, "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 from tests.test_fsdp import ARGS, CONFIG, _metrics, _two_processes
 
 #: tests/test_fsdp.py's small random tiny run with one minibatch and no micro-batches (what a sharded DiffusionNFT /

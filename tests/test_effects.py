@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmark.analysis.effects import (TaskRuns, cost_metric, crossing, effect, gain_target, restricted_mean, value_metric,
+from flowzoo.benchmark.analysis.effects import (TaskRuns, cost_metric, crossing, effect, gain_target, restricted_mean, value_metric,
                                verdict)
 
 STEPS = np.arange(0, 60, 10, dtype=float)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmark.analysis.effects import TaskRuns, cost_metric, effect, gain_target, restricted_mean
-from benchmark.analysis.stats import smooth_trailing
+from flowzoo.benchmark.analysis.effects import TaskRuns, cost_metric, effect, gain_target, restricted_mean
+from flowzoo.benchmark.analysis.stats import smooth_trailing
 
 STEPS = np.arange(0, 201, 10, dtype=float)
 BASE, GAIN, EVAL_NOISE, SPEEDUP = 0.05, 0.5, 0.03, 0.6
@@ -51,7 +51,7 @@ def truth(fraction: float) -> tuple[float, float, float]:
     base = np.flatnonzero(data.cells == "baseline")
     alg = np.flatnonzero(data.cells == "algorithm")
     target = float(metric.target(data.base[base].mean(), data.final[base].mean()))
-    from benchmark.analysis.effects import crossings
+    from flowzoo.benchmark.analysis.effects import crossings
     means = []
     for rows in (alg, base):
         cost, reached = crossings(data, rows, "step", [target])

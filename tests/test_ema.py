@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.base import Algorithm
-from algorithms.ema import WeightEMA, load_average
-from benchmark.experiments.checkpoints import run_identity
-from benchmark.cli import main
-from benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.base import Algorithm
+from flowzoo.algorithms.ema import WeightEMA, load_average
+from flowzoo.benchmark.experiments.checkpoints import run_identity
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_export_loads_the_average(toy_model, toy_prompts):
     alg = build(toy_model, ema=True, ema_every=1)
     alg.step(*toy_prompts)
     state = alg.state_dict()
-    import models
+    from flowzoo import models
 
     fresh = models.get("toy2d")()
     fresh.load_trainable_state_dict(state["model"])
@@ -186,8 +186,8 @@ def test_bad_ema_settings_are_refused(toy_model, key, value, message):
 def test_export_writes_the_average_of_a_tiny_run(tmp_path):
     """``flowzoo export`` of a run with the EMA on writes the average, the weights its evaluations used."""
     pytest.importorskip("peft")
-    from benchmark.experiments.export import WEIGHTS_NAME
-    from models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
+    from flowzoo.benchmark.experiments.export import WEIGHTS_NAME
+    from flowzoo.models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
 
     run, out = tmp_path / "run", tmp_path / "lora"
     config = ROOT / "benchmark" / "configs" / "tiny_flow_grpo.yaml"

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmark.cli import main
-from benchmark.experiments.eval_cmd import _TagRecorder
-from rewards.base import RewardOutput
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.eval_cmd import _TagRecorder
+from flowzoo.rewards.base import RewardOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark.cli import main
-from benchmark.experiments.executors import (ClusterConfig, Resources, RunJob, SubmititGrid, load_cluster, make_grid,
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.executors import (ClusterConfig, Resources, RunJob, SubmititGrid, load_cluster, make_grid,
                                  resolve_resources, slurm_parameters)
-from benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,14 +159,14 @@ def test_a_slurm_job_asks_for_its_tasks_resources_and_launches_one_process_per_g
     command = RunJob(None, res).command("run.yaml", 29500)
     assert command[1:4] == ["-m", "accelerate.commands.launch", "--multi_gpu"]
     assert command[command.index("--num_processes") + 1] == "8"
-    assert command[-5:] == ["-m", "benchmark", "train", "run.yaml", "--quiet"]
+    assert command[-5:] == ["-m", "flowzoo", "train", "run.yaml", "--quiet"]
     cpu = slurm_parameters(Resources(), ClusterConfig(), "n")
     assert "gpus_per_node" not in cpu and "partition" not in cpu and cpu["time"] == 60
 
 
 def test_the_checkpoint_hook_stops_a_launched_training_and_resubmits_the_same_run(tmp_path):
     _submitit()
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     config = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", [f"run_dir={tmp_path / 'r'}"])
     job = RunJob(config, Resources(processes=2, cpus=2), cwd=str(tmp_path))
     job._child = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -180,7 +180,7 @@ def test_the_checkpoint_hook_stops_a_launched_training_and_resubmits_the_same_ru
 
 def test_a_rerun_waits_for_a_live_slurm_job_instead_of_submitting_it_again(tmp_path, monkeypatch):
     _submitit()
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     config = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", [f"run_dir={tmp_path / 'r'}"])
     grid = SubmititGrid("slurm", ClusterConfig(poll_s=0.01), tmp_path / "jobs")
     (tmp_path / "jobs").mkdir()
@@ -242,7 +242,7 @@ def test_local_jobs_equal_workers_1_and_resume_after_preemption_and_after_a_kill
     suite = _suite(tmp_path, train)
     assert main(["bench", str(suite), "--runs", str(tmp_path / "ref"), "--workers", "1"]) == 0
     runs = tmp_path / "runs"
-    bench = [sys.executable, "-m", "benchmark", "bench", str(suite), "--runs", str(runs), "--executor",
+    bench = [sys.executable, "-m", "flowzoo", "bench", str(suite), "--runs", str(runs), "--executor",
              "submitit-local", "--workers", "2", "--cluster", str(_cluster(tmp_path))]
     first = subprocess.Popen(bench, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     s0, s1 = (runs / "grid" / "toy2d_mode" / "flow_grpo" / s for s in ("s0", "s1"))
@@ -308,7 +308,7 @@ def test_a_multi_process_job_under_accelerate_launch_is_preempted_resumes_and_tr
     assert main(["bench", str(suite), "--runs", str(tmp_path / "ref"), "--workers", "1"]) == 0
     runs = tmp_path / "runs"
     folder = runs / ".submitit" / "grid"
-    bench = subprocess.Popen([sys.executable, "-m", "benchmark", "bench", str(suite), "--runs", str(runs),
+    bench = subprocess.Popen([sys.executable, "-m", "flowzoo", "bench", str(suite), "--runs", str(runs),
                               "--executor", "submitit-local", "--cluster", str(_cluster(tmp_path))],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = runs / "grid" / "toy2d_mode" / "flow_grpo" / "s0"

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-import algorithms
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.distributed import SingleProcess
-from benchmark.experiments import experiment
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
+from flowzoo import algorithms
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.benchmark.experiments import experiment
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
 from flowzoo.errors import ConfigError
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
@@ -52,12 +52,12 @@ def test_refused_in_one_line_without_a_run_dir_and_the_corrected_rerun_trains(tm
 
 
 def test_the_dry_check_loads_no_model(monkeypatch):
-    import models.toy2d
+    import flowzoo.models.toy2d
 
     def never(*args, **kwargs):
         raise AssertionError("the dry check built the model")
 
-    monkeypatch.setattr(models.toy2d.Toy2DModel, "__init__", never)
+    monkeypatch.setattr(flowzoo.models.toy2d.Toy2DModel, "__init__", never)
     with pytest.raises(ConfigError, match="window_size 9 needs num_steps >= 11"):
         load_config(CONFIG, ["algorithm.name=mix_grpo", "algorithm.window_size=9"])
     load_config(CONFIG, ["algorithm.name=mix_grpo"])
@@ -80,18 +80,18 @@ def test_bench_refuses_a_grid_with_one_bad_run_before_any_run_starts(tmp_path, c
 def test_the_algorithm_config_is_resolved_once(monkeypatch):
     """Presets are applied once, at load (Algorithm.typed_config): building the experiment parses no algorithm config
     again."""
-    import algorithms.base
+    import flowzoo.algorithms.base
 
     config = load_config(CONFIG, [*SMALL, "algorithm.name=op_grpo_no_correction"])
     calls = []
-    original = algorithms.base.from_mapping
+    original = flowzoo.algorithms.base.from_mapping
 
     def counting(cls, data, *args, **kwargs):
         if isinstance(cls, type) and issubclass(cls, AlgorithmConfig):
             calls.append(cls)
         return original(cls, data, *args, **kwargs)
 
-    monkeypatch.setattr(algorithms.base, "from_mapping", counting)
+    monkeypatch.setattr(flowzoo.algorithms.base, "from_mapping", counting)
     built = experiment.build(config)
     assert calls == []
     assert built.algorithm.config.correction == "none" and config.algorithm["correction"] == "none"
@@ -174,7 +174,7 @@ def test_huge_group_that_runs_out_of_memory_at_step_one_leaves_no_run_dir(tmp_pa
 
     run = tmp_path / "run"
     args = [*TOY[1:], "algorithm.num_steps=1", "algorithm.group_size=100000000", f"run_dir={run}"]
-    done = subprocess.run([sys.executable, "-m", "benchmark", "train", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "flowzoo", "train", *args], capture_output=True, text=True,
                           preexec_fn=limit, timeout=300)
     err = done.stderr.strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and "out of memory" in err, err

@@ -13,9 +13,9 @@ diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from benchmark.cli import main  # noqa: E402
-from benchmark.experiments.export import WEIGHTS_NAME  # noqa: E402
-from models.sd3 import SD3Model  # noqa: E402
+from flowzoo.benchmark.cli import main  # noqa: E402
+from flowzoo.benchmark.experiments.export import WEIGHTS_NAME  # noqa: E402
+from flowzoo.models.sd3 import SD3Model  # noqa: E402
 from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_toy_run_is_one_line(tmp_path, capsys):
 def test_tiny_run_exports_in_the_sd3_layout(tmp_path):
     """A tiny-tier run (no diffusers pipeline): its export loads with ``load_lora_adapter`` into the base
     transformer and gives the trained velocity."""
-    from models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
+    from flowzoo.models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
 
     run, out = tmp_path / "run", tmp_path / "lora"
     config = ROOT / "benchmark" / "configs" / "tiny_flow_grpo.yaml"
@@ -146,10 +146,10 @@ def test_wan_checkpoint_exports_for_wan_pipeline(tmp_path):
     """A (hand-made, sealed) checkpoint of a wan run: WanPipeline.load_lora_weights gives its LoRA's velocity."""
     from diffusers import WanPipeline
 
-    from benchmark.experiments.checkpoints import seal
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.checkpoints import seal
+    from flowzoo.benchmark.experiments.loading import load_config
     from flowzoo.io import atomic_torch_save
-    from models.wan import WanModel
+    from flowzoo.models.wan import WanModel
     from tests.test_models_wan import FRAMES, HEIGHT, WIDTH, build_tiny_wan
 
     wan_dir = build_tiny_wan(tmp_path / "wan")
@@ -193,9 +193,9 @@ def test_flux_and_qwen_image_checkpoints_export_for_their_pipelines(tmp_path, na
     .load_lora_weights gives the transformer its LoRA's velocity."""
     import diffusers
 
-    import models
-    from benchmark.experiments.checkpoints import seal
-    from benchmark.experiments.loading import load_config
+    from flowzoo import models
+    from flowzoo.benchmark.experiments.checkpoints import seal
+    from flowzoo.benchmark.experiments.loading import load_config
     from flowzoo.io import atomic_torch_save
     from tests import tiny_pipelines as tiny
 

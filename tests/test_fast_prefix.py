@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.distributed import SingleProcess
-from algorithms.rollout import branched_rollout
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.algorithms.rollout import branched_rollout
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}
 
@@ -108,7 +108,7 @@ def test_branched_rollout_refuses_what_it_cannot_share(toy_model, toy_prompts):
 
 
 def test_shared_prefix_trains_and_resumes(toy_model, toy_prompts):
-    import models
+    from flowzoo import models
 
     alg = build(toy_model, {"group_size": 2, "shared_prefix": True})
     for _ in range(2):

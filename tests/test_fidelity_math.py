@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.advantages import combined_advantages, group_advantages, zero_std_fraction
-from algorithms.losses import gaussian_mean_kl, kl_std
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.advantages import combined_advantages, group_advantages, zero_std_fraction
+from flowzoo.algorithms.losses import gaussian_mean_kl, kl_std
 from flowzoo.errors import ConfigError
-from models.base import FlowModel
-from rewards.base import Reward, RewardOutput
+from flowzoo.models.base import FlowModel
+from flowzoo.rewards.base import Reward, RewardOutput
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
 

@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 import torch
 
-from algorithms.base import FSDP_PADDING
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
-from benchmark.experiments.runner import TIMING_COLUMNS, Runner
+from flowzoo.algorithms.base import FSDP_PADDING
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError, RunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: i
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
                        "FLOWZOO_CHECK_LOCKSTEP": "1", **env})  # every sharded test checks the lockstep contract
     if stop_at is not None:  # the run is stopped when step ``stop_at`` begins (after the checkpoint before it)
-        from algorithms.base import Algorithm
+        from flowzoo.algorithms.base import Algorithm
 
         train_step = Algorithm.train_step
 
@@ -205,8 +205,8 @@ def test_each_adapter_names_the_block_lists_fsdp_wraps():
     configs): every list of blocks, FLUX's single-stream ones included."""
     import diffusers
 
-    import models
-    from models.sharding import block_lists
+    from flowzoo import models
+    from flowzoo.models.sharding import block_lists
 
     small = {
         "sd3": ("SD3Transformer2DModel", dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2,

@@ -5,10 +5,10 @@ rounding, for every registered algorithm, with and without a kept rollout graph;
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from models.toy2d import prompt_set
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.models.toy2d import prompt_set
 
 TOY_CONFIG = {"group_size": 4, "clip_range": 0.2, "kl_beta": 0.04, "lr": 0.0}  # lr 0: both paths see the same weights
 

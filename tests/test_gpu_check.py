@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark.perf import gpu as perf_gpu  # noqa: E402
+from flowzoo.benchmark.perf import gpu as perf_gpu  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def test_gpu_check_refuses_the_cpu():
 
 def test_dry_run_of_the_flux_and_qwen_image_checks(capsys):
     """FLUX- and Qwen-Image-shaped random transformers under the adapters' code, each at its released recipe."""
-    from benchmark.perf import gpu_large
+    from flowzoo.benchmark.perf import gpu_large
 
     results = dict(gpu_large.dry_run())
     assert list(results) == ["flux: dance_grpo", "flux: mix_grpo", "qwen_image: flow_grpo_fast"]
@@ -52,7 +52,7 @@ def test_dry_run_of_the_flux_and_qwen_image_checks(capsys):
 
 
 def test_large_architectures_are_the_released_configs():
-    from benchmark.perf import gpu_large
+    from flowzoo.benchmark.perf import gpu_large
 
     flux, qwen = gpu_large.FLUX1_DEV, gpu_large.QWEN_IMAGE
     assert (flux["num_layers"], flux["num_single_layers"], flux["joint_attention_dim"]) == (19, 38, 4096)

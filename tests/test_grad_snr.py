@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
-from benchmark.experiments.grad_snr import (
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.experiments.grad_snr import (
     batch_gradients, gradients_at, jackknife_se, measure, pairwise_cosines, significant_fraction,
 )
-from benchmark.experiments.runner import Runner
+from flowzoo.benchmark.experiments.runner import Runner
 
 CONFIG = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
 SMALL = ["train.prompts_per_step=4", "algorithm.group_size=4"]

@@ -15,9 +15,9 @@ import errno
 
 import pytest
 
-import rewards
-from benchmark.cli import main, user_error
-from rewards.toy import ToyModeReward
+from flowzoo import rewards
+from flowzoo.benchmark.cli import main, user_error
+from flowzoo.rewards.toy import ToyModeReward
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
 TOY = ["train", CONFIG, "--quiet", "model.args.pretrain_steps=30", "model.args.hidden=32", "train.eval_every=0",
@@ -101,7 +101,7 @@ def test_a_reward_that_raises_in_training_is_one_line_and_leaves_no_run_dir(tmp_
 
 
 def test_read_only_run_dir_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
-    import benchmark.experiments.runner as runner
+    import flowzoo.benchmark.experiments.runner as runner
 
     def read_only(path, what=""):  # what a read-only file system answers to the lock file's creation
         raise OSError(errno.EROFS, "Read-only file system", str(path))

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import yaml
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 from flowzoo.errors import ConfigError
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
@@ -39,7 +39,7 @@ def _tree(path) -> dict:
 @pytest.fixture
 def shipped(tmp_path, monkeypatch):
     """A scratch copy of models/weights/ that the code takes for the shipped directory."""
-    import models.tiny as tiny
+    import flowzoo.models.tiny as tiny
 
     weights = tmp_path / "weights"
     shutil.copytree(tiny.WEIGHTS_DIR, weights)
@@ -65,7 +65,7 @@ def test_pretrain_never_writes_into_the_shipped_directory(tmp_path, shipped, cap
 
 def test_pretrain_out_naming_a_shipped_file_exactly_is_still_allowed(tmp_path, shipped, monkeypatch):
     """The one way to retrain the shipped weights on purpose is checked, not refused (stopped before training)."""
-    import models.tiny_pretrain as tiny_pretrain
+    import flowzoo.models.tiny_pretrain as tiny_pretrain
 
     class Checked(Exception):
         """Raised in place of training: the checks before it passed."""
@@ -160,14 +160,14 @@ def test_model_args_out_of_range_fail_at_load(tmp_path, capsys, override, messag
     (["model.name=wan", "reward=video_ocr", "model.args.height=0"], "model.args.height must be >= 1, got 0"),
 ])
 def test_model_and_reward_arguments_are_range_checked_at_load(args, message):
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     with pytest.raises(ConfigError) as error:
         load_config(CONFIG, ["task=t", *args])
     assert message in str(error.value)
 
 
 def test_tiny_arch_sizes_are_range_checked():
-    from models.tiny import TinyArch
+    from flowzoo.models.tiny import TinyArch
 
     with pytest.raises(ConfigError, match=r"tiny: arch\.layers must be an integer >= 1, got 0"):
         TinyArch.from_dict({"layers": 0})
@@ -178,7 +178,7 @@ def test_tiny_arch_sizes_are_range_checked():
 def test_a_device_this_build_lacks_is_refused_at_load(monkeypatch):
     import torch
 
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"model\.args\.device: 'cuda' asks for CUDA, which torch .* cannot use "
                                           r"here; valid: cpu"):
@@ -217,7 +217,7 @@ def test_pretrain_into_a_train_runs_directory_is_one_line(tmp_path, capsys):
 def test_perf_arguments_are_one_line_before_any_model_is_built(capsys, monkeypatch, args, message):
     import torch
 
-    from benchmark.perf import measure as perf
+    from flowzoo.benchmark.perf import measure as perf
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(perf, "load_model", lambda *a: pytest.fail("built a model for a bad argument"))
@@ -279,7 +279,7 @@ def test_update_knobs_that_train_nothing_or_other_than_recorded_are_refused(tmp_
 def test_valid_minibatch_counts_are_exactly_the_splits_torch_chunk_makes():
     import torch
 
-    from benchmark.experiments.experiment import minibatch_counts
+    from flowzoo.benchmark.experiments.experiment import minibatch_counts
 
     for samples in (1, 2, 7, 8, 32, 64, 96):
         assert minibatch_counts(samples) == [k for k in range(1, samples + 1)
@@ -322,8 +322,8 @@ def test_usage_does_not_list_overrides_as_required(capsys, command):
 def test_eval_out_into_an_unwritable_directory_fails_before_evaluating(tmp_path, capsys, monkeypatch):
     import os
 
-    from benchmark.experiments import eval_cmd
-    from benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.experiments import eval_cmd
+    from flowzoo.benchmark.experiments.runner import Runner
 
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -337,7 +337,7 @@ def test_eval_out_into_an_unwritable_directory_fails_before_evaluating(tmp_path,
 # ---- principles -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("task", ["a/b", "..", ".", "a\\b", "tab\there", "", " "])
 def test_task_is_a_label_not_a_path(task):
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     with pytest.raises(ConfigError, match=r"^(config\.)?task: "):
         load_config(None, [f"task={task}"])
 
@@ -350,9 +350,9 @@ def test_task_label_errors_from_the_command_line(tmp_path, capsys):
 def test_a_finished_run_is_bound_to_its_config(tmp_path, capsys):
     """An edited config.yaml does not make another config's finished run pass for this one's: the rerun is refused
     by the checkpoint seal instead of skipped, and eval/export see it as no finished run of that config."""
-    from benchmark.experiments.config import resolved_dict
-    from benchmark.experiments.loading import load_config
-    from benchmark.experiments.runner import finished_summary, is_finished
+    from flowzoo.benchmark.experiments.config import resolved_dict
+    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.runner import finished_summary, is_finished
 
     run = tmp_path / "run"
     assert main([*TOY, f"run_dir={run}"]) == 0
@@ -422,7 +422,7 @@ def test_train_into_a_pretrain_directory_is_refused_without_asking_to_delete_its
 def test_counts_past_any_machine_are_refused_with_the_usage(argv, capsys):
     """A sample count of 10^20 used to be accepted by eval and allocated until the kernel killed the process (the
     command-line fuzz drew it once in CI-like runs); every count option has an upper bound that argparse enforces."""
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)

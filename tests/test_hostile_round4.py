@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 from flowzoo.errors import ConfigError
 
 pytest.importorskip("diffusers")
@@ -23,7 +23,7 @@ def test_a_negative_or_non_finite_guidance_is_refused_in_one_line(tmp_path, caps
 
 
 def test_an_adapter_pointed_at_another_models_pipeline_names_the_right_adapter(tmp_path):
-    from models.qwen_image import QwenImageModel
+    from flowzoo.models.qwen_image import QwenImageModel
     from tests import tiny_pipelines as tiny
 
     (tmp_path / "tok").mkdir()
@@ -55,7 +55,7 @@ def test_tune_workers_beyond_the_trials_or_the_cpus_are_refused_before_anything_
 
 @pytest.mark.parametrize("where", ["runs", "storage"])
 def test_tune_never_writes_into_the_shipped_weights(tmp_path, capsys, where):
-    from models.shipped import weights_dir
+    from flowzoo.models.shipped import weights_dir
 
     before = sorted(p.name for p in weights_dir().iterdir())
     target = weights_dir() / "x"
@@ -95,7 +95,7 @@ def _tuned_copy(tmp_path, edit=None):
     (None, [1000], "seed 1000: "),
 ])
 def test_bench_tuned_refuses_a_file_of_another_cell_or_a_tuning_seed(tmp_path, edit, seeds, expected):
-    from benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
 
     suite = load_suite("op-grpo-study")
     suite.tuned = str(_tuned_copy(tmp_path, edit))
@@ -108,7 +108,7 @@ def test_bench_tuned_refuses_a_file_of_another_cell_or_a_tuning_seed(tmp_path, e
 
 
 def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
-    from benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
 
     suite = load_suite("op-grpo-study")
     suite.tuned = str(_tuned_copy(tmp_path))
@@ -121,7 +121,7 @@ def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
 def test_study_save_metrics_never_replaces_another_runs_files(tmp_path, capsys):
     """--save-metrics B where B holds other runs at the same relative paths cut their metrics.csv to the study's
     columns and replaced their config.yaml; an earlier copy of the same runs is still refreshed."""
-    from benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.analysis.study import main as study_main
     from tests.test_hostile_round3 import _write_run
 
     runs, other = tmp_path / "runs", tmp_path / "other"
@@ -144,7 +144,7 @@ def test_study_save_metrics_never_replaces_another_runs_files(tmp_path, capsys):
 def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
     import shutil
 
-    from benchmark.analysis.recipe_compare import main as compare_main
+    from flowzoo.benchmark.analysis.recipe_compare import main as compare_main
 
     shared, tuned = tmp_path / "shared", tmp_path / "tuned"
     for folder in (shared, tuned):
@@ -168,7 +168,7 @@ def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
     ("sqlite:////shared/tune.db", "sqlite:////shared/tune.db"),
 ])
 def test_every_form_of_a_storage_password_is_masked(url, shown):
-    from benchmark.experiments.tuning import shown_url
+    from flowzoo.benchmark.experiments.tuning import shown_url
 
     assert shown_url(url) == shown
 
@@ -179,7 +179,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     import pickle
     import stat
 
-    from benchmark.experiments import tuning
+    from flowzoo.benchmark.experiments import tuning
 
     url = "postgresql://ana:s3/cret@db.example/tune"
     reference = tuning.storage_for_jobs(url, tmp_path / "jobs")
@@ -205,7 +205,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     (["huge=0-1000000000000"], "--seed-sets 'huge=0-1000000000000': more than 10,000 seeds in one set"),
 ])
 def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expected):
-    from benchmark.analysis.study_sets import parse_seed_sets
+    from flowzoo.benchmark.analysis.study_sets import parse_seed_sets
 
     with pytest.raises(ConfigError) as err:
         parse_seed_sets(values)
@@ -218,7 +218,7 @@ def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expect
     ({"sampler": {"seed": -1}}, "tuning.sampler.seed must be >= 0, got -1"),
 ])
 def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expected):
-    from benchmark.experiments.tuning_design import read_design
+    from flowzoo.benchmark.experiments.tuning_design import read_design
 
     section = {"objective": "auc", "trials": 4, "seeds": [1000], **extra}
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
@@ -228,7 +228,7 @@ def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expect
 
 def test_the_evaluation_count_of_a_huge_run_is_computed_not_enumerated():
     """tuning.steps 10^12 built a set of every step before training (the machine ran out of memory)."""
-    from benchmark.experiments.tuning import evaluations_per_run
+    from flowzoo.benchmark.experiments.tuning import evaluations_per_run
 
     assert evaluations_per_run(10**12, 50) == 1 + 2 * 10**10 and evaluations_per_run(7, 0) == 2
     assert [evaluations_per_run(s, 3) for s in (3, 4, 6, 7)] == [2, 3, 3, 4]  # step 0, multiples of 3, the last
@@ -244,7 +244,7 @@ def test_tune_report_refuses_a_trial_count_below_1(tmp_path, capsys):
 
 def test_report_check_fails_a_folder_without_a_readable_page_in_one_line(tmp_path, capsys):
     """An empty folder or a binary index.md was a traceback; --screenshots naming a file is the usage error."""
-    from benchmark.analysis.report_check import main as check_main
+    from flowzoo.benchmark.analysis.report_check import main as check_main
 
     empty, binary = tmp_path / "empty", tmp_path / "binary"
     empty.mkdir()
@@ -265,7 +265,7 @@ def test_a_fingerprint_with_nothing_to_compare_is_not_called_fresh(tmp_path):
     """freshness with `cells: {}` or a cell with `rows: []` reported "fresh" having compared nothing."""
     import json
 
-    from benchmark.analysis import freshness
+    from flowzoo.benchmark.analysis import freshness
 
     path = tmp_path / freshness.FINGERPRINT_FILE
     path.write_text(json.dumps({"steps": 3, "columns": [], "cells": {}}))

@@ -11,19 +11,24 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("algorithms", "models", "rewards", "benchmark", "flowzoo")
 #: layer -> the layers it must never import (module-name prefixes)
 FORBIDDEN = {
-    "flowzoo": ("algorithms", "models", "rewards", "benchmark"),
-    "models": ("algorithms", "benchmark"),
-    "rewards": ("algorithms", "benchmark"),
-    "algorithms": ("benchmark",),
-    "benchmark.experiments": ("benchmark.analysis", "benchmark.perf", "benchmark.cli", "benchmark.catalog"),
-    "benchmark.analysis": ("benchmark.perf", "benchmark.cli", "benchmark.catalog"),
-    "benchmark.perf": ("benchmark.analysis", "benchmark.cli", "benchmark.catalog"),
+    "flowzoo": ("flowzoo.algorithms", "flowzoo.models", "flowzoo.rewards", "flowzoo.benchmark"),
+    "flowzoo.models": ("flowzoo.algorithms", "flowzoo.benchmark"),
+    "flowzoo.rewards": ("flowzoo.algorithms", "flowzoo.benchmark"),
+    "flowzoo.algorithms": ("flowzoo.benchmark",),
+    "flowzoo.benchmark": (),  # the command line, the catalog: the top floor
+    "flowzoo.__main__": (),  # python -m flowzoo: the command line's entry point
+    "flowzoo.benchmark.experiments": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.perf", "flowzoo.benchmark.cli",
+                                      "flowzoo.benchmark.catalog"),
+    "flowzoo.benchmark.analysis": ("flowzoo.benchmark.perf", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
+    "flowzoo.benchmark.perf": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
 }
 
 
 def module_name(path: Path) -> str:
+    """The import name of a source file: the top-level folders are subpackages of flowzoo (pyproject's package-dir)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts if parts[0] == "flowzoo" else ("flowzoo", *parts))
 
 
 def imports_of(path: Path) -> set[str]:
@@ -83,18 +88,18 @@ def test_no_import_cycles_between_modules():
 def test_the_checks_catch_a_layer_violation_and_a_cycle(monkeypatch):
     import tests.test_layering as this
 
-    fake = {"benchmark.experiments.a": {"benchmark.analysis.b"}, "benchmark.analysis.b": {"benchmark.experiments.a"}}
+    fake = {"flowzoo.benchmark.experiments.a": {"flowzoo.benchmark.analysis.b"}, "flowzoo.benchmark.analysis.b": {"flowzoo.benchmark.experiments.a"}}
 
     monkeypatch.setattr(this, "graph", lambda: fake)
     try:
         this.test_no_layer_imports_one_above_it()
     except AssertionError as error:
-        assert "benchmark.experiments.a imports benchmark.analysis.b" in str(error)
+        assert "flowzoo.benchmark.experiments.a imports flowzoo.benchmark.analysis.b" in str(error)
     else:
         raise AssertionError("the layer check missed experiments -> analysis")
     try:
         this.test_no_import_cycles_between_modules()
     except AssertionError as error:
-        assert "benchmark.analysis.b -> benchmark.experiments.a -> benchmark.analysis.b" in str(error)
+        assert "flowzoo.benchmark.analysis.b -> flowzoo.benchmark.experiments.a -> flowzoo.benchmark.analysis.b" in str(error)
     else:
         raise AssertionError("the cycle check missed a two-module cycle")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.distributed import SingleProcess
-from algorithms.lockstep import CallLedger, LockstepError, describe
+from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.algorithms.lockstep import CallLedger, LockstepError, describe
 from flowzoo.errors import ConfigError
-from models.tiny import TinyModel
+from flowzoo.models.tiny import TinyModel
 
 ARCH = {"layers": 1, "heads": 2, "head_dim": 8, "text_width": 16, "text_layers": 1, "text_heads": 2}
 
@@ -79,8 +79,8 @@ def test_equal_calls_pass_and_a_difference_is_one_line_naming_the_phase_and_the_
 def test_sharding_asked_on_a_torch_without_sum_reductions_fails_in_one_line(monkeypatch):
     from torch.distributed.fsdp import FSDPModule
 
-    import models
-    from models.sharding import check_request
+    from flowzoo import models
+    from flowzoo.models.sharding import check_request
 
     monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
     with pytest.raises(ConfigError, match=r"FSDP sharding needs torch >= 2.8 .*; this is torch "):
@@ -91,8 +91,8 @@ def test_sharding_asked_on_a_torch_without_sum_reductions_fails_in_one_line(monk
 @pytest.mark.parametrize("name", ["flux", "qwen_image"])
 def test_flux_and_qwen_image_take_full_fine_tuning(name, tmp_path):
     pytest.importorskip("diffusers")
-    from models.flux import FluxModel
-    from models.qwen_image import QwenImageModel
+    from flowzoo.models.flux import FluxModel
+    from flowzoo.models.qwen_image import QwenImageModel
     from tests import tiny_pipelines as tiny
 
     if name == "flux":

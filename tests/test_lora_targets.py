@@ -11,9 +11,9 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from models.diffusers_common import ATTENTION_PROJECTIONS, DiffusersFlowModel  # noqa: E402
-from models.sd3 import SD3Model  # noqa: E402
-from models.wan import WanModel  # noqa: E402
+from flowzoo.models.diffusers_common import ATTENTION_PROJECTIONS, DiffusersFlowModel  # noqa: E402
+from flowzoo.models.sd3 import SD3Model  # noqa: E402
+from flowzoo.models.wan import WanModel  # noqa: E402
 
 #: stabilityai/stable-diffusion-3.5-medium transformer/config.json, written out here (SD3Transformer2DModel)
 SD35_MEDIUM = dict(
@@ -84,7 +84,7 @@ QWEN_IMAGE_LORA_NAMES = ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
 
 
 def test_flux_trains_flow_grpos_released_targets():
-    from models.flux import FluxModel
+    from flowzoo.models.flux import FluxModel
 
     wrapped, params = wrapped_modules(FluxModel, "FluxTransformer2DModel", FLUX1_DEV, targets=None, rank=64)
     double = [n for n in wrapped if n.startswith("transformer_blocks.")]
@@ -97,7 +97,7 @@ def test_flux_trains_flow_grpos_released_targets():
 
 def test_flux_dance_grpo_targets_are_the_image_stream_attention():
     """Per block on FLUX.1-dev's widths (one double and one single block: the 57-block build is the test above's)."""
-    from models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FluxModel
+    from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FluxModel
 
     config = dict(FLUX1_DEV, num_layers=1, num_single_layers=1)
     wrapped, params = wrapped_modules(FluxModel, "FluxTransformer2DModel", config, FLUX_DANCE_GRPO_LORA_TARGETS,
@@ -111,7 +111,7 @@ def test_flux_dance_grpo_targets_are_the_image_stream_attention():
 def test_qwen_image_trains_flow_grpos_released_targets():
     """On Qwen-Image's widths with 2 of its 60 identical blocks (the 60-block build costs ~8 s on this CI's CPUs; the
     count scales per block)."""
-    from models.qwen_image import QwenImageModel
+    from flowzoo.models.qwen_image import QwenImageModel
 
     wrapped, params = wrapped_modules(QwenImageModel, "QwenImageTransformer2DModel", dict(QWEN_IMAGE, num_layers=2),
                                       rank=64)

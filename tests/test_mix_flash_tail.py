@@ -4,8 +4,8 @@ one-step tail (docs/algorithms.md, "Flash on the toy tier")."""
 import pytest
 import torch
 
-import algorithms
-import rewards
+from flowzoo import algorithms
+from flowzoo import rewards
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 2}
 

@@ -13,10 +13,10 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import models  # noqa: E402
-from algorithms.sde import sigma_schedule  # noqa: E402
+from flowzoo import models  # noqa: E402
+from flowzoo.algorithms.sde import sigma_schedule  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
-from models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FLUX_LORA_TARGETS, FluxModel, pipeline_shift  # noqa: E402
+from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FLUX_LORA_TARGETS, FluxModel, pipeline_shift  # noqa: E402
 from tests.adapter_training import EVERY_ALGORITHM  # noqa: E402
 from tests.tiny_pipelines import FLUX_MAX_SEQ, FLUX_RESOLUTION, build_tiny_flux  # noqa: E402
 

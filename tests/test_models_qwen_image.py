@@ -14,10 +14,10 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import models  # noqa: E402
-from algorithms.sde import sigma_schedule  # noqa: E402
+from flowzoo import models  # noqa: E402
+from flowzoo.algorithms.sde import sigma_schedule  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
-from models.qwen_image import QWEN_IMAGE_LORA_TARGETS, QwenImageModel  # noqa: E402
+from flowzoo.models.qwen_image import QWEN_IMAGE_LORA_TARGETS, QwenImageModel  # noqa: E402
 from tests.adapter_training import EVERY_ALGORITHM  # noqa: E402
 from tests.tiny_pipelines import QWEN_MAX_SEQ, QWEN_RESOLUTION, build_tiny_qwen_image  # noqa: E402
 

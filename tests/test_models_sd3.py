@@ -8,18 +8,18 @@ import shutil
 import pytest
 import torch
 
-from algorithms.sde import sigma_schedule
+from flowzoo.algorithms.sde import sigma_schedule
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo.errors import ConfigError  # noqa: E402
-import models  # noqa: E402
-from models.base import Condition  # noqa: E402
-from models.sd3 import SD3Model  # noqa: E402
+from flowzoo import models  # noqa: E402
+from flowzoo.models.base import Condition  # noqa: E402
+from flowzoo.models.sd3 import SD3Model  # noqa: E402
 
-from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402,F401  (shared with flowzoo perf)
+from flowzoo.benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402,F401  (shared with flowzoo perf)
 PROMPTS = ["a photo of a cat", "two red dogs"]
 # the released SD3 trainers' list (Flow-GRPO scripts/train_sd3.py:419-433); the adapter's default
 TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",

@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
-from algorithms.sde import sigma_schedule
+from flowzoo.algorithms.sde import sigma_schedule
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo.errors import ConfigError  # noqa: E402
-import models  # noqa: E402
-from models.wan import WanModel  # noqa: E402
+from flowzoo import models  # noqa: E402
+from flowzoo.models.wan import WanModel  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH = 9, 16, 32
 MAX_SEQ = 8

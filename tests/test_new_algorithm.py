@@ -5,11 +5,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.plans import window_plan
-from benchmark.experiments.loading import build_config
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.plans import window_plan
+from flowzoo.benchmark.experiments.loading import build_config
 from flowzoo.errors import ConfigError
 
 

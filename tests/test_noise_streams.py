@@ -4,11 +4,11 @@ of step-by-step draws, value for value, and leaves every generator where step-by
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms import sde
-from algorithms.rollout import initial_noise, rollout, sample_generators
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms import sde
+from flowzoo.algorithms.rollout import initial_noise, rollout, sample_generators
 
 
 @pytest.mark.parametrize("serial", [True, False])

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.plans import compressed_tail_sigmas
-from algorithms.rollout import rollout
-from algorithms.sde import dpm_solver_pp_2m_step, sigma_schedule
-from algorithms.trajectory import StepPlan
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.plans import compressed_tail_sigmas
+from flowzoo.algorithms.rollout import rollout
+from flowzoo.algorithms.sde import dpm_solver_pp_2m_step, sigma_schedule
+from flowzoo.algorithms.trajectory import StepPlan
 from flowzoo.errors import ConfigError
-from models.base import Condition, FlowModel
+from flowzoo.models.base import Condition, FlowModel
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}
 MINE = ["dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star", "flow_grpo_fast"]
@@ -73,7 +73,7 @@ def test_random_window_is_uniform_in_range_and_reproducible(toy_model):
 
 
 def test_window_position_survives_resume(toy_model, toy_prompts):
-    import models
+    from flowzoo import models
 
     prompts, meta = toy_prompts
     alg = build("mix_grpo", toy_model, {"window_tau": 2, "group_size": 2})

@@ -10,15 +10,15 @@ import time
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.losses import sequence_log_weight
-from algorithms.op_grpo import OPGRPO
-from algorithms.rollout import sample_generators, sample_ode
-from algorithms.sde import sigma_schedule
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.losses import sequence_log_weight
+from flowzoo.algorithms.op_grpo import OPGRPO
+from flowzoo.algorithms.rollout import sample_generators, sample_ode
+from flowzoo.algorithms.sde import sigma_schedule
 from flowzoo.errors import ConfigError
-from models.toy2d import prompt_set
+from flowzoo.models.toy2d import prompt_set
 
 PROMPTS = [p for p, _ in prompt_set()]
 META = [m for _, m in prompt_set()]

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.replay import ReplayEntry, admits
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
-from algorithms.prompt_samplers.replay_buffer import share_count
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.replay import ReplayEntry, admits
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.algorithms.prompt_samplers.replay_buffer import share_count
 from flowzoo.errors import ConfigError
-from models.toy2d import prompt_set
-from rewards.base import Reward, RewardOutput
+from flowzoo.models.toy2d import prompt_set
+from flowzoo.rewards.base import Reward, RewardOutput
 from tests.value_helpers import Keep
 
 PROMPTS = [p for p, _ in prompt_set()]
@@ -91,7 +91,7 @@ LIST_SIZES = {"paper-sd3-pickscore": (25_432,), "paper-sd3-geneval": (1_000, 50_
 
 
 def _paper_op_grpo_cells(suite_name, tmp_path):
-    from benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
 
     for split in ("train", "test"):
         (tmp_path / f"{split}.txt").write_text("a photo of a cat\n")

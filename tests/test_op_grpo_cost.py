@@ -7,12 +7,12 @@ import math
 
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.rollout import rollout, sample_generators
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.rollout import rollout, sample_generators
 from flowzoo.streams import OP_GRPO_REGENERATION
-from models.toy2d import prompt_set
+from flowzoo.models.toy2d import prompt_set
 
 PROMPTS = [p for p, _ in prompt_set()]
 META = [m for _, m in prompt_set()]

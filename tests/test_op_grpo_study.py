@@ -12,13 +12,13 @@ import torch
 import yaml
 from scipy import stats as sps
 
-from benchmark.experiments.prompts import PromptSection, load_prompts
-from benchmark.analysis.effects import minimum_detectable_effect
-from benchmark.analysis.study import analyze_study, mean_curves
+from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+from flowzoo.benchmark.analysis.effects import minimum_detectable_effect
+from flowzoo.benchmark.analysis.study import analyze_study, mean_curves
 from flowzoo.errors import ConfigError
-from models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
+from flowzoo.models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
-from rewards.toy import ToyTargetReward
+from flowzoo.rewards.toy import ToyTargetReward
 
 
 def test_default_four_class_prompts_are_unchanged():
@@ -170,13 +170,13 @@ def test_missing_baseline_or_reference_is_one_line(tmp_path):
 
 
 def test_seed_list_compresses_consecutive_seeds():
-    from benchmark.analysis.study import _seed_list
+    from flowzoo.benchmark.analysis.study import _seed_list
 
     assert _seed_list([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
 
 
 def test_separable_layout_modes_are_apart_and_targets_scale_with_the_mode_std():
-    from models.toy2d import LAYOUTS, many_center
+    from flowzoo.models.toy2d import LAYOUTS, many_center
 
     layout = LAYOUTS["separable"]
     centres = torch.tensor([many_center(c, 64, "separable") for c in range(64)])
@@ -218,7 +218,7 @@ def test_layout_is_checked_against_the_model_and_the_prompt_source():
 
 
 def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
-    from benchmark.experiments.suite import expand, load_suite, select
+    from flowzoo.benchmark.experiments.suite import expand, load_suite, select
 
     suite = load_suite("op-grpo-study")
     assert set(suite.seed_sets) == {"exploration", "replication"} and len(suite.seed_sets["replication"]) >= 10
@@ -239,7 +239,7 @@ def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
 
 
 def test_seed_sets_must_be_disjoint(tmp_path):
-    from benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.experiments.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seed_sets": {"a": [0, 1], "b": [1, 2]}}))
@@ -251,7 +251,7 @@ def test_seed_sets_must_be_disjoint(tmp_path):
 
 
 def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
-    from benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.experiments.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "../elsewhere", "tasks": {"t": {}}}))

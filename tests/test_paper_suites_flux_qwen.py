@@ -12,8 +12,8 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from benchmark.cli import main  # noqa: E402
-from benchmark.experiments.suite import load_suite  # noqa: E402
+from flowzoo.benchmark.cli import main  # noqa: E402
+from flowzoo.benchmark.experiments.suite import load_suite  # noqa: E402
 from tests import tiny_pipelines as tiny  # noqa: E402
 
 

@@ -3,7 +3,7 @@ fails, a missing benchmark fails, a file that is not such JSON is one error line
 
 import json
 
-from benchmark.perf import compare as perf_compare
+from flowzoo.benchmark.perf import compare as perf_compare
 
 
 def _write(path, ratios):

@@ -4,10 +4,10 @@ they existed, or with other values, are the same runs."""
 
 import pytest
 
-import algorithms
-import models
-import rewards
-from benchmark.experiments.checkpoints import run_identity
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.benchmark.experiments.checkpoints import run_identity
 from flowzoo.errors import ConfigError
 
 

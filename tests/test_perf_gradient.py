@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from benchmark.perf import measure as perf  # noqa: E402
+from flowzoo.benchmark.perf import measure as perf  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 from tests.test_fidelity_sd3 import model  # noqa: E402,F401  (the module fixture: tiny SD3, LoRA r4)
 from tests.test_models_sd3 import sd3_dir  # noqa: E402,F401

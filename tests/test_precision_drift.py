@@ -5,11 +5,11 @@ what a reduced-precision rollout scored in float32 does to it."""
 import pytest
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms.base import ONPOLICY_DRIFT
-from models.toy2d import prompt_set
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.base import ONPOLICY_DRIFT
+from flowzoo.models.toy2d import prompt_set
 
 
 def _toy(name="flow_grpo", **config):
@@ -44,7 +44,7 @@ def test_update_logs_the_drift_of_a_disagreeing_rollout_on_policy_rows_only():
 def test_reduced_precision_rollout_drifts_under_a_float32_recompute():
     pytest.importorskip("diffusers")
     pytest.importorskip("peft")
-    from benchmark.perf.precision import measure
+    from flowzoo.benchmark.perf.precision import measure
 
     result = measure(None, "cpu", lora_rank=4, precisions=("float32", "bfloat16"),
                      overrides={"num_steps": 4, "group_size": 2})

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
-from benchmark.experiments.prompts import PromptSection, load_prompts
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
 from flowzoo.errors import ConfigError
 
 datasets = pytest.importorskip("datasets")

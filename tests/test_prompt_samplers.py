@@ -14,18 +14,18 @@ import pytest
 import torch
 import yaml
 
-import algorithms
-from algorithms import prompt_samplers
-from algorithms.prompt_samplers import GroupOutcome
-from algorithms.prompt_samplers.filters import BalancedDifficulty, DynamicSampling
-from algorithms.prompt_samplers.variance import VariancePrioritised, largest_remainder
-from benchmark.experiments.checkpoints import run_identity
-from benchmark.cli import main
-from benchmark.experiments.loading import load_config
+from flowzoo import algorithms
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.algorithms.prompt_samplers import GroupOutcome
+from flowzoo.algorithms.prompt_samplers.filters import BalancedDifficulty, DynamicSampling
+from flowzoo.algorithms.prompt_samplers.variance import VariancePrioritised, largest_remainder
+from flowzoo.benchmark.experiments.checkpoints import run_identity
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.loading import load_config
 from flowzoo.errors import ConfigError
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards.base import Reward, RewardOutput
 from tests.value_helpers import TINY, build
-import models
+from flowzoo import models
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmark.experiments import recipes
+from flowzoo.benchmark.experiments import recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "benchmark" / "released_files.yaml"

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from benchmark.analysis.recipe_compare import compare, main, read_claims
+from flowzoo.benchmark.analysis.recipe_compare import compare, main, read_claims
 from flowzoo.errors import ConfigError
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import algorithms
-from benchmark.experiments import hyperparams, recipes
-from benchmark.cli import main
-from benchmark.experiments.suite import Suite, expand, load_suite
+from flowzoo import algorithms
+from flowzoo.benchmark.experiments import hyperparams, recipes
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.suite import Suite, expand, load_suite
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import models
-import rewards
+from flowzoo import models
+from flowzoo import rewards
 from flowzoo.registry import Registry
 
 

@@ -7,8 +7,8 @@ import io
 import pytest
 import torch
 
-from algorithms.replay import ReplayBuffer, ReplayEntry
-from algorithms.trajectory import StepPlan
+from flowzoo.algorithms.replay import ReplayBuffer, ReplayEntry
+from flowzoo.algorithms.trajectory import StepPlan
 
 
 def entry(prompt: str, reward: float, tag: float = 0.0, steps: int = 4) -> ReplayEntry:

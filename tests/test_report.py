@@ -1,4 +1,4 @@
-"""benchmark.analysis.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
+"""flowzoo.benchmark.analysis.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
 
 import html
 import re
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark.analysis import report, stats, targets
+from flowzoo.benchmark.analysis import report, stats, targets
 from flowzoo.errors import ConfigError
 
 TRAIN_STEPS = 20
@@ -323,7 +323,7 @@ def test_mixed_budgets_in_one_cell_are_an_error_naming_the_runs(tmp_path):
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN%", "infx", "0.9y", "0gain", "-10%"])
 def test_invalid_command_line_target_is_one_line_before_any_output(tmp_path, capsys, text):
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     runs = _small_runs(tmp_path / "runs")
     code = main(["report", str(runs), "--out", str(tmp_path / "out"), f"--target={text}"])
@@ -388,7 +388,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
 
 
 def test_figures_group_families_and_panels():
-    from benchmark.analysis import figures
+    from flowzoo.benchmark.analysis import figures
 
     quick = ["flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star",
              "op_grpo", "op_grpo_no_correction", "op_grpo_naive_is", "op_grpo_no_truncation", "op_grpo_no_decay"]
@@ -465,7 +465,7 @@ def _toy_run(run_dir, algorithm, seed, points, prompts, reward="toy_target"):
 
 
 def test_toy_samples_are_redrawn_with_rewards_regions_and_points_outside_the_axes(tmp_path):
-    from models.toy2d import class_metadata
+    from flowzoo.models.toy2d import class_metadata
 
     hit = class_metadata(0)["hard_target"]
     points, prompts = [hit, [0.0, 0.0], [10.0, 0.0], ["nan", "0"]], ["class 0", "class 0", "class 1", "class 1"]
@@ -492,7 +492,7 @@ def test_image_grids_are_shown_an_algorithm_a_row_with_their_prompts(written):
 
 def test_rescored_samples_equal_the_runs_logged_evaluation(tmp_path):
     """The sidecar's points and prompts, scored by PointScorer, give the eval_reward the run logged."""
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     run = tmp_path / "run"
     config = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
@@ -511,7 +511,7 @@ def test_rescored_samples_equal_the_runs_logged_evaluation(tmp_path):
 
 
 def test_image_grids_list_each_sample_s_reward_or_say_none_was_recorded(tmp_path):
-    from benchmark.experiments.samples import save_samples
+    from flowzoo.benchmark.experiments.samples import save_samples
 
     images = torch.rand(3, 3, 8, 8)
     old, new = tmp_path / "old.png", tmp_path / "new.png"

@@ -11,14 +11,14 @@ import copy
 import pytest
 import yaml
 
-from benchmark.experiments.checkpoints import config_digest
-from benchmark.experiments.config import resolved_dict
-from benchmark.experiments.loading import load_config, load_resolved
-from benchmark.experiments.recipes import recipe
-from benchmark.experiments.resolve import Layers, resolve
-from benchmark.experiments.run_source import load_run
-from benchmark.experiments.suite import cell_keys, cell_run, cells, expand, load_suite, parse_cell_ref
-from benchmark.experiments.tuning_design import TunedValues
+from flowzoo.benchmark.experiments.checkpoints import config_digest
+from flowzoo.benchmark.experiments.config import resolved_dict
+from flowzoo.benchmark.experiments.loading import load_config, load_resolved
+from flowzoo.benchmark.experiments.recipes import recipe
+from flowzoo.benchmark.experiments.resolve import Layers, resolve
+from flowzoo.benchmark.experiments.run_source import load_run
+from flowzoo.benchmark.experiments.suite import cell_keys, cell_run, cells, expand, load_suite, parse_cell_ref
+from flowzoo.benchmark.experiments.tuning_design import TunedValues
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 
@@ -65,7 +65,7 @@ def test_train_of_a_paper_cell_is_benchs_run_of_it(suite_name, prompt_dir, tmp_p
 def test_a_config_file_gets_its_recipe_under_its_own_keys(prompt_dir, tmp_path):
     """dance_grpo on sd3: the recipe's group size 12 (not the class's 8) unless the file or the command line says
     otherwise; use_recipe=false gives the class defaults; the line train prints names the values it set."""
-    from algorithms.dance_grpo import DanceGRPO
+    from flowzoo.algorithms.dance_grpo import DanceGRPO
 
     path = tmp_path / "dance.yaml"
     path.write_text(yaml.safe_dump({"task": "sd3_ocr", "algorithm": {"name": "dance_grpo", "lr": 1e-4},
@@ -143,7 +143,7 @@ def test_a_cell_trained_alone_takes_the_seed_and_directory_asked(tmp_path):
 
 
 def test_train_prints_the_recipe_it_applied(tmp_path, capsys):
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     run_dir = tmp_path / "run"
     assert main(["train", "quick:toy2d_mode/mix_grpo", "train.steps=1", "train.eval_every=0",

@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-import algorithms
-import rewards
-from algorithms.sde import sde_step
+from flowzoo import algorithms
+from flowzoo import rewards
+from flowzoo.algorithms.sde import sde_step
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.clip_family import Aesthetic, ClipScore, HpsV2, PickScore
-from rewards.score_head import ScoreHead
+from flowzoo.rewards.clip_family import Aesthetic, ClipScore, HpsV2, PickScore
+from flowzoo.rewards.score_head import ScoreHead
 
 PROJECTION_DIM = 16
 
@@ -125,7 +125,7 @@ def test_aesthetic_is_the_head_on_the_normalised_image_embedding(clip_dir, head_
 
 
 def reward_pil(images):
-    from rewards.weights import to_pil_images
+    from flowzoo.rewards.weights import to_pil_images
 
     return to_pil_images(images, "test")
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.geneval import Detection, GenEval, TransformersDetector, dominant_color, geneval_checks, relative_position
+from flowzoo.rewards.geneval import Detection, GenEval, TransformersDetector, dominant_color, geneval_checks, relative_position
 
 H, W = 64, 96
 

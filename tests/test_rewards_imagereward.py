@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.imagereward import IMAGEREWARD_MEAN, IMAGEREWARD_STD, ImageReward
-from rewards.score_head import ScoreHead
-from rewards.weights import to_pil_images
+from flowzoo.rewards.imagereward import IMAGEREWARD_MEAN, IMAGEREWARD_STD, ImageReward
+from flowzoo.rewards.score_head import ScoreHead
+from flowzoo.rewards.weights import to_pil_images
 
 TEXT_HIDDEN = 32
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-import rewards
-from rewards.jpeg import JpegCompressibility, JpegIncompressibility
+from flowzoo import rewards
+from flowzoo.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 
 
 def images() -> torch.Tensor:

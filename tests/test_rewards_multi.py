@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards.base import Reward, RewardOutput
 
 
 class Constant(Reward):

@@ -5,9 +5,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.ocr import OcrReward, VideoOcrReward, levenshtein, quoted_target, text_match_score
+from flowzoo.rewards.ocr import OcrReward, VideoOcrReward, levenshtein, quoted_target, text_match_score
 
 
 def render(text: str) -> torch.Tensor:

@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
-from rewards.base import Reward, RewardOutput
-from rewards.errors import RewardError
-from rewards.jpeg import JpegIncompressibility
-from rewards.pool import RewardPool
+from flowzoo.rewards.base import Reward, RewardOutput
+from flowzoo.rewards.errors import RewardError
+from flowzoo.rewards.jpeg import JpegIncompressibility
+from flowzoo.rewards.pool import RewardPool
 
 
 class GatedMean(Reward):

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from models.tiny_data import ShapeObject, render_glyphs, render_shapes, shapes_prompt_and_metadata
-from rewards.shapes import ShapesGenEval
+from flowzoo.models.tiny_data import ShapeObject, render_glyphs, render_shapes, shapes_prompt_and_metadata
+from flowzoo.rewards.shapes import ShapesGenEval
 
 RED_CIRCLE = ShapeObject("circle", "red", (2, 10, 13, 21))
 BLUE_SQUARE = ShapeObject("square", "blue", (19, 10, 30, 21))

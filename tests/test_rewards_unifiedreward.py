@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-import rewards
+from flowzoo import rewards
 from flowzoo.errors import ConfigError
-from rewards.errors import RewardError
-from rewards.unifiedreward import DEFAULT_KEY_VARIABLE, UnifiedReward, parse_score
+from flowzoo.rewards.errors import RewardError
+from flowzoo.rewards.unifiedreward import DEFAULT_KEY_VARIABLE, UnifiedReward, parse_score
 
 
 class FakeServer:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 from flowzoo.errors import RunError
 from flowzoo.io import exclusive_lock
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchmark.cli import main
-from benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
 from flowzoo.errors import RunError
 from flowzoo.io import exclusive_lock
 

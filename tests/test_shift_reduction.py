@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from algorithms.losses import gaussian_mean_kl
-from algorithms.sde import gaussian_log_prob, inverse_time_shift, reduce_latent_dims, time_shift
+from flowzoo.algorithms.losses import gaussian_mean_kl
+from flowzoo.algorithms.sde import gaussian_log_prob, inverse_time_shift, reduce_latent_dims, time_shift
 
 
 @pytest.mark.parametrize("t, shift, s", [(0.5, 3.0, 0.75), (0.25, 3.0, 0.5), (0.5, 1.0, 0.5), (0.2, 5.0, 5 / 9)])

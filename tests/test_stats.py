@@ -1,4 +1,4 @@
-"""benchmark.analysis.stats on hand-made curves whose answers are known."""
+"""flowzoo.benchmark.analysis.stats on hand-made curves whose answers are known."""
 
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from benchmark.analysis import aggregate, loading, stats, targets
+from flowzoo.benchmark.analysis import aggregate, loading, stats, targets
 from flowzoo.errors import ConfigError
 
 
@@ -401,7 +401,7 @@ def test_report_refuses_copies_and_differing_configs(tmp_path):
 def test_a_finished_run_whose_config_was_edited_is_skipped(tmp_path):
     """done.json carries the digest of the config that wrote it: a report skips a run whose config.yaml was edited
     afterwards (as train's skip, eval and export refuse it), naming the cause."""
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     run = tmp_path / "runs" / "r"
     assert main(["train", "benchmark/configs/toy_flow_grpo.yaml", f"run_dir={run}", "train.steps=2",

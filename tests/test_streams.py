@@ -2,8 +2,8 @@
 
 import torch
 
-from algorithms.plans import iteration_generator
-from algorithms.rollout import sample_generators
+from flowzoo.algorithms.plans import iteration_generator
+from flowzoo.algorithms.rollout import sample_generators
 from flowzoo import streams
 
 

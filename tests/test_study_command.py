@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmark.analysis.report_check import check
-from benchmark.analysis.study_sets import parse_seed_sets, seed_sets_of
-from benchmark.cli import main
-from benchmark.experiments.suite import SUITES_DIR
+from flowzoo.benchmark.analysis.report_check import check
+from flowzoo.benchmark.analysis.study_sets import parse_seed_sets, seed_sets_of
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments.suite import SUITES_DIR
 from flowzoo.errors import ConfigError
 
 TASK = "toy2d_sep64_sparse"

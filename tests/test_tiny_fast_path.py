@@ -9,11 +9,11 @@ shape on this CPU; ``tests/test_bench_tiny.py`` measures it (``--benchmark-only`
 import pytest
 import torch
 
-import algorithms
-import models
+from flowzoo import algorithms
+from flowzoo import models
 from flowzoo.errors import ConfigError
-from models.tiny_data import prompt_set
-from rewards.shapes import ShapesGenEval
+from flowzoo.models.tiny_data import prompt_set
+from flowzoo.rewards.shapes import ShapesGenEval
 
 ARCH = {"layers": 2}  # a small random tiny transformer: the paths' math does not depend on its size
 PROMPTS = prompt_set("shapes", 2, seed=1)
@@ -115,7 +115,7 @@ def test_bad_no_grad_path_is_refused():
 
 def test_no_grad_path_is_not_part_of_a_runs_identity():
     """Same samples to float rounding: a run made with another no_grad_path (or before it existed) is the same run."""
-    from benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.experiments.checkpoints import run_identity
 
     before = {"model": {"name": "tiny", "args": {"data": "shapes"}}, "train": {"steps": 2}}
     for path in ("peft", "merged", "compiled"):

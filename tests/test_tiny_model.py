@@ -4,13 +4,13 @@ step, and a pretraining run that resumes exactly."""
 import pytest
 import torch
 
-import algorithms
-import models
+from flowzoo import algorithms
+from flowzoo import models
 from flowzoo.errors import ConfigError
-from models.diffusers_common import SD3_LORA_TARGETS
-from models.tiny import read_weights, save_weights
-from models.tiny_data import prompt_set
-from rewards.base import Reward, RewardOutput
+from flowzoo.models.diffusers_common import SD3_LORA_TARGETS
+from flowzoo.models.tiny import read_weights, save_weights
+from flowzoo.models.tiny_data import prompt_set
+from flowzoo.rewards.base import Reward, RewardOutput
 
 #: the attention projections without the ``attn.`` prefix
 BARE = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
@@ -122,7 +122,7 @@ def test_one_flow_grpo_step_is_on_policy_with_finite_loss(model):
 
 
 def test_pretraining_resumes_exactly(tmp_path):
-    from models.tiny_pretrain import pretrain
+    from flowzoo.models.tiny_pretrain import pretrain
 
     common = dict(batch=4, arch=SMALL, threads=None, progress=False, warmup=2)
     straight = pretrain("shapes", out=tmp_path / "a.safetensors", run_dir=tmp_path / "a", steps=4, **common)
@@ -139,7 +139,7 @@ def test_pretraining_resumes_exactly(tmp_path):
 def test_pretrain_command_writes_weights_and_record(tmp_path, capsys):
     import json
 
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     out, run_dir = tmp_path / "w.safetensors", tmp_path / "run"
     assert main(["pretrain", "tiny", "--data", "glyphs", "--steps", "1", "--batch", "2", "--threads", "1",
@@ -155,7 +155,7 @@ def test_shipped_tiny_config_trains_end_to_end_and_logs_eval_components(tmp_path
     the update reuses the rollout's graph (no training forward) and the evaluation logs strict accuracy."""
     import pandas as pd
 
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     assert main(["train", "benchmark/configs/tiny_flow_grpo.yaml", "--quiet", f"run_dir={tmp_path}", "train.steps=1",
                  "train.prompts_per_step=1", "train.eval_prompts=8", "train.save_samples=false"]) == 0

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import algorithms
-import models
-from models.tiny_data import prompt_set
-from rewards.base import Reward, RewardOutput
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo.models.tiny_data import prompt_set
+from flowzoo.rewards.base import Reward, RewardOutput
 
 SMALL = dict(layers=2, heads=2, head_dim=8, text_width=16, text_layers=1, text_heads=2)
 PROMPTS = prompt_set("shapes", 2, seed=1)

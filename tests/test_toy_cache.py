@@ -3,7 +3,7 @@ bit for bit as a rebuild computes it, and never trusted when damaged or of anoth
 
 import torch
 
-from models import toy2d
+from flowzoo.models import toy2d
 
 SMALL = dict(hidden=16, layers=2, steps=30, seed=7)
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from benchmark.cli import main
+from flowzoo.benchmark.cli import main
 from tests.test_secrets import LITERAL_KEY, Judge, hits, write_config
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}

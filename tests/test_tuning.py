@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import algorithms
-from benchmark.cli import main
-from benchmark.experiments import search_space, tuning
-from benchmark.experiments.loading import build_config
-from benchmark.experiments.recipes import recipe_files
-from benchmark.experiments.suite import expand, load_suite
+from flowzoo import algorithms
+from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.experiments import search_space, tuning
+from flowzoo.benchmark.experiments.loading import build_config
+from flowzoo.benchmark.experiments.recipes import recipe_files
+from flowzoo.benchmark.experiments.suite import expand, load_suite
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_a_preset_inherits_its_parents_space_less_the_keys_it_fixes():
 
 
 def test_flowzoo_list_shows_the_space(capsys):
-    from benchmark.cli import main
+    from flowzoo.benchmark.cli import main
 
     assert main(["list", "awm"]) == 0
     out = capsys.readouterr().out
@@ -177,7 +177,7 @@ def _tune_args(suite_file: Path, runs: Path, *extra: str) -> list[str]:
 
 
 def _tune_command(suite_file: Path, runs: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "benchmark", *_tune_args(suite_file, runs, *extra)]
+    return [sys.executable, "-m", "flowzoo", *_tune_args(suite_file, runs, *extra)]
 
 
 def test_a_killed_tune_resumes_without_repeating_finished_trials(tmp_path):
@@ -245,7 +245,7 @@ def test_a_tuned_file_is_picked_up_by_a_suite_cell(tmp_path):
 
 
 def test_the_report_writes_a_tuned_file_a_suite_reads(tmp_path):
-    from benchmark.analysis.tuning_report import write_tuning_report
+    from flowzoo.benchmark.analysis.tuning_report import write_tuning_report
 
     runs, out = tmp_path / "runs", tmp_path / "out"
     suite, design, cells, url = tuning.tune(str(write_suite(tmp_path)), runs, trials=2, tasks="toy2d_mode",
@@ -264,7 +264,7 @@ def test_a_dead_trial_requeued_by_two_workers_runs_once():
     ends uncounted (as an over-budget trial does), so the budget is not spent on a duplicate."""
     import optuna
 
-    from benchmark.experiments.tuning import _duplicate_retry
+    from flowzoo.benchmark.experiments.tuning import _duplicate_retry
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
@@ -283,7 +283,7 @@ def test_a_trial_killed_before_its_worker_claimed_it_is_failed_not_left_running(
     so a resumed tune neither waits forever nor counts it against the budget."""
     import optuna
 
-    from benchmark.experiments.tuning import counted, fail_dead_trials
+    from flowzoo.benchmark.experiments.tuning import counted, fail_dead_trials
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s")
     fresh = study.ask()  # created RUNNING, never claimed

@@ -7,9 +7,9 @@ import math
 import optuna
 import pytest
 
-from benchmark.experiments.tuning import objective_value
-from benchmark.experiments.tuning_design import read_design
-from benchmark.experiments.tuning_pruners import PRUNERS, latest_below_median, make_pruner
+from flowzoo.benchmark.experiments.tuning import objective_value
+from flowzoo.benchmark.experiments.tuning_design import read_design
+from flowzoo.benchmark.experiments.tuning_pruners import PRUNERS, latest_below_median, make_pruner
 from flowzoo.errors import ConfigError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.perf.pipeline import tiny_clip_tokenizer, tiny_t5_tokenizer
+from flowzoo.benchmark.perf.pipeline import tiny_clip_tokenizer, tiny_t5_tokenizer
 
 FLUX_RESOLUTION = 16  # VAE factor 2 -> 8 x 8 latents -> 4 x 4 = 16 packed tokens of 16 channels
 FLUX_MAX_SEQ = 8

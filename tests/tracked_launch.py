@@ -7,8 +7,8 @@ import sys
 
 from accelerate import tracking
 
-import benchmark.experiments.tracking
-from benchmark.cli import main
+import flowzoo.benchmark.experiments.tracking
+from flowzoo.benchmark.cli import main
 
 
 class FakeTracker(tracking.GeneralTracker):
@@ -39,5 +39,5 @@ class FakeTracker(tracking.GeneralTracker):
 
 if __name__ == "__main__":
     tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
-    benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
+    flowzoo.benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
     sys.exit(main(sys.argv[1:]))

@@ -8,11 +8,11 @@ from typing import Sequence
 
 import torch
 
-import algorithms
-import models
-from algorithms.sde import sde_step
-from models.toy2d import prompt_set
-from rewards.base import Reward, RewardOutput
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo.algorithms.sde import sde_step
+from flowzoo.models.toy2d import prompt_set
+from flowzoo.rewards.base import Reward, RewardOutput
 
 PROMPTS = [p for p, _ in prompt_set()]
 META = [m for _, m in prompt_set()]

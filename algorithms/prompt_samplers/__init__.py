@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from typing import Any, Mapping
 
-from algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
+from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
 from flowzoo.schema import from_mapping

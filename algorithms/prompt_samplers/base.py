@@ -36,7 +36,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import PROMPT_ORDER
 
 if TYPE_CHECKING:  # the algorithm is only read (its replayable prompts), never imported at run time
-    from algorithms.base import Algorithm
+    from flowzoo.algorithms.base import Algorithm
 
 #: a training pool: (prompt, metadata) pairs
 Pool = Sequence[tuple[str, dict]]

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms.prompt_samplers import register
-from algorithms.prompt_samplers.base import PromptDraw, PromptSampler, SamplerConfig, uniform_order
+from flowzoo.algorithms.prompt_samplers import register
+from flowzoo.algorithms.prompt_samplers.base import PromptDraw, PromptSampler, SamplerConfig, uniform_order
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PROMPT_REFILL
 

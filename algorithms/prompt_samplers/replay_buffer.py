@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from algorithms.prompt_samplers import register
-from algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig, uniform_order
-from algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
-from algorithms.plans import iteration_generator
+from flowzoo.algorithms.prompt_samplers import register
+from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig, uniform_order
+from flowzoo.algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
+from flowzoo.algorithms.plans import iteration_generator
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE
 
 if TYPE_CHECKING:
-    from algorithms.base import Algorithm
+    from flowzoo.algorithms.base import Algorithm
 
 
 def share_count(share: float, groups: int, iteration: int) -> int:

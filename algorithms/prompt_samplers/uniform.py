@@ -3,8 +3,8 @@ run made before samplers existed (bit-identical)."""
 
 from __future__ import annotations
 
-from algorithms.prompt_samplers import register
-from algorithms.prompt_samplers.base import PromptSampler
+from flowzoo.algorithms.prompt_samplers import register
+from flowzoo.algorithms.prompt_samplers.base import PromptSampler
 
 
 @register("uniform")

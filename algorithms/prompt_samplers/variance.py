@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from algorithms.prompt_samplers import register
-from algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
+from flowzoo.algorithms.prompt_samplers import register
+from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PROMPT_CURRICULUM
 

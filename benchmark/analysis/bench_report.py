@@ -5,9 +5,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from benchmark.analysis import report
-from benchmark.analysis.loading import find_run_dirs
-from benchmark.experiments.suite import Suite, grid_run_dirs
+from flowzoo.benchmark.analysis import report
+from flowzoo.benchmark.analysis.loading import find_run_dirs
+from flowzoo.benchmark.experiments.suite import Suite, grid_run_dirs
 from flowzoo.errors import ConfigError
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from benchmark.analysis.aggregate import percentile_interval
+from flowzoo.benchmark.analysis.aggregate import percentile_interval
 
 COSTS = ("step", "nfe", "wall_s")
 TARGET_TOLERANCE = 1e-9

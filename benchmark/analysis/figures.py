@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import algorithms as registry
-from benchmark.analysis import stats
+from flowzoo import algorithms as registry
+from flowzoo.benchmark.analysis import stats
 from flowzoo.io import atomic_write
 
 OTHER_COLORMAP = "Greys"
@@ -429,7 +429,7 @@ def plot_point_samples(panels_data: list[dict], limit: float, title: str, stem: 
     {prompt: (xs, ys, values on the grid)} (any of them empty)."""
     from matplotlib.lines import Line2D
 
-    from benchmark.experiments.samples import on_border, outside
+    from flowzoo.benchmark.experiments.samples import on_border, outside
 
     import torch
 

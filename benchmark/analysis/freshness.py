@@ -4,7 +4,7 @@
 cell, the run's stored config and its first ``STEPS`` training rows (``COLUMNS``: the base model's evaluation at step
 0, then the rewards, loss and gradient norm of steps 1..STEPS). A report copied into the repository keeps it.
 
-``python -m benchmark.analysis.freshness REPORT_DIR --suite NAME`` then asks today's code two questions per cell:
+``python -m flowzoo.benchmark.analysis.freshness REPORT_DIR --suite NAME`` then asks today's code two questions per cell:
 
 * the recipe: the suite expanded today gives the cell's config; a difference from the stored one in what makes a run
   (its identity, :func:`benchmark.experiments.checkpoints.run_identity`) names the keys that changed;
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 
-from benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
+from flowzoo.benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
 from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write_text
 
@@ -121,7 +121,7 @@ def _cell_problem(cell) -> str | None:
 def recipe_changes(cell: dict, today) -> list[str]:
     """Keys of the run's identity in which today's expansion of the suite (an ExperimentConfig, or None when the
     suite lost the cell) differs from the stored config."""
-    from benchmark.experiments.suite import identity_differences
+    from flowzoo.benchmark.experiments.suite import identity_differences
 
     if today is None:
         return ["(the suite no longer has this cell)"]
@@ -130,8 +130,8 @@ def recipe_changes(cell: dict, today) -> list[str]:
 
 def rerun_rows(cell: dict, steps: int, work_dir: Path) -> list[dict]:
     """The stored config rerun for ``steps`` steps by today's code: its first rows."""
-    from benchmark.experiments.loading import build_config
-    from benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.experiments.loading import build_config
+    from flowzoo.benchmark.experiments.runner import Runner
 
     data = copy.deepcopy(cell["config"])
     data["train"] = {**(data.get("train") or {}), "steps": steps}
@@ -159,7 +159,7 @@ def row_differences(stored: list[dict], now: list[dict]) -> list[str]:
 
 def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, progress=print) -> dict[str, list[str]]:
     """Per fingerprinted cell, why it is stale (empty list: fresh). ``cells``: a subset of ``task/algorithm``."""
-    from benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
 
     fingerprint = read_fingerprint(report_dir)
     known = fingerprint["cells"]
@@ -187,7 +187,7 @@ def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, pro
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmark.analysis.freshness",
+        prog="python -m flowzoo.benchmark.analysis.freshness",
         description="Rerun the first steps of every cell of a report's fingerprint.json with today's code and "
                     "recipe; exit 1 when a cell differs (the report is stale: regenerate it).")
     parser.add_argument("report", help="a report directory holding fingerprint.json (e.g. reports/example-quick)")

@@ -67,7 +67,7 @@ def read_run_keys(run_dir: str | Path) -> tuple[dict, tuple[str, str, int, int]]
     """A run's stored config (read under the bounds of any config: ``read_stored_config``) and its keys ``(task,
     algorithm, seed, train.steps)``, validated; ``ConfigError`` naming the file when it cannot be read or lacks one.
     Every analysis reader of a run's config.yaml goes through here."""
-    from benchmark.experiments.config import read_stored_config
+    from flowzoo.benchmark.experiments.config import read_stored_config
 
     config_path = Path(run_dir) / "config.yaml"
     config = read_stored_config(config_path)
@@ -131,8 +131,8 @@ def check_done_matches_config(run_dir: Path) -> None:
     digest = summary.get("config_digest") if isinstance(summary, dict) else None
     if not isinstance(digest, str):
         return
-    from benchmark.experiments.checkpoints import config_digest
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.checkpoints import config_digest
+    from flowzoo.benchmark.experiments.loading import load_config
     from flowzoo.errors import FlowZooError
 
     try:
@@ -148,7 +148,7 @@ def cell_identity(config: Mapping) -> dict:
     """What a run computes apart from its seed (:func:`benchmark.experiments.checkpoints.run_identity` without ``seed``): runs
     of one (task, algorithm) cell must agree on it to be pooled as seeds of one experiment. ``train.steps`` is left
     to :func:`check_budgets`."""
-    from benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.experiments.checkpoints import run_identity
 
     identity = run_identity(dict(config), set())
     identity.pop("seed", None)

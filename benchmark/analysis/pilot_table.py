@@ -1,6 +1,6 @@
 """Pilot table: runs made while choosing a recipe, each named by how its config differs from a reference config.
 
-    python -m benchmark.analysis.pilot_table RUNS_DIR --reference CONFIG [--last K] [--csv FILE]
+    python -m flowzoo.benchmark.analysis.pilot_table RUNS_DIR --reference CONFIG [--last K] [--csv FILE]
 
 Every run directory under RUNS_DIR (config.yaml + metrics.csv, any depth) becomes one row: its **variant** (the
 dotted keys where its run identity differs from the reference config's at the same seed, e.g.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
-from benchmark.analysis.report import markdown_table
+from flowzoo.benchmark.analysis.loading import find_run_dirs, read_metrics, read_run_keys
+from flowzoo.benchmark.analysis.report import markdown_table
 from flowzoo.errors import ConfigError, one_line_errors
 from flowzoo.io import atomic_write_text
 from flowzoo.schema import differing_keys
@@ -33,7 +33,7 @@ EARLY_STEPS = 10
 
 
 def _identity(config: dict) -> dict:
-    from benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.experiments.checkpoints import run_identity
 
     identity = run_identity(dict(config), set())
     identity.pop("seed", None)
@@ -55,8 +55,8 @@ def variant_label(config: dict, reference: dict) -> str:
 
 def pilot_rows(runs_dir: str | Path, reference: str | Path, last: int = 3) -> pd.DataFrame:
     """One row per run under ``runs_dir`` (module docstring)."""
-    from benchmark.experiments.config import resolved_dict
-    from benchmark.experiments.run_source import load_run
+    from flowzoo.benchmark.experiments.config import resolved_dict
+    from flowzoo.benchmark.experiments.run_source import load_run
 
     if last < 1:
         raise ConfigError(f"--last must be a positive number of evaluations, got {last}")
@@ -114,7 +114,7 @@ def _markdown(frame: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.pilot_table",
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.analysis.pilot_table",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("runs_dir", help="directory searched for run directories")
     parser.add_argument("--reference", required=True, help="the config the variants are named against: a YAML file or a suite's cell SUITE:TASK/ALGORITHM")

@@ -1,7 +1,7 @@
 """A study's verdicts under two recipes side by side: the shared recipe (every algorithm at the baseline's) and each
 algorithm's own tuned recipe (``flowzoo tune``, then ``flowzoo bench --tuned``), from the two studies' claims.csv.
 
-``python -m benchmark.analysis.recipe_compare SHARED_STUDY_DIR TUNED_STUDY_DIR --out FILE.md`` writes a markdown
+``python -m flowzoo.benchmark.analysis.recipe_compare SHARED_STUDY_DIR TUNED_STUDY_DIR --out FILE.md`` writes a markdown
 page: the claims whose verdict changed first, then the rest; a claim the tuned runs could not judge (its cells not run
 at tuned recipes) is listed as such, never as a change.
 """
@@ -83,7 +83,7 @@ def to_markdown(table: pd.DataFrame, shared_label: str, tuned_label: str) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.recipe_compare", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.analysis.recipe_compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shared", help="the study report made from the shared-recipe runs (holds claims.csv)")
     parser.add_argument("tuned", help="the study report made from the tuned-recipe runs (holds claims.csv)")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
-        from models.shipped import refuse_shipped
+        from flowzoo.models.shipped import refuse_shipped
 
         refuse_shipped(args.out, "--out")
         refuse_input_as_output(args.out, [Path(args.shared) / "claims.csv", Path(args.tuned) / "claims.csv"])

@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import figures, stats, targets
-from benchmark.analysis.freshness import write_fingerprint
-from benchmark.analysis.loading import recipe_text
-from benchmark.analysis.markdown_html import markdown_to_html
+from flowzoo.benchmark.analysis import figures, stats, targets
+from flowzoo.benchmark.analysis.freshness import write_fingerprint
+from flowzoo.benchmark.analysis.loading import recipe_text
+from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 X_AXES = figures.X_AXES
@@ -83,7 +83,7 @@ SAMPLE_PANELS_PER_ROW = 5
 def anchor(title: str) -> str:
     """The fragment id of a heading, as GitHub makes it (lower case, punctuation dropped, spaces to hyphens) and as
     :mod:`benchmark.analysis.markdown_html` sets it."""
-    from benchmark.analysis.markdown_html import heading_id
+    from flowzoo.benchmark.analysis.markdown_html import heading_id
 
     return heading_id(title)
 
@@ -652,9 +652,9 @@ class PointScorer:
     a reward that takes points; the toy rewards are closed-form, so this costs milliseconds."""
 
     def __init__(self, run_dir: Path):
-        from benchmark.experiments.config import read_stored_config
-        from benchmark.experiments.prompts import PromptSection, load_prompts
-        from rewards import build
+        from flowzoo.benchmark.experiments.config import read_stored_config
+        from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+        from flowzoo.rewards import build
 
         config = read_stored_config(run_dir / "config.yaml")
         #: what the scores depend on: runs with equal keys share their regions
@@ -668,7 +668,7 @@ class PointScorer:
         self.metadata = {prompt: meta for prompt, meta in evaluation}
         targets = [np.hypot(*v) for m in self.metadata.values() for v in m.values()
                    if isinstance(v, (list, tuple)) and len(v) == 2]
-        from benchmark.experiments.samples import LIMIT
+        from flowzoo.benchmark.experiments.samples import LIMIT
 
         self.limit = max(LIMIT, math.ceil(5 * (max(targets, default=0.0) + 0.8)) / 5)
 
@@ -830,5 +830,5 @@ def write_report(runs_dir, out_dir, baseline: str = DEFAULT_BASELINE, target=Non
         markdown = "\n".join(lines).rstrip("\n") + "\n"
         atomic_write_text(stage / "index.md", markdown)
         atomic_write_text(stage / "index.html", markdown_to_html(markdown, base_dir=stage))
-        write_fingerprint(runs_dir, stage)  # what `python -m benchmark.analysis.freshness` reruns
+        write_fingerprint(runs_dir, stage)  # what `python -m flowzoo.benchmark.analysis.freshness` reruns
     return out_dir / "index.md"

@@ -1,4 +1,4 @@
-"""Check report pages as a reader opens them: ``python -m benchmark.analysis.report_check REPORT_DIR ... [--screenshots DIR]``
+"""Check report pages as a reader opens them: ``python -m flowzoo.benchmark.analysis.report_check REPORT_DIR ... [--screenshots DIR]``
 (``make report-check`` runs it on the committed example reports).
 
 For each report directory the page is its ``index.html`` or, for a report written as markdown only (``README.md``,
@@ -90,7 +90,7 @@ def page_of(report: Path) -> tuple[Path, bool]:
         return report / "index.html", False
     for name in ("README.md", "index.md"):
         if (report / name).is_file():
-            from benchmark.analysis.markdown_html import markdown_to_html
+            from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
 
             html = markdown_to_html((report / name).read_text(), title=report.name, base_dir=report)  # before the
             fd, tmp = tempfile.mkstemp(prefix=".report-check-", suffix=".html", dir=report)  # file: none left on error
@@ -194,7 +194,7 @@ def check(report: Path, browser: str | None, screenshots: Path | None, need_figu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.report_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.analysis.report_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="*", type=Path, help="report directories")
     parser.add_argument("--no-figure", action="append", type=Path, default=[], metavar="DIR",
                         help="a report directory that is tables only (no first-screen figure required); repeatable")

@@ -45,11 +45,11 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import effects
-from benchmark.analysis.aggregate import (aggregate_iqm_ci, iqm, percentile_interval, performance_profile_ci,
+from flowzoo.benchmark.analysis import effects
+from flowzoo.benchmark.analysis.aggregate import (aggregate_iqm_ci, iqm, percentile_interval, performance_profile_ci,
                                  probability_of_improvement_ci)
-from benchmark.analysis.loading import RUN_KEYS, SkippedRun, check_budgets, load_runs, run_summary
-from benchmark.analysis.targets import (Target, as_target, base_rewards, baseline_finals, check_baseline,
+from flowzoo.benchmark.analysis.loading import RUN_KEYS, SkippedRun, check_budgets, load_runs, run_summary
+from flowzoo.benchmark.analysis.targets import (Target, as_target, base_rewards, baseline_finals, check_baseline,
                                         describe_target, target_function, task_targets)
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing  # noqa: F401 (re-exported: one definition)
 from flowzoo.errors import ConfigError

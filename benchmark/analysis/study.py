@@ -2,7 +2,7 @@
 
     flowzoo study RUNS_DIR --suite SUITE [--out DIR] [--claims SET] [--timing timing.csv] [--vs op_grpo] ...
 
-(``python -m benchmark.analysis.study RUNS_DIR --out DIR [--suite S] [--also-vs C] [--claims] ...`` is its older
+(``python -m flowzoo.benchmark.analysis.study RUNS_DIR --out DIR [--suite S] [--also-vs C] [--claims] ...`` is its older
 spelling, kept as an alias: :func:`main`.) :func:`write_study` does the work.
 
 Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes the
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import effects, study_page
-from benchmark.analysis.loading import (
+from flowzoo.benchmark.analysis import effects, study_page
+from flowzoo.benchmark.analysis.loading import (
     SkippedRun,
     find_run_dirs,
     load_runs,
@@ -50,8 +50,8 @@ from benchmark.analysis.loading import (
     read_run_keys,
     recipe_text,
 )
-from benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
-from benchmark.analysis.study_claims import (
+from flowzoo.benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
+from flowzoo.benchmark.analysis.study_claims import (
     CLAIMS_AUTO,
     NO_CLAIMS,
     ClaimSet,
@@ -62,17 +62,17 @@ from benchmark.analysis.study_claims import (
     render_claims,
     shown_sets,
 )
-from benchmark.analysis.study_sets import (
+from flowzoo.benchmark.analysis.study_sets import (
     REPLICATION_SETS,
     parse_seed_sets,
     replication_pair,
     seed_sets_of,
 )
-from benchmark.analysis.study_sets import seed_list as _seed_list
+from flowzoo.benchmark.analysis.study_sets import seed_list as _seed_list
 from flowzoo.cells import VARIANT_SEP, base_task, split_task, with_variant  # noqa: F401  (VARIANT_SEP: re-exported)
 from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write, check_out_dir, staged_directory
-from models.shipped import refuse_shipped
+from flowzoo.models.shipped import refuse_shipped
 
 #: the study's metrics, in report order: (name, effects.Metric)
 METRICS = (
@@ -269,7 +269,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
     if wall is not None and len(wall):
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
-                  "(`python -m benchmark.analysis.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
+                  "(`python -m flowzoo.benchmark.analysis.study_timing`, file `timing.csv`): median over repeats (range). The runs' "
                   "own wall-clock is not used: it carries the load of the shared machine. A cell whose runs did not "
                   "all reach the target is marked *lower bound* (its censored runs count at the budget).", "",
                   "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
@@ -492,7 +492,7 @@ def read_timing(path: str) -> pd.DataFrame:
     if missing:
         raise ConfigError(f"--timing {path}: missing columns {sorted(missing)}")
     if not len(timing):
-        raise ConfigError(f"--timing {path}: no rows (python -m benchmark.analysis.study_timing writes one per repeat "
+        raise ConfigError(f"--timing {path}: no rows (python -m flowzoo.benchmark.analysis.study_timing writes one per repeat "
                           "and cell)")
     cost = pd.to_numeric(timing["s_per_step"], errors="coerce")
     bad = ~(np.isfinite(cost) & (cost > 0))  # a cost ratio of nan, 0 or < 0 would print as a wall-clock estimate
@@ -559,7 +559,7 @@ def write_study(request: StudyRequest) -> Path:
     timing = read_timing(request.timing) if request.timing else None
     suite = None
     if request.suite:
-        from benchmark.experiments.suite import load_suite
+        from flowzoo.benchmark.experiments.suite import load_suite
 
         suite = load_suite(request.suite)
     claims_of = _claim_set(request, suite)
@@ -604,9 +604,9 @@ def write_study(request: StudyRequest) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmark.analysis.study``: the options before ``flowzoo study`` (``--also-vs``, ``--claims`` as a
+    """``python -m flowzoo.benchmark.analysis.study``: the options before ``flowzoo study`` (``--also-vs``, ``--claims`` as a
     switch), kept as an alias of the same analysis."""
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study", description=__doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.analysis.study", description=__doc__.split("\n\n")[0]
                                      + " An alias of `flowzoo study` (flowzoo study --help).")
     parser.add_argument("runs_dir")
     parser.add_argument("--out", required=True, help="report directory (README.md, runs.csv, effects.csv)")

@@ -13,7 +13,7 @@ the two sets it compares give the same verdict (:func:`replication`). Each judge
 numbers (:func:`estimate`: the ratio or difference, its 95% CI, the paper's value and the verdict zones its rule
 draws), which the study page plots (``claim_estimates.csv``).
 
-Each paper's claim sets are one file in :mod:`benchmark.analysis.claim_sets`, registered on import
+Each paper's claim sets are one file in :mod:`flowzoo.benchmark.analysis.claim_sets`, registered on import
 (:func:`register`); a suite names its own with its ``claims:`` key, so a renamed copy of the suite keeps it.
 :func:`names` lists them (``flowzoo list``), :func:`claim_set` finds one by name. The rule helpers here
 (:func:`ratio_claim`, :func:`find_effect`, :func:`paired`, :func:`saving_judge`, ...) are what those files build on;
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis.study_sets import REPLICATION_SETS
+from flowzoo.benchmark.analysis.study_sets import REPLICATION_SETS
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
 
@@ -186,7 +186,7 @@ class ClaimSet:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-#: every claim set by name; each file of :mod:`benchmark.analysis.claim_sets` registers its own on import
+#: every claim set by name; each file of :mod:`flowzoo.benchmark.analysis.claim_sets` registers its own on import
 REGISTRY: Registry[ClaimSet] = Registry("claim set")
 #: ``--claims none``: judge no claim set; ``auto`` is the study's default (the suite's own); neither names a set
 NO_CLAIMS = "none"
@@ -204,7 +204,7 @@ def register(claims: ClaimSet) -> ClaimSet:
 
 def _load() -> None:
     """Import every registered claim set's file (the package imports each module in its folder)."""
-    import benchmark.analysis.claim_sets  # noqa: F401
+    import flowzoo.benchmark.analysis.claim_sets  # noqa: F401
 
 
 def names() -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import figures
+from flowzoo.benchmark.analysis import figures
 from flowzoo.cells import base_task, split_task
 
 #: colours of the seed sets, in the order a study lists them (the designers' first)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmark.analysis import study_figures
-from benchmark.analysis.markdown_html import markdown_to_html
-from benchmark.analysis.study_sets import ALL_SEEDS
+from flowzoo.benchmark.analysis import study_figures
+from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
+from flowzoo.benchmark.analysis.study_sets import ALL_SEEDS
 from flowzoo.io import atomic_write_text
 
 ANSWER_FILE = "ANSWER.md"

@@ -34,7 +34,7 @@ def seed_sets_of(suite: str | None, seeds, chosen: dict[str, list[int] | None] |
     ran = sorted(int(s) for s in set(seeds))
     declared: dict[str, list[int]] = {}
     if suite:
-        from benchmark.experiments.suite import load_suite
+        from flowzoo.benchmark.experiments.suite import load_suite
 
         declared = load_suite(suite).seed_sets
     sets: dict[str, list[int]] = {}

@@ -1,6 +1,6 @@
 """Per-step training cost of a suite's cells, measured interleaved in one process (for wall-clock-to-target).
 
-    python -m benchmark.analysis.study_timing SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
+    python -m flowzoo.benchmark.analysis.study_timing SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
 
 A study's runs are spread over worker processes on a shared machine, so the ``wall_s`` they log moves with the load
 of the moment (it varied ~6x over the OP-GRPO study's grid). Wall-clock-to-target is therefore estimated as
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmark.experiments.runner import train
-from benchmark.experiments.suite import expand, first_seed_only, load_suite
+from flowzoo.benchmark.experiments.runner import train
+from flowzoo.benchmark.experiments.suite import expand, first_seed_only, load_suite
 from flowzoo.errors import ConfigError, one_line_errors
 from flowzoo.io import atomic_write
 
@@ -73,7 +73,7 @@ def measure(suite_name: str, cells: list[str], steps: int = 60, repeats: int = 5
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.analysis.study_timing", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.analysis.study_timing", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("suite", help="suite name or YAML path")
     parser.add_argument("--cells", required=True, help="comma-separated TASK/ALGORITHM cells; the first is the "

@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from benchmark.analysis import effects
+from flowzoo.benchmark.analysis import effects
 from flowzoo.errors import ConfigError
 
 

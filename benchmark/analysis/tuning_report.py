@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from benchmark.analysis import figures
-from benchmark.experiments.search_space import Knob
-from benchmark.experiments.tuning import Cell, open_storage
-from benchmark.experiments.tuning_design import TuningDesign, tuned_path
+from flowzoo.benchmark.analysis import figures
+from flowzoo.benchmark.experiments.search_space import Knob
+from flowzoo.benchmark.experiments.tuning import Cell, open_storage
+from flowzoo.benchmark.experiments.tuning_design import TuningDesign, tuned_path
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 COUNTED = ("COMPLETE", "PRUNED")

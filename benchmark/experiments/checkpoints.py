@@ -69,7 +69,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
 
 
 def config_digest(config) -> str:
-    from benchmark.experiments.config import declared_secrets, resolved_dict
+    from flowzoo.benchmark.experiments.config import declared_secrets, resolved_dict
 
     identity = run_identity(resolved_dict(config), declared_secrets(config))
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import algorithms
-import models
-import rewards
-from algorithms.base import AlgorithmConfig
-from benchmark.experiments.prompts import PromptSection
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms.base import AlgorithmConfig
+from flowzoo.benchmark.experiments.prompts import PromptSection
 from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label, check_path_text

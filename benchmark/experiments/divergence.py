@@ -19,9 +19,9 @@ from typing import Iterable, Iterator
 
 import torch
 
-from algorithms.base import AlgorithmConfig, StepStats
+from flowzoo.algorithms.base import AlgorithmConfig, StepStats
 from flowzoo.errors import RunError
-from rewards.errors import NonFiniteSamplesError
+from flowzoo.rewards.errors import NonFiniteSamplesError
 
 #: the algorithm settings a divergence message shows (those that set the size of an update)
 SETTINGS = ("lr", "max_grad_norm", "clip_range", "adv_clip", "kl_beta")
@@ -34,7 +34,7 @@ class DivergenceError(RunError):
 def nonfinite_parameters(parameters: Iterable[torch.Tensor]) -> int:
     """How many of ``parameters`` hold a NaN or inf (one synchronisation per device, not one per tensor). A sharded
     (FSDP) parameter is checked shard by shard, and every process gets the same count: an all-reduce of the flags."""
-    from models.sharding import is_sharded
+    from flowzoo.models.sharding import is_sharded
 
     flags: dict[torch.device, list[torch.Tensor]] = {}
     sharded = False

@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from algorithms.distributed import SingleProcess
+from flowzoo.algorithms.distributed import SingleProcess
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text
 
@@ -83,7 +83,7 @@ class _TagRecorder:
 def check_out_file(out: Path) -> Path:
     """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an
     existing, writable directory, outside the shipped weights."""
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(out, "--out")
     if out.is_dir() or not out.parent.is_dir():
@@ -96,9 +96,9 @@ def check_out_file(out: Path) -> Path:
 
 def _target(path: Path, overrides: Sequence[str]):
     """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
-    from benchmark.experiments.run_source import load_run
-    from benchmark.experiments.runner import load_trained_run
-    from benchmark.experiments.suite import parse_cell_ref
+    from flowzoo.benchmark.experiments.run_source import load_run
+    from flowzoo.benchmark.experiments.runner import load_trained_run
+    from flowzoo.benchmark.experiments.suite import parse_cell_ref
 
     if path.is_dir():
         if overrides:
@@ -116,7 +116,7 @@ def evaluate(
     overrides: Sequence[str] = (),
 ) -> dict:
     """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
-    from benchmark.experiments.runner import Runner, finished_summary
+    from flowzoo.benchmark.experiments.runner import Runner, finished_summary
 
     for flag, value in (("--steps", steps), ("--samples", samples)):
         if value is not None and value < 1:

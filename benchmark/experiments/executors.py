@@ -115,7 +115,7 @@ class ClusterConfig:
 
 def load_cluster(path: str | Path | None, partition: str | None = None) -> ClusterConfig:
     """The cluster file (or the defaults), checked; ``partition`` from the command line wins over the file's."""
-    from benchmark.experiments.config import read_yaml
+    from flowzoo.benchmark.experiments.config import read_yaml
 
     where = f"cluster file {Path(path).name}" if path is not None else "cluster"
     cluster = from_mapping(ClusterConfig, read_yaml(path) if path is not None else {}, where=where)
@@ -172,10 +172,10 @@ class RunJob:
         return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                 "--num_processes", str(self.resources.num_processes), "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-                "-m", "benchmark", "train", config_file, "--quiet"]
+                "-m", "flowzoo", "train", config_file, "--quiet"]
 
     def __call__(self) -> tuple[str, str | None]:
-        from benchmark.experiments.runner import run_quietly
+        from flowzoo.benchmark.experiments.runner import run_quietly
 
         os.chdir(self.cwd)
         run_dir = self.config.resolved_run_dir()
@@ -188,7 +188,7 @@ class RunJob:
     def _launch(self, run_dir: Path) -> tuple[str, str | None]:
         import yaml
 
-        from benchmark.experiments.runner import is_finished
+        from flowzoo.benchmark.experiments.runner import is_finished
         from flowzoo.schema import to_mapping
 
         # the config as the ranks read it: a private file (0600) on this node, removed when the launch ends
@@ -425,7 +425,7 @@ def make_grid(kind: str, cluster_file: str | None, partition: str | None, runs_d
                           "submitit-local")
     cluster = load_cluster(cluster_file, partition)
     folder = Path(cluster.jobs_dir) if cluster.jobs_dir else Path(runs_dir) / ".submitit" / suite_name
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(folder, "jobs_dir")
     return SubmititGrid(kind, cluster, folder)

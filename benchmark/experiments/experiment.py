@@ -22,22 +22,22 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-import algorithms
-import models
-import rewards
-from algorithms import prompt_samplers
-from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.distributed import SINGLE_PROCESS, SingleProcess
-from algorithms.sde import sigma_schedule
-from benchmark.experiments.argument_ranges import check_ranges
-from benchmark.experiments.config import ExperimentConfig
-from benchmark.experiments.prompts import Prompts, load_prompts
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.distributed import SINGLE_PROCESS, SingleProcess
+from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.benchmark.experiments.argument_ranges import check_ranges
+from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
 from flowzoo.streams import GROUP_OFFSET_LIMIT
-from models.base import FlowModel
-from models.sharding import SHARD_ARG, check_request, reshard_after_forward, shard_model, shard_request
-from rewards.base import Reward
+from flowzoo.models.base import FlowModel
+from flowzoo.models.sharding import SHARD_ARG, check_request, reshard_after_forward, shard_model, shard_request
+from flowzoo.rewards.base import Reward
 
 
 def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:

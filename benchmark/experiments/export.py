@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-import models
+from flowzoo import models
 from flowzoo.errors import RunError
 from flowzoo.io import _UMASK, atomic_write_text, staged_directory
 
@@ -41,10 +41,10 @@ def exportable() -> list[str]:
 
 def _load_run(run_dir: Path):
     """The run's config and its last checkpoint's state, or a one-line RunError naming what is missing or wrong."""
-    from benchmark.experiments.runner import load_trained_run
+    from flowzoo.benchmark.experiments.runner import load_trained_run
 
     if run_dir.is_dir() and (run_dir / "config.yaml").is_file():
-        from benchmark.experiments.loading import load_config
+        from flowzoo.benchmark.experiments.loading import load_config
         name = load_config(run_dir / "config.yaml").model.name
         if name not in models.REGISTRY or not models.get(name).lora_format:
             raise RunError(f"run {str(run_dir)!r} is a {name!r} run, which trains no LoRA and has no diffusers "
@@ -54,9 +54,9 @@ def _load_run(run_dir: Path):
 
 
 def _model_card(run_dir: Path, config, state: dict) -> str:
-    from benchmark.experiments.config import resolved_dict
+    from flowzoo.benchmark.experiments.config import resolved_dict
 
-    from benchmark.experiments.runner import finished_summary
+    from flowzoo.benchmark.experiments.runner import finished_summary
 
     summary = finished_summary(run_dir, config)  # done.json of this config's run (not of an edited config.yaml's)
     status = "finished run" if summary is not None else "last checkpoint of an unfinished run"
@@ -81,9 +81,9 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     import diffusers
     from peft.utils import get_peft_model_state_dict
 
-    from algorithms.ema import load_average
+    from flowzoo.algorithms.ema import load_average
 
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     run_dir, out = Path(run_dir), Path(out)
     refuse_shipped(out, "--out")

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmark.experiments import experiment
-from benchmark.experiments.config import ExperimentConfig
-from benchmark.experiments.experiment import Experiment
+from flowzoo.benchmark.experiments import experiment
+from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments.experiment import Experiment
 from flowzoo.errors import ConfigError
 from flowzoo.streams import GRAD_SNR_STEP_OFFSET
 

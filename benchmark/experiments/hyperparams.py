@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import algorithms
-from benchmark.experiments.config import read_yaml
+from flowzoo import algorithms
+from flowzoo.benchmark.experiments.config import read_yaml
 from flowzoo.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "hyperparams"

@@ -20,10 +20,10 @@ check, and ``grad-snr`` (which then reports the zero gradient) are not refused.
 
 from __future__ import annotations
 
-import rewards
-from algorithms import prompt_samplers
-from algorithms.base import AlgorithmConfig
-from benchmark.experiments.config import ExperimentConfig
+from flowzoo import rewards
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.algorithms.base import AlgorithmConfig
+from flowzoo.benchmark.experiments.config import ExperimentConfig
 from flowzoo.errors import ConfigError
 
 

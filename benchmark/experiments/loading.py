@@ -8,19 +8,19 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import models
-import rewards
-from benchmark.experiments.config import (
+from flowzoo import models
+from flowzoo import rewards
+from flowzoo.benchmark.experiments.config import (
     ExperimentConfig, declared_secrets, read_yaml,
 )
-from benchmark.experiments import experiment, tracking
-from benchmark.experiments.resolve import Resolved, resolve_config_mapping
-from benchmark.experiments.prompts import check_source
+from flowzoo.benchmark.experiments import experiment, tracking
+from flowzoo.benchmark.experiments.resolve import Resolved, resolve_config_mapping
+from flowzoo.benchmark.experiments.prompts import check_source
 from flowzoo.errors import ConfigError
 from flowzoo.labels import reject_nul
 from flowzoo.schema import from_mapping, to_mapping
 from flowzoo.secrets import warn_literal_secrets
-from models.shipped import refuse_shipped
+from flowzoo.models.shipped import refuse_shipped
 
 
 def _check_reward_weights(weights: Mapping[str, Any]) -> None:

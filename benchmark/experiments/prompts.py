@@ -53,7 +53,7 @@ def check_source(section: PromptSection) -> None:
                 raise ConfigError(f"prompts.{split}: the {section.source!r} source needs a "
                                   f"{'prompt file or folder' if section.source == 'files' else 'dataset path'}")
             if section.source == "files":
-                from benchmark.experiments.prompt_files import resolve_prompt_file
+                from flowzoo.benchmark.experiments.prompt_files import resolve_prompt_file
 
                 resolve_prompt_file(path, split)
         if section.source == "dataset":
@@ -63,7 +63,7 @@ def check_source(section: PromptSection) -> None:
             if getattr(section, key) is not None and section.source != "toy2d":
                 raise ConfigError(f"prompts.{key} is only used by the 'toy2d' source, not {section.source!r}")
         if section.source == "toy2d":
-            from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, check_classes, check_many_layout
+            from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, check_classes, check_many_layout
 
             classes = NUM_CLASSES if section.classes is None else check_classes(section.classes)
             check_many_layout(classes, DEFAULT_LAYOUT if section.layout is None else section.layout)
@@ -75,7 +75,7 @@ def check_source(section: PromptSection) -> None:
 
 def dataset_spec(section: PromptSection):
     """``prompts.dataset`` as a checked DatasetSpec (its defaults where unset)."""
-    from benchmark.experiments.prompt_datasets import DatasetSpec, check_dataset_spec
+    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, check_dataset_spec
     from flowzoo.schema import from_mapping
 
     spec = from_mapping(DatasetSpec, section.dataset or {}, where="prompts.dataset")
@@ -84,7 +84,7 @@ def dataset_spec(section: PromptSection):
 
 
 def _check_tags(section: PromptSection) -> None:
-    from models.tiny_data import TAG_WEIGHTS
+    from flowzoo.models.tiny_data import TAG_WEIGHTS
 
     if section.source != "tiny_shapes":
         raise ConfigError(f"prompts.tags is only used by the 'tiny_shapes' source, not {section.source!r}")
@@ -100,13 +100,13 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     """(training prompts, evaluation prompts)."""
     check_source(section)
     if section.source == "toy2d":
-        from models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
+        from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
 
         classes = NUM_CLASSES if section.classes is None else section.classes
         layout = DEFAULT_LAYOUT if section.layout is None else section.layout
         return prompt_set(classes, layout), prompt_set(classes, layout)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
-        from models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
+        from flowzoo.models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
 
         data = section.source.removeprefix("tiny_")
         train = tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED)
@@ -116,13 +116,13 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
             train, test = ([(p, m) for p, m in prompts if m.get("tag") in keep] for prompts in (train, test))
         return train, test
     if section.source == "dataset":
-        from benchmark.experiments.prompt_datasets import read_dataset_prompts
+        from flowzoo.benchmark.experiments.prompt_datasets import read_dataset_prompts
 
         spec = dataset_spec(section)
         train, test = (read_dataset_prompts(section.train, "train", spec),
                        read_dataset_prompts(section.test, "test", spec))
     else:
-        from benchmark.experiments.prompt_files import read_prompts
+        from flowzoo.benchmark.experiments.prompt_files import read_prompts
 
         train, test = read_prompts(section.train, "train"), read_prompts(section.test, "test")
     for split, prompts, path in (("train", train, section.train), ("test", test, section.test)):

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-import algorithms
-import models
-from benchmark.experiments import hyperparams
+from flowzoo import algorithms
+from flowzoo import models
+from flowzoo.benchmark.experiments import hyperparams
 
 #: the recipe files' folder, named here for its readers (a test that moves it patches ``hyperparams.RECIPES_DIR``)
 RECIPES_DIR = hyperparams.RECIPES_DIR

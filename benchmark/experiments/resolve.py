@@ -26,9 +26,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from benchmark.experiments.config import ExperimentConfig, ModelSection, apply_overrides
-from benchmark.experiments.recipes import recipe, recipe_files
-from benchmark.experiments.tuning_design import TunedValues, apply_tuned
+from flowzoo.benchmark.experiments.config import ExperimentConfig, ModelSection, apply_overrides
+from flowzoo.benchmark.experiments.recipes import recipe, recipe_files
+from flowzoo.benchmark.experiments.tuning_design import TunedValues, apply_tuned
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 

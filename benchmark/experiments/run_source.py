@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from benchmark.experiments.config import ExperimentConfig
-from benchmark.experiments.loading import load_resolved
-from benchmark.experiments.resolve import Resolved
-from benchmark.experiments.suite import cell_run, parse_cell_ref
+from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments.loading import load_resolved
+from flowzoo.benchmark.experiments.resolve import Resolved
+from flowzoo.benchmark.experiments.suite import cell_run, parse_cell_ref
 
 
 def load_run(target: str | Path | None, overrides: Sequence[str] = ()) -> tuple[ExperimentConfig, Resolved]:

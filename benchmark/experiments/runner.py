@@ -31,18 +31,18 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from algorithms.distributed import SingleProcess, from_environment
-from algorithms.rollout import sample_generators, sample_ode
-from benchmark.experiments import experiment
-from benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
-from benchmark.experiments.config import (
+from flowzoo.algorithms.distributed import SingleProcess, from_environment
+from flowzoo.algorithms.rollout import sample_generators, sample_ode
+from flowzoo.benchmark.experiments import experiment
+from flowzoo.benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
+from flowzoo.benchmark.experiments.config import (
     OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
 )
-from benchmark.experiments.inert import check_trains_something
-from benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
-from benchmark.experiments.samples import save_samples
-from benchmark.experiments.tracking import Trackers, check_tracker_environment
-from rewards.pool import RewardPool
+from flowzoo.benchmark.experiments.inert import check_trains_something
+from flowzoo.benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
+from flowzoo.benchmark.experiments.samples import save_samples
+from flowzoo.benchmark.experiments.tracking import Trackers, check_tracker_environment
+from flowzoo.rewards.pool import RewardPool
 from flowzoo.errors import ConfigError, FlowZooError, RunError, os_error_line
 from flowzoo.io import atomic_torch_save, atomic_write, atomic_write_text, exclusive_lock
 
@@ -238,7 +238,7 @@ class Runner:
     def _write_sharding(self, step: int) -> None:
         """``sharding.json``: what each process holds of the sharded model and its optimizer state (elements of its
         local shards, measured), written with every checkpoint of a sharded run."""
-        from models.sharding import local_numel, optimizer_state_tensors
+        from flowzoo.models.sharding import local_numel, optimizer_state_tensors
 
         params = self.model.trainable_parameters()
         moments = optimizer_state_tensors(self.algorithm.optimizer)
@@ -444,7 +444,7 @@ def load_trained_run(run_dir: Path, no_checkpoint_hint: str) -> tuple[Experiment
     (``flowzoo eval``, ``flowzoo export``). The checkpoint goes through the runner's sealed loader (a corrupt one, or
     one of another config, is refused); a missing directory, config.yaml or checkpoint is a one-line RunError (the
     last one ends with ``no_checkpoint_hint``). Nothing is written."""
-    from benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.loading import load_config
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r} does not exist")
     if not (run_dir / "config.yaml").is_file():

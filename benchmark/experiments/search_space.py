@@ -30,10 +30,10 @@ from typing import Any
 
 import yaml
 
-import algorithms
-from algorithms import prompt_samplers
-from benchmark.experiments import hyperparams
-from benchmark.experiments.hyperparams import SEARCH_SPACE
+from flowzoo import algorithms
+from flowzoo.algorithms import prompt_samplers
+from flowzoo.benchmark.experiments import hyperparams
+from flowzoo.benchmark.experiments.hyperparams import SEARCH_SPACE
 from flowzoo.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")

@@ -29,14 +29,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-import algorithms
-from benchmark.experiments.config import ExperimentConfig, read_yaml
-from benchmark.experiments.loading import build_config
-from benchmark.experiments.inert import check_trains_something
-from benchmark.experiments.executors import Resources, resolve_resources
-from benchmark.experiments.resolve import Layers, Resolved, resolve
-from benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
-from benchmark.experiments.tuning_design import TunedValues, find_tuned, read_design, recipe_note
+from flowzoo import algorithms
+from flowzoo.benchmark.experiments.config import ExperimentConfig, read_yaml
+from flowzoo.benchmark.experiments.loading import build_config
+from flowzoo.benchmark.experiments.inert import check_trains_something
+from flowzoo.benchmark.experiments.executors import Resources, resolve_resources
+from flowzoo.benchmark.experiments.resolve import Layers, Resolved, resolve
+from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
+from flowzoo.benchmark.experiments.tuning_design import TunedValues, find_tuned, read_design, recipe_note
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
@@ -327,7 +327,7 @@ def cell_run(ref: str, overrides: list[str] = (), runs_dir: str | Path = "runs")
 def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
     """Dotted keys in which the run stored in ``run_dir`` (its config.yaml) differs from ``config`` as a run's
     identity (secrets, ``run_dir`` and the thread count aside); empty when config.yaml is no readable config."""
-    from benchmark.experiments.config import read_stored_config
+    from flowzoo.benchmark.experiments.config import read_stored_config
 
     try:
         stored = read_stored_config(Path(run_dir) / "config.yaml")
@@ -338,8 +338,8 @@ def config_differences(run_dir: Path, config: ExperimentConfig) -> list[str]:
 
 def identity_differences(stored: dict, config: ExperimentConfig) -> list[str]:
     """Dotted keys in which a stored config (config.yaml's mapping) differs from ``config`` as a run's identity."""
-    from benchmark.experiments.checkpoints import run_identity
-    from benchmark.experiments.config import declared_secrets, resolved_dict
+    from flowzoo.benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.experiments.config import declared_secrets, resolved_dict
 
     secrets = declared_secrets(config)
     return differing_keys(run_identity(stored, secrets), run_identity(resolved_dict(config), secrets))
@@ -440,7 +440,7 @@ def run_suite(
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
     for config in todo:  # a run that could not change its evaluated model: refused before any run starts
         check_trains_something(config, config.algorithm_config())
-    from benchmark.experiments.tracking import check_tracker_environment
+    from flowzoo.benchmark.experiments.tracking import check_tracker_environment
 
     check_tracker_environment(sorted({t for c in todo for t in c.train.trackers}))  # each service probed once
     clashes = [c for c in todo if holds_other_config(c.resolved_run_dir(), c)]

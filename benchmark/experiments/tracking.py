@@ -36,7 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from benchmark.experiments.tracker_services import check_services, mlflow_environment
+from flowzoo.benchmark.experiments.tracker_services import check_services, mlflow_environment
 from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import naming
 

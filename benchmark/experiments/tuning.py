@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from algorithms.distributed import SingleProcess
-from benchmark.experiments.config import ExperimentConfig
-from benchmark.experiments.executors import Resources
-from benchmark.experiments.runner import Runner
-from benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
-from benchmark.experiments.suite import Suite, cell_keys, expand, load_suite, select
-from benchmark.experiments.suite import cells as suite_cells_of
-from benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
-from benchmark.experiments.tuning_pruners import make_pruner
+from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments.executors import Resources
+from flowzoo.benchmark.experiments.runner import Runner
+from flowzoo.benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
+from flowzoo.benchmark.experiments.suite import Suite, cell_keys, expand, load_suite, select
+from flowzoo.benchmark.experiments.suite import cells as suite_cells_of
+from flowzoo.benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
+from flowzoo.benchmark.experiments.tuning_pruners import make_pruner
 from flowzoo.cells import base_task
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
 from flowzoo.errors import ConfigError, FlowZooError
@@ -521,7 +521,7 @@ def _worker(suite_ref: str, tasks: str | None, algorithms: str | None, trials: i
 
 
 def load_tuning(suite_ref: str) -> tuple[Suite, TuningDesign]:
-    from benchmark.experiments.suite import evaluation_seeds
+    from flowzoo.benchmark.experiments.suite import evaluation_seeds
 
     suite = load_suite(suite_ref)
     if suite.tuning is None:
@@ -550,7 +550,7 @@ def check_storage(url: str, executor_kind: str = "local") -> str | None:
     if parsed.database in (None, "", ":memory:"):
         raise ConfigError(f"--storage {url}: an in-memory SQLite database lives in one process, so workers, jobs and "
                           f"--report would not share its trials; give a file (sqlite:////path/tune.db) or a server URL")
-    from models.shipped import refuse_shipped
+    from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(parsed.database, "--storage")  # the SQLite file is written
     if executor_kind != "slurm":
@@ -595,7 +595,7 @@ class TuneJob:
 def worker_resources(suite: Suite, cells: list[Cell], site: dict | None) -> Resources:
     """What one tune job asks for: the largest of its cells' tasks' resources (a worker trains every cell's trials,
     one run at a time in its own process: one GPU at most, its CPUs as torch threads)."""
-    from benchmark.experiments.suite import task_resources
+    from flowzoo.benchmark.experiments.suite import task_resources
 
     each = [task_resources(suite, task, site) for task in dict.fromkeys(c.task for c in cells)]
     return Resources(gpus=min(1, max(r.gpus for r in each)), cpus=max(r.cpus for r in each),
@@ -636,7 +636,7 @@ class TrialLines:
 def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers: int, budget: int) -> None:
     """``workers`` scheduler jobs, each one tune worker (:class:`TuneJob`, worker indices 0..workers-1 as local
     workers have), waited for; a failed job is one line naming it and its log."""
-    from benchmark.experiments.executors import GridJob
+    from flowzoo.benchmark.experiments.executors import GridJob
     from flowzoo.errors import RunError
 
     res = worker_resources(suite, cells, executor.cluster.resources)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import algorithms
-from benchmark.experiments.config import read_yaml
-from benchmark.experiments.tuning_pruners import PRUNERS
+from flowzoo import algorithms
+from flowzoo.benchmark.experiments.config import read_yaml
+from flowzoo.benchmark.experiments.tuning_pruners import PRUNERS
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 from flowzoo.schema import from_mapping
@@ -125,7 +125,7 @@ def find_tuned(directory: str | Path, task: str, algorithm: str, suite: str | No
     method's less the keys the ablation's preset fixes; None when there is none. A file that names another suite
     (``suite``, when given), task or algorithm than the place it was found at, or whose keys would change the
     algorithm (``name``), is a one-line ConfigError."""
-    from benchmark.experiments.search_space import _preset_keys
+    from flowzoo.benchmark.experiments.search_space import _preset_keys
 
     if not Path(directory).is_dir():
         raise ConfigError(f"tuned: {directory} is not a directory of tuned configurations (flowzoo tune --out DIR "

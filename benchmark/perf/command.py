@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from benchmark.experiments.argument_ranges import check_device
-from benchmark.perf import gpu
-from benchmark.perf.measure import format_result, load_model, parse_overrides, run
+from flowzoo.benchmark.experiments.argument_ranges import check_device
+from flowzoo.benchmark.perf import gpu
+from flowzoo.benchmark.perf.measure import format_result, load_model, parse_overrides, run
 from flowzoo.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def command(args) -> int:
     if args.gpu_check:
         return gpu.main(args.device, overrides, repeats=args.repeats)
     if args.precision:
-        from benchmark.perf.precision import format_drift, measure
+        from flowzoo.benchmark.perf.precision import format_drift, measure
 
         print(format_drift(measure(args.model_path, args.device, args.lora_rank, prompts=args.prompts,
                                    overrides=overrides)))

@@ -1,4 +1,4 @@
-"""``python -m benchmark.perf.compare BASELINE.json NEW.json``: fail on a regression of the ours / reference ratio.
+"""``python -m flowzoo.benchmark.perf.compare BASELINE.json NEW.json``: fail on a regression of the ours / reference ratio.
 
 Both files are pytest-benchmark JSON written by ``tests/test_bench_perf.py`` (``--benchmark-json``); each benchmark's
 ``extra_info.ratio`` is the median over interleaved pairs of ours / reference seconds. A ratio more than ``--tolerance``
@@ -42,7 +42,7 @@ def compare(baseline: dict[str, float], new: dict[str, float], tolerance: float 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.perf.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.perf.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("baseline")
     parser.add_argument("new")
     parser.add_argument("--tolerance", type=float, default=0.15, help="allowed relative rise of a ratio")

@@ -30,11 +30,11 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmark.perf import measure
+from flowzoo.benchmark.perf import measure
 from flowzoo.errors import ConfigError
-from models.base import FlowModel
-from models.diffusers_common import resolve_device, resolve_dtype
-from models.sd3 import SD3Model
+from flowzoo.models.base import FlowModel
+from flowzoo.models.diffusers_common import resolve_device, resolve_dtype
+from flowzoo.models.sd3 import SD3Model
 
 #: stabilityai/stable-diffusion-3.5-medium transformer/config.json (diffusers SD3Transformer2DModel arguments)
 SD35_MEDIUM = dict(
@@ -165,7 +165,7 @@ def main(device: str, overrides: dict, repeats: int = 3, arch: dict | None = Non
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     # beside SD3.5-Medium: FLUX.1-dev- and Qwen-Image-shaped models at their released recipes (gpu_large.py)
-    from benchmark.perf import gpu_large
+    from flowzoo.benchmark.perf import gpu_large
 
     gpu_large.main(device, {k: v for k, v in overrides.items() if k == "group_size"}, repeats, dtype)
     return 0

@@ -25,12 +25,12 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmark.perf import measure
-from benchmark.perf.pipeline import MeanBrightness
-from models.base import FlowModel
-from models.diffusers_common import resolve_device, resolve_dtype
-from models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FluxModel, pipeline_shift
-from models.qwen_image import QwenImageModel
+from flowzoo.benchmark.perf import measure
+from flowzoo.benchmark.perf.pipeline import MeanBrightness
+from flowzoo.models.base import FlowModel
+from flowzoo.models.diffusers_common import resolve_device, resolve_dtype
+from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FluxModel, pipeline_shift
+from flowzoo.models.qwen_image import QwenImageModel
 
 #: black-forest-labs/FLUX.1-dev transformer/config.json (FluxTransformer2DModel arguments)
 FLUX1_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
@@ -143,8 +143,8 @@ CHECKS = (("flux", "dance_grpo"), ("flux", "mix_grpo"), ("qwen_image", "flow_grp
 
 def _iterations(model, family: str, algorithm: str, overrides: dict, repeats: int, device: str) -> dict:
     """Median seconds of ``repeats`` training iterations on one prompt (after one untimed), peak memory."""
-    import algorithms
-    from benchmark.experiments.recipes import recipe
+    from flowzoo import algorithms
+    from flowzoo.benchmark.experiments.recipes import recipe
 
     config = {**recipe(algorithm, "", family), "group_size": 4, "micro_batch": 4, **overrides}
     config["minibatches"] = min(config.get("minibatches", 1), config["group_size"])

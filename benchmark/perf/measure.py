@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from benchmark.perf.memory import SavedActivations
-from benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, MeanBrightness, build_tiny_sd3
-from benchmark.perf.reference import released_gradient, released_pair_loss
+from flowzoo.benchmark.perf.memory import SavedActivations
+from flowzoo.benchmark.perf.pipeline import MAX_SEQ, RESOLUTION, MeanBrightness, build_tiny_sd3
+from flowzoo.benchmark.perf.reference import released_gradient, released_pair_loss
 from flowzoo.errors import ConfigError
 
 PROMPT = "a photo of a cat"
@@ -33,7 +33,7 @@ GUIDANCE = 4.5
 def load_model(path: str | None, device: str, lora_rank: int, dtype: str = "float32"):
     """The SD3 adapter on ``path``, or on a tiny random pipeline written to a temporary directory, computing in
     ``dtype`` (half precisions under autocast)."""
-    from models.sd3 import SD3Model
+    from flowzoo.models.sd3 import SD3Model
 
     if path is None:
         tmp = Path(tempfile.mkdtemp(prefix="flowzoo_perf_"))
@@ -45,7 +45,7 @@ def load_model(path: str | None, device: str, lora_rank: int, dtype: str = "floa
 
 
 def make_algorithm(model, overrides: dict, seed: int = 0, name: str = "flow_grpo"):
-    import algorithms
+    from flowzoo import algorithms
 
     config = {"group_size": 8, "num_steps": 10, "guidance": GUIDANCE, **overrides}
     if config.get("cfg_grad", "cond") != "cond":
@@ -243,8 +243,8 @@ def format_result(result: dict, device: str) -> str:
 def parse_overrides(items) -> dict:
     """``key=value`` algorithm overrides (``algorithm.`` optional), values read as a config's overrides are, and
     checked against Flow-GRPO's config before any model is built."""
-    import algorithms
-    from benchmark.experiments.config import parse_override
+    from flowzoo import algorithms
+    from flowzoo.benchmark.experiments.config import parse_override
     from flowzoo.schema import from_mapping
 
     overrides = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rewards.base import Reward, RewardOutput
+from flowzoo.rewards.base import Reward, RewardOutput
 
 RESOLUTION = 32
 MAX_SEQ = 8

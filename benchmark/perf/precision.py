@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmark.perf.measure import PROMPT, load_model, make_algorithm
+from flowzoo.benchmark.perf.measure import PROMPT, load_model, make_algorithm
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from algorithms import sde
+from flowzoo.algorithms import sde
 
 PATHS = ("fast", "per_step")
 #: the cells the pairs time: (suite, task, algorithm), each suite's first study task
@@ -27,8 +27,8 @@ CELLS = {"toy": ("op-grpo-study", "toy2d_sep64_sparse", "flow_grpo"),
 
 def build_cell(tier: str, algorithm: str | None = None):
     """The algorithm of a tier's study cell (its suite's resolved config, seed 0), nothing written."""
-    from benchmark.experiments import experiment
-    from benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.experiments import experiment
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
 
     suite_name, task, default = CELLS[tier]
     name = algorithm or default

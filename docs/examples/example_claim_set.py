@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchmark.analysis.study_claims import (
+from flowzoo.benchmark.analysis.study_claims import (
     INF,
     SAVING_ZONES,
     ClaimSet,

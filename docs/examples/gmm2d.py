@@ -18,8 +18,8 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import Range
-from models import register
-from models.base import Condition, FlowModel
+from flowzoo.models import register
+from flowzoo.models.base import Condition, FlowModel
 
 CLASSES, MODES, RADIUS = 4, 2, 2.0
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from algorithms import register
-from algorithms.base import AlgorithmConfig
-from algorithms.distributed import GatheredBatch
-from algorithms.flow_grpo import FlowGRPO
-from algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms import register
+from flowzoo.algorithms.base import AlgorithmConfig
+from flowzoo.algorithms.distributed import GatheredBatch
+from flowzoo.algorithms.flow_grpo import FlowGRPO
+from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import fisher_exact
 
-from benchmark.analysis.stats import bootstrap_ci
-from benchmark.analysis.study_claims import (
+from flowzoo.benchmark.analysis.stats import bootstrap_ci
+from flowzoo.benchmark.analysis.study_claims import (
     INF,
     SAVING_ZONES,
     STEPS_METRIC,

@@ -4,8 +4,8 @@ GenEval reward, 5 sampling steps (docs/tiny.md); fixed with its suite before any
 
 from __future__ import annotations
 
-from benchmark.analysis.claim_sets.op_grpo_paper import NOTE, REFERENCES, tiny_claims
-from benchmark.analysis.study_claims import ClaimSet, register
+from flowzoo.benchmark.analysis.claim_sets.op_grpo_paper import NOTE, REFERENCES, tiny_claims
+from flowzoo.benchmark.analysis.study_claims import ClaimSet, register
 
 TASK = "tiny_counting_sparse"
 

@@ -5,8 +5,8 @@ suite before any of its runs."""
 
 from __future__ import annotations
 
-from benchmark.analysis.claim_sets.op_grpo_paper import NOTE, REFERENCES, tiny_claims
-from benchmark.analysis.study_claims import ClaimSet, register
+from flowzoo.benchmark.analysis.claim_sets.op_grpo_paper import NOTE, REFERENCES, tiny_claims
+from flowzoo.benchmark.analysis.study_claims import ClaimSet, register
 
 TASK = "tiny_counting_rare"
 
