@@ -113,7 +113,7 @@ def _algorithm_defaults(name: str) -> dict:
     return resolved_dict(load_config(BASE, [f"algorithm.name={name}"]))["algorithm"]
 
 
-ALGORITHMS = {name: _algorithm_defaults(name) for name in __import__("algorithms").names()}
+ALGORITHMS = {name: _algorithm_defaults(name) for name in __import__("flowzoo.algorithms").algorithms.names()}
 
 
 @st.composite

@@ -5,6 +5,7 @@ also holds another project's ``models`` or ``benchmark`` package imports both.""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -36,8 +37,14 @@ def test_the_wheel_installs_beside_another_models_package(tmp_path):
     wheels = tmp_path / "wheels"
     # this environment's setuptools when it is recent enough for pyproject (>= 77), else an isolated build's
     isolation = [] if int(version("setuptools").split(".")[0]) < 77 else ["--no-build-isolation"]
+    source = tmp_path / "source"  # built from a copy: an in-tree build would leave build/ in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("flowzoo", *FOLDERS):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation, "-w",
-                            str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
+                            str(wheels), str(source)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = wheels.glob("flowzoo-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
