@@ -236,7 +236,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.experiments.tuning import (check_report_storage, check_storage, default_storage, load_tuning, tune,
+    from flowzoo.benchmark.tuning.tune import (check_report_storage, check_storage, default_storage, load_tuning, tune,
                                               tuning_cells)
 
     from flowzoo.models.shipped import refuse_shipped
@@ -269,7 +269,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         suite, design, cells, url = tune(args.suite, Path(args.runs), args.workers, args.trials, args.tasks,
                                          args.algorithms, args.storage, executor)
     if args.out:
-        from flowzoo.benchmark.analysis.tuning_report import write_tuning_report
+        from flowzoo.benchmark.tuning.report import write_tuning_report
 
         out = write_tuning_report(suite.name, design, cells, url, Path(args.out), args.trials or design.trials)
         print(f"tuning report written to {out}")

@@ -1,5 +1,5 @@
 """The smoothing of an evaluation curve, the one definition that both the tuner's objective
-(``benchmark.experiments.tuning``) and the studies' statistics (``benchmark.analysis.stats``) use."""
+(``benchmark.tuning.tune``) and the studies' statistics (``benchmark.analysis.stats``) use."""
 
 from __future__ import annotations
 

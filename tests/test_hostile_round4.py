@@ -168,7 +168,7 @@ def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
     ("sqlite:////shared/tune.db", "sqlite:////shared/tune.db"),
 ])
 def test_every_form_of_a_storage_password_is_masked(url, shown):
-    from flowzoo.benchmark.experiments.tuning import shown_url
+    from flowzoo.benchmark.tuning.tune import shown_url
 
     assert shown_url(url) == shown
 
@@ -179,7 +179,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     import pickle
     import stat
 
-    from flowzoo.benchmark.experiments import tuning
+    from flowzoo.benchmark.tuning import tune as tuning
 
     url = "postgresql://ana:s3/cret@db.example/tune"
     reference = tuning.storage_for_jobs(url, tmp_path / "jobs")
@@ -218,7 +218,7 @@ def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expect
     ({"sampler": {"seed": -1}}, "tuning.sampler.seed must be >= 0, got -1"),
 ])
 def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expected):
-    from flowzoo.benchmark.experiments.tuning_design import read_design
+    from flowzoo.benchmark.tuning.design import read_design
 
     section = {"objective": "auc", "trials": 4, "seeds": [1000], **extra}
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
@@ -228,7 +228,7 @@ def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expect
 
 def test_the_evaluation_count_of_a_huge_run_is_computed_not_enumerated():
     """tuning.steps 10^12 built a set of every step before training (the machine ran out of memory)."""
-    from flowzoo.benchmark.experiments.tuning import evaluations_per_run
+    from flowzoo.benchmark.tuning.tune import evaluations_per_run
 
     assert evaluations_per_run(10**12, 50) == 1 + 2 * 10**10 and evaluations_per_run(7, 0) == 2
     assert [evaluations_per_run(s, 3) for s in (3, 4, 6, 7)] == [2, 3, 3, 4]  # step 0, multiples of 3, the last

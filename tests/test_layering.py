@@ -17,9 +17,17 @@ FORBIDDEN = {
     "flowzoo.algorithms": ("flowzoo.benchmark",),
     "flowzoo.benchmark": (),  # the command line, the catalog: the top floor
     "flowzoo.__main__": (),  # python -m flowzoo: the command line's entry point
+    # the suite loader reads its tuning: section with the tuning room's design reader (which, with the pruner names
+    # it checks, imports nothing of experiments); the rest of the room (trials, report) sits above experiments
     "flowzoo.benchmark.experiments": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.perf", "flowzoo.benchmark.cli",
-                                      "flowzoo.benchmark.catalog"),
-    "flowzoo.benchmark.analysis": ("flowzoo.benchmark.perf", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
+                                      "flowzoo.benchmark.catalog", "flowzoo.benchmark.tuning.tune",
+                                      "flowzoo.benchmark.tuning.report"),
+    "flowzoo.benchmark.analysis": ("flowzoo.benchmark.perf", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog",
+                                   "flowzoo.benchmark.tuning"),
+    "flowzoo.benchmark.tuning.design": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
+                                        "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.report"),
+    "flowzoo.benchmark.tuning.pruners": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
+                                         "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.design"),
     "flowzoo.benchmark.perf": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
 }
 

@@ -18,7 +18,7 @@ from flowzoo.benchmark.experiments.recipes import recipe
 from flowzoo.benchmark.experiments.resolve import Layers, resolve
 from flowzoo.benchmark.experiments.run_source import load_run
 from flowzoo.benchmark.experiments.suite import cell_keys, cell_run, cells, expand, load_suite, parse_cell_ref
-from flowzoo.benchmark.experiments.tuning_design import TunedValues
+from flowzoo.benchmark.experiments.tuned import TunedValues
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""flowzoo tune (benchmark/experiments/tuning.py): declared spaces fit the loader, equal budgets, kill -9 resume,
+"""flowzoo tune (benchmark/tuning/tune.py): declared spaces fit the loader, equal budgets, kill -9 resume,
 concurrent workers, the objective, disjoint seeds, and tuned recipes picked up by a suite."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import yaml
 
 from flowzoo import algorithms
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments import search_space, tuning
+from flowzoo.benchmark.experiments import search_space
+from flowzoo.benchmark.tuning import tune as tuning
 from flowzoo.benchmark.experiments.loading import build_config
 from flowzoo.benchmark.experiments.recipes import recipe_files
 from flowzoo.benchmark.experiments.suite import expand, load_suite
@@ -245,7 +246,7 @@ def test_a_tuned_file_is_picked_up_by_a_suite_cell(tmp_path):
 
 
 def test_the_report_writes_a_tuned_file_a_suite_reads(tmp_path):
-    from flowzoo.benchmark.analysis.tuning_report import write_tuning_report
+    from flowzoo.benchmark.tuning.report import write_tuning_report
 
     runs, out = tmp_path / "runs", tmp_path / "out"
     suite, design, cells, url = tuning.tune(str(write_suite(tmp_path)), runs, trials=2, tasks="toy2d_mode",
@@ -264,7 +265,7 @@ def test_a_dead_trial_requeued_by_two_workers_runs_once():
     ends uncounted (as an over-budget trial does), so the budget is not spent on a duplicate."""
     import optuna
 
-    from flowzoo.benchmark.experiments.tuning import _duplicate_retry
+    from flowzoo.benchmark.tuning.tune import _duplicate_retry
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
@@ -283,7 +284,7 @@ def test_a_trial_killed_before_its_worker_claimed_it_is_failed_not_left_running(
     so a resumed tune neither waits forever nor counts it against the budget."""
     import optuna
 
-    from flowzoo.benchmark.experiments.tuning import counted, fail_dead_trials
+    from flowzoo.benchmark.tuning.tune import counted, fail_dead_trials
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", study_name="s")
     fresh = study.ask()  # created RUNNING, never claimed

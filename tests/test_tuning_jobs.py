@@ -1,4 +1,4 @@
-"""flowzoo tune --executor slurm|submitit-local (benchmark/experiments/tuning.py tune_as_jobs): one scheduler job per
+"""flowzoo tune --executor slurm|submitit-local (benchmark/tuning/tune.py tune_as_jobs): one scheduler job per
 worker against the shared storage, tried for real with submitit's local executor (the jobs are subprocesses, as
 tests/test_executors.py does for bench), and the storage and option checks before any job.
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments import tuning
+from flowzoo.benchmark.tuning import tune as tuning
 from flowzoo.benchmark.experiments.executors import Resources
 from tests.test_tuning import studies, write_suite
 

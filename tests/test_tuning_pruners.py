@@ -1,4 +1,4 @@
-"""The tuning pruners (benchmark/experiments/tuning_pruners.py): Optuna's median pruner compares a trial's best
+"""The tuning pruners (benchmark/tuning/pruners.py): Optuna's median pruner compares a trial's best
 partial objective, so with a running-mean objective the shared step-0 evaluation floors it; ``median_latest``
 compares the latest value."""
 
@@ -7,9 +7,9 @@ import math
 import optuna
 import pytest
 
-from flowzoo.benchmark.experiments.tuning import objective_value
-from flowzoo.benchmark.experiments.tuning_design import read_design
-from flowzoo.benchmark.experiments.tuning_pruners import PRUNERS, latest_below_median, make_pruner
+from flowzoo.benchmark.tuning.tune import objective_value
+from flowzoo.benchmark.tuning.design import read_design
+from flowzoo.benchmark.tuning.pruners import PRUNERS, latest_below_median, make_pruner
 from flowzoo.errors import ConfigError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from flowzoo.benchmark.experiments.config import ExperimentConfig, ModelSection, apply_overrides
 from flowzoo.benchmark.experiments.recipes import recipe, recipe_files
-from flowzoo.benchmark.experiments.tuning_design import TunedValues, apply_tuned
+from flowzoo.benchmark.experiments.tuned import TunedValues, apply_tuned
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 

@@ -37,7 +37,7 @@ from flowzoo.benchmark.experiments.hyperparams import SEARCH_SPACE
 from flowzoo.errors import ConfigError
 
 TYPES = ("float", "int", "categorical")
-#: keys a preset fixes: never tuned (named here for tuning_design.py and the tests)
+#: keys a preset fixes: never tuned (named here for the tuned layer (experiments/tuned.py) and the tests)
 _preset_keys = hyperparams.preset_keys
 
 

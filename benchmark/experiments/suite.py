@@ -36,7 +36,8 @@ from flowzoo.benchmark.experiments.inert import check_trains_something
 from flowzoo.benchmark.experiments.executors import Resources, resolve_resources
 from flowzoo.benchmark.experiments.resolve import Layers, Resolved, resolve
 from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
-from flowzoo.benchmark.experiments.tuning_design import TunedValues, find_tuned, read_design, recipe_note
+from flowzoo.benchmark.tuning.design import read_design
+from flowzoo.benchmark.experiments.tuned import TunedValues, find_tuned, recipe_note
 from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
@@ -61,7 +62,7 @@ class Suite:
     #: what each run's scheduler job asks for (benchmark/experiments/executors.py, Resources: gpus, processes, cpus, mem_gb,
     #: time_min); a task's own ``resources`` win; unused by the local executor
     resources: dict = field(default_factory=dict)
-    #: the tuning design of ``flowzoo tune`` (benchmark/experiments/tuning_design.py), fixed before any trial
+    #: the tuning design of ``flowzoo tune`` (benchmark/tuning/design.py), fixed before any trial
     tuning: dict | None = None
     #: a directory of tuned configurations, DIR/<task>/<algorithm>.yaml: each cell runs at its algorithm's tuned recipe
     tuned: str | None = None

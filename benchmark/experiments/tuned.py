@@ -1,109 +1,25 @@
-"""A suite's tuning design (its ``tuning:`` section) and its tuned recipes (its ``tuned:`` directory).
+"""The tuned layer of a run's keys (benchmark/experiments/resolve.py): a suite's ``tuned:`` directory of chosen
+configurations ``DIR/<task>/<algorithm>.yaml`` (what ``flowzoo tune --out`` writes under ``tuned/``), or a tune trial's
+values.
 
-The design is fixed in the suite file before any trial runs (docs/tuning.md)::
-
-    tuning:
-      objective: auc          # auc: mean eval reward over the run's evaluations; final: mean of the last 3
-      trials: 24              # complete + pruned trials per (task, algorithm): the same for every cell
-      steps: 400              # training steps of a trial's runs (default: the suite's train.steps)
-      seeds: [1000, 1001]     # tuning seeds, disjoint from the suite's seeds and seed sets
-      sampler: {name: tpe, seed: 0, startup_trials: 8}
-      pruner: {name: median, startup_trials: 5, warmup_evaluations: 10}
-      cells: {toy2d_sep64_sparse: [flow_grpo, op_grpo]}   # default: every cell of the suite
-      knobs: [lr]             # only these knobs of each cell's space (default: all)
-
-``tuned: DIR`` names the chosen configurations ``DIR/<task>/<algorithm>.yaml`` (what ``flowzoo tune --out`` writes
-under ``tuned/``). A cell without a file of its own takes its base task's (``task`` of ``task@variant``), then its
-method's (an ablation takes the file of the method it ablates, less the keys its preset fixes). The tuned values sit
-above the suite's shared per-algorithm block and below a cell's own ``tasks.<task>.per_algorithm`` keys (the keys
-that make a control what it is are never replaced) and the command line.
+A cell without a file of its own takes its base task's (``task`` of ``task@variant``), then its method's (an ablation
+takes the file of the method it ablates, less the keys its preset fixes). The tuned values sit above the suite's
+shared per-algorithm block and below a cell's own ``tasks.<task>.per_algorithm`` keys (the keys that make a control
+what it is are never replaced) and the command line. The tuning itself (design, trials, pruners, report) is
+benchmark/tuning/.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowzoo import algorithms
 from flowzoo.benchmark.experiments.config import read_yaml
-from flowzoo.benchmark.experiments.tuning_pruners import PRUNERS
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
-from flowzoo.schema import from_mapping
-
-OBJECTIVES = ("auc", "final")
-SAMPLERS = ("tpe",)
-
-
-@dataclass
-class SamplerSpec:
-    name: str = "tpe"
-    seed: int = 0  # the TPE sampler's seed (trial k draws with seed + k, so a serial study is reproducible)
-    startup_trials: int = 8  # random trials before TPE models the results
-    multivariate: bool = True  # TPE over the knobs jointly (they interact: lr and clip range)
-
-
-@dataclass
-class PrunerSpec:
-    name: str = "median"  # median, median_latest or none (benchmark/experiments/tuning_pruners.py)
-    startup_trials: int = 5  # no pruning before this many trials finished
-    warmup_evaluations: int = 10  # no pruning of a trial before this many of its evaluations
-
-
-@dataclass
-class TuningDesign:
-    objective: str
-    trials: int
-    seeds: list[int]
-    steps: int | None = None
-    sampler: SamplerSpec = field(default_factory=SamplerSpec)
-    pruner: PrunerSpec = field(default_factory=PrunerSpec)
-    cells: dict = field(default_factory=dict)  # {task: [algorithm, ...]}; empty: every cell of the suite
-    knobs: list = field(default_factory=list)  # tune only these knobs of every cell's space; empty: all of them
-
-
-def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> TuningDesign:
-    """The suite's ``tuning:`` section, checked: known objective, pruner and sampler, positive counts, tuning seeds
-    disjoint from ``evaluation_seeds`` (every seed the suite's runs use)."""
-    where = f"suite {suite_name}: tuning"
-    if not isinstance(section, dict):
-        raise ConfigError(f"{where} must be a mapping (objective, trials, seeds, ...), got {section!r}")
-    for required in ("objective", "trials", "seeds"):
-        if required not in section:
-            raise ConfigError(f"{where} needs `{required}`: a tuning design is fixed in the suite before any trial")
-    design = from_mapping(TuningDesign, section, where=where)
-    design.sampler = from_mapping(SamplerSpec, design.sampler, where=f"{where}.sampler")
-    design.pruner = from_mapping(PrunerSpec, design.pruner, where=f"{where}.pruner")
-    if design.objective not in OBJECTIVES:
-        raise ConfigError(f"{where}.objective {design.objective!r} is not one of {', '.join(OBJECTIVES)}")
-    if design.pruner.name not in PRUNERS:
-        raise ConfigError(f"{where}.pruner.name {design.pruner.name!r} is not one of {', '.join(PRUNERS)}")
-    if design.sampler.name not in SAMPLERS:
-        raise ConfigError(f"{where}.sampler.name {design.sampler.name!r} is not one of {', '.join(SAMPLERS)}")
-    for name, value in (("trials", design.trials), ("steps", 1 if design.steps is None else design.steps)):
-        if value < 1:  # steps 0 is no "the suite's steps": that is null
-            raise ConfigError(f"{where}.{name} must be a positive integer, got {value}")
-    if design.sampler.seed < 0:
-        raise ConfigError(f"{where}.sampler.seed must be >= 0, got {design.sampler.seed}")
-    for name, value in (("sampler.startup_trials", design.sampler.startup_trials),
-                        ("pruner.startup_trials", design.pruner.startup_trials),
-                        ("pruner.warmup_evaluations", design.pruner.warmup_evaluations)):
-        if value < 0:
-            raise ConfigError(f"{where}.{name} must be >= 0, got {value}")
-    if not design.seeds or len(set(design.seeds)) != len(design.seeds):
-        raise ConfigError(f"{where}.seeds must be a non-empty list of distinct integers, got {design.seeds}")
-    check_disjoint(design.seeds, evaluation_seeds, where)
-    return design
-
-
-def check_disjoint(tuning_seeds: list[int], evaluation_seeds: list[int], where: str) -> None:
-    """Tuning seeds never evaluate: an overlap is refused in one line naming the shared seeds."""
-    shared = sorted(set(tuning_seeds) & set(evaluation_seeds))
-    if shared:
-        raise ConfigError(f"{where}.seeds {shared} are also evaluation seeds of the suite; tuning seeds must be "
-                          f"disjoint from its seeds and seed sets (e.g. 1000, 1001, ...)")
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import yaml
 
 from flowzoo.benchmark.analysis import figures
 from flowzoo.benchmark.experiments.search_space import Knob
-from flowzoo.benchmark.experiments.tuning import Cell, open_storage
-from flowzoo.benchmark.experiments.tuning_design import TuningDesign, tuned_path
+from flowzoo.benchmark.tuning.tune import Cell, open_storage
+from flowzoo.benchmark.tuning.design import TuningDesign
+from flowzoo.benchmark.experiments.tuned import tuned_path
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 COUNTED = ("COMPLETE", "PRUNED")

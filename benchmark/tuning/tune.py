@@ -1,6 +1,6 @@
 """``flowzoo tune SUITE``: one Optuna study per (task, algorithm) cell of a suite, the same budget for every cell.
 
-The design comes from the suite's ``tuning:`` section (:mod:`benchmark.experiments.tuning_design`), the knobs from
+The design comes from the suite's ``tuning:`` section (:mod:`benchmark.tuning.design`), the knobs from
 each algorithm's and prompt sampler's declared search space (:mod:`benchmark.experiments.search_space`). A trial
 trains the cell's config (the suite's, as ``flowzoo bench`` builds it, with the trial's values in the tuned layer)
 once per tuning seed through the runner, reporting every evaluation's partial objective to the pruner.
@@ -38,8 +38,9 @@ from flowzoo.benchmark.experiments.runner import Runner
 from flowzoo.benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
 from flowzoo.benchmark.experiments.suite import Suite, cell_keys, expand, load_suite, select
 from flowzoo.benchmark.experiments.suite import cells as suite_cells_of
-from flowzoo.benchmark.experiments.tuning_design import TunedValues, TuningDesign, read_design, sampler_name
-from flowzoo.benchmark.experiments.tuning_pruners import make_pruner
+from flowzoo.benchmark.tuning.design import TuningDesign, read_design
+from flowzoo.benchmark.experiments.tuned import TunedValues, sampler_name
+from flowzoo.benchmark.tuning.pruners import make_pruner
 from flowzoo.cells import base_task
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
 from flowzoo.errors import ConfigError, FlowZooError
