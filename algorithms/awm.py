@@ -173,6 +173,20 @@ class AWMConfig(AlgorithmConfig):
         if self.inner_epochs != 1:
             raise ConfigError(f"algorithm.inner_epochs must be 1 for awm (the released trainer makes one pass over "
                               f"its samples), got {self.inner_epochs}")
+
+    def inert_keys(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """At ``kl_beta`` 0 the copy's KL and the KL's forms are inert: the release nests the copy's KL inside its
+        ``if beta > 0`` (train_sd3_awm.py:1330,1341-1354 at be51372), as :meth:`AWM.update` does."""
+        inert = super().inert_keys()
+        if self.kl_beta == 0:
+            why = "kl_beta is 0: the KL terms, the copy's nested in the reference's (train_sd3_awm.py:1330-1354), are off"
+            for name in ("ema_kl_beta", "kl_form", "ema_kl_form", "kl_ema_decay", "kl_ema_decay_type"):
+                inert[name] = (why, ("kl_beta",))
+        elif self.ema_kl_beta == 0:
+            why = "ema_kl_beta is 0: the KL to the slowly updated copy is off"
+            for name in ("ema_kl_form", "kl_ema_decay", "kl_ema_decay_type"):
+                inert[name] = (why, ("ema_kl_beta",))
+        return inert
         if self.reuse_rollout_graph is True:
             raise ConfigError("algorithm.reuse_rollout_graph cannot be true for awm: it trains on the forward "
                               "process, not on the rollout's graph (use auto or false)")

@@ -162,6 +162,16 @@ class AlgorithmConfig:
         """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);
         ``benchmark.experiments.config`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
 
+    def inert_keys(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Knobs whose value cannot change a run of this config: {knob: (why, the knobs that make it inert)}. ``flowzoo
+        tune`` leaves such a knob out of a cell's space unless one of the knobs that make it inert is tuned too.
+        Here: the weight average's knobs with ``ema`` off; subclasses add theirs (AWM's copy KL at ``kl_beta`` 0)."""
+        inert: dict[str, tuple[str, tuple[str, ...]]] = {}
+        if not self.ema:
+            for name in ("ema_decay", "ema_every"):
+                inert[name] = ("ema is off: no weight average is kept", ("ema",))
+        return inert
+
 
 #: the largest |log pi_theta - log pi_old| over the on-policy (sample, step) pairs of an update's first optimizer
 #: step: 0 up to rounding when the update recomputes what the rollout sampled; precision (bf16/fp16 rollouts against

@@ -106,6 +106,19 @@ class OPGRPOConfig(AlgorithmConfig):
         if self.weight_cap is not None and self.weight_cap <= 0:
             raise ConfigError(f"algorithm.weight_cap must be > 0 or null, got {self.weight_cap}")
 
+    def inert_keys(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """With no group replaying (``off_policy_groups`` or ``replay_k`` 0) the replay's knobs are inert: no buffer
+        sample enters a batch, so how many, how far reused and how weighted cannot change the run."""
+        inert = super().inert_keys()
+        for switch in ("off_policy_groups", "replay_k"):
+            if getattr(self, switch) == 0:
+                why = f"{switch} is 0: no group replays a buffer sample"
+                others = ("off_policy_groups", "replay_k", "t_off", "weight_cap", "weight_self_normalize")
+                for name in others:
+                    if name != switch:
+                        inert.setdefault(name, (why, (switch,)))
+        return inert
+
     def check_num_steps(self, num_steps: int) -> None:
         """``t_off`` counts transitions of a T-step rollout: 0 <= t_off <= T (T: no truncation, as null)."""
         if self.t_off is not None and not 0 <= self.t_off <= num_steps:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -252,7 +253,10 @@ def test_the_report_writes_a_tuned_file_a_suite_reads(tmp_path):
     suite, design, cells, url = tuning.tune(str(write_suite(tmp_path)), runs, trials=2, tasks="toy2d_mode",
                                             algorithms="flow_grpo")
     index = write_tuning_report(suite.name, design, cells, url, out, 2)
-    assert "| toy2d_mode | flow_grpo | 2/2 |" in index.read_text()
+    text = index.read_text()
+    assert "| toy2d_mode | flow_grpo | 3 | - | 2/2 |" in text  # 3 knobs, none left out
+    table = pd.read_csv(out / "chosen.csv")
+    assert table.loc[0, "cpu_min"] > 0  # the trials' compute, summed from each trial's cpu_s
     assert (out / "figures" / "sensitivity_toy2d_mode.png").is_file()
     record = yaml.safe_load((out / "tuned" / "toy2d_mode" / "flow_grpo.yaml").read_text())
     tuned_suite = load_suite(str(write_suite(tmp_path, tuned=str(out / "tuned"))))
@@ -335,3 +339,48 @@ def test_a_storage_password_never_reaches_an_error_line(monkeypatch):
         tuning.check_storage("postgresql://ana:s3cret@db.example:notaport/tune")
     assert "s3cret" not in str(error.value)
     assert tuning.shown_url("sqlite:////shared/tune.db") == "sqlite:////shared/tune.db"
+
+
+# ------------------------------------------------------------------------------------------------- inert knobs
+
+def test_a_knob_that_cannot_change_the_cell_is_never_tuned(tmp_path, capsys):
+    """AWM at kl_beta 0 (the study's shared recipe): ema_kl_beta is inert (the release nests the copy's KL inside its
+    KL term), so it leaves AWM's space with the reason; OP-GRPO with no group replaying loses its replay knobs; a
+    design that names an inert knob is refused; a tuned switch keeps what it switches."""
+    path = write_suite(tmp_path, algorithms=["flow_grpo", "op_grpo", "awm"])
+    suite, design = tuning.load_tuning(str(path))
+    cells = {(c.task, c.algorithm): c for c in tuning.tuning_cells(suite, design)}
+    awm = cells[("toy2d_mode", "awm")]
+    assert "ema_kl_beta" not in awm.knobs and "kl_beta is 0" in awm.inert["ema_kl_beta"]
+    assert {"lr", "advantage_max", "weighting"} <= set(awm.knobs)
+    assert cells[("toy2d_mode", "op_grpo")].inert == {}  # it replays: every replay knob matters
+
+    quiet = write_suite(tmp_path, **{"tasks.toy2d_mode": {"per_algorithm": {"op_grpo": {"off_policy_groups": 0.0}}}})
+    suite, design = tuning.load_tuning(str(quiet))
+    op = {(c.task, c.algorithm): c for c in tuning.tuning_cells(suite, design)}[("toy2d_mode", "op_grpo")]
+    assert {"replay_k", "t_off"} <= set(op.inert) and not {"replay_k", "t_off", "off_policy_groups"} & set(op.knobs)
+    assert "off_policy_groups is 0" in op.inert["t_off"]
+    keys = tuning.cell_keys(suite, "toy2d_mode", "op_grpo")  # with the switch in the space, nothing it switches is inert
+    assert tuning.inert_knobs(keys, "toy2d_mode", "op_grpo", {"t_off": None, "off_policy_groups": None}) == {}
+    capsys.readouterr()
+
+    named = write_suite(tmp_path, algorithms=["flow_grpo", "op_grpo", "awm"], **{"tuning.knobs": ["lr", "ema_kl_beta"]})
+    suite, design = tuning.load_tuning(str(named))
+    with pytest.raises(ConfigError, match=r"tuning.knobs names 'ema_kl_beta', inert in toy2d_mode/awm \(kl_beta is 0"):
+        tuning.tuning_cells(suite, design, algorithms_csv="awm")
+
+
+def test_inert_keys_follow_their_switches():
+    """The rules themselves: each names a knob only while its switch is off."""
+    from flowzoo.algorithms.awm import AWMConfig
+    from flowzoo.algorithms.base import AlgorithmConfig
+    from flowzoo.algorithms.op_grpo import OPGRPOConfig
+
+    assert set(AlgorithmConfig(ema=False).inert_keys()) == {"ema_decay", "ema_every"}
+    assert AlgorithmConfig(ema=True).inert_keys() == {}
+    assert "ema_kl_beta" in AWMConfig(kl_beta=0.0).inert_keys()
+    assert "ema_kl_beta" not in AWMConfig(kl_beta=1e-3).inert_keys()
+    assert set(AWMConfig(kl_beta=1e-3, ema_kl_beta=0.0).inert_keys()) >= {"kl_ema_decay", "ema_kl_form"}
+    assert "t_off" in OPGRPOConfig(off_policy_groups=0.0).inert_keys()
+    assert "t_off" in OPGRPOConfig(replay_k=0).inert_keys()
+    assert OPGRPOConfig(off_policy_groups=0.5, replay_k=1).inert_keys().keys() <= {"ema_decay", "ema_every"}

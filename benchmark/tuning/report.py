@@ -37,7 +37,8 @@ def trial_table(study) -> pd.DataFrame:
             continue
         seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete else None
         rows.append({"trial": trial.number, "state": trial.state.name.lower(), "objective": trial.value,
-                     "seconds": seconds, "evaluations": len(trial.intermediate_values),
+                     "seconds": seconds, "cpu_s": trial.user_attrs.get("cpu_s"),
+                     "evaluations": len(trial.intermediate_values),
                      "stopped": trial.user_attrs.get("stopped", ""),
                      **{f"param_{k}": v for k, v in trial.params.items()}})
     return pd.DataFrame(rows)
@@ -150,7 +151,9 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
             atomic_write_text(tuned_path(out / "tuned", cell.task, cell.algorithm),
                               f"# chosen by flowzoo tune {suite_name} (docs/tuning.md)\n"
                               + yaml.safe_dump(record, sort_keys=False))
+        cpu = pd.to_numeric(table["cpu_s"], errors="coerce").sum() if spent and "cpu_s" in table else 0.0
         summary.append({"task": cell.task, "algorithm": cell.algorithm, "trials": f"{spent}/{budget}",
+                        "knobs": len(cell.all_knobs()), "left_out": ", ".join(cell.inert), "cpu_min": cpu / 60,
                         "complete": int((table["state"] == "complete").sum()) if spent else 0,
                         "pruned": int((table["state"] == "pruned").sum()) if spent else 0,
                         "best_trial": None if best is None else int(best["trial"]),
@@ -171,11 +174,17 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
              f"steps; {budget} trials per cell (complete + pruned), TPE (seed {design.sampler.seed}), "
              f"{design.pruner.name} pruner. A cell whose trials are short of {budget} is not finished: rerun "
              f"`flowzoo tune {suite_name}`.", "",
-             "| task | algorithm | trials | complete | pruned | best trial | objective | chosen |",
-             "|---|---|---|---|---|---|---|---|"]
+             "The budget is equal in trials; `knobs` is the size of each cell's space and `CPU-min` the compute its "
+             "trials spent (pruning and extra sampler rounds make it differ); `left out` names the knobs of the "
+             "declared space that cannot change the cell's runs (inert at its keys, e.g. a KL weight at kl_beta 0), "
+             "which are never tuned.", "",
+             "| task | algorithm | knobs | left out | trials | complete | pruned | CPU-min | best trial | objective | "
+             "chosen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in summary:
         objective = "-" if row["objective"] is None else f"{row['objective']:.4f}"
-        lines.append(f"| {row['task']} | {row['algorithm']} | {row['trials']} | {row['complete']} | {row['pruned']} | "
+        lines.append(f"| {row['task']} | {row['algorithm']} | {row['knobs']} | {row['left_out'] or '-'} | "
+                     f"{row['trials']} | {row['complete']} | {row['pruned']} | {row['cpu_min']:.1f} | "
                      f"{row['best_trial'] if row['best_trial'] is not None else '-'} | {objective} | {row['chosen']} |")
     lines += ["", "Chosen configurations: `tuned/<task>/<algorithm>.yaml` (a suite's `tuned:` key names `tuned/`); "
               "trial tables: `trials/`.", "", *figure_lines]

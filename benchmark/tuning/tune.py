@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class Cell:
     knobs: dict  # algorithm key -> Knob
     sampler: str | None
     sampler_knobs: dict  # sampler argument -> Knob
+    inert: dict = field(default_factory=dict)  # knob -> why it was left out: its value cannot change the cell's runs
 
     @property
     def study_name(self) -> str:
@@ -119,6 +120,12 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
         named = set(spec) - {"name"} if isinstance(spec, dict) else set()
         sampler_knobs = ({k: v for k, v in sampler_space(sampler, model, base).items() if k not in named}
                          if sampler else {})
+        inert = inert_knobs(keys, task, alg, knobs)
+        named_inert = [k for k in design.knobs if k in inert]
+        if named_inert:
+            raise ConfigError(f"suite {suite.name}: tuning.knobs names {named_inert[0]!r}, inert in {task}/{alg} "
+                              f"({inert[named_inert[0]]}): tuning it would spend trials on a value that changes nothing")
+        knobs = {k: v for k, v in knobs.items() if k not in inert}
         if design.knobs:
             missing = [k for k in design.knobs if k not in knobs and k not in sampler_knobs]
             if missing:
@@ -129,8 +136,22 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
         if not knobs and not sampler_knobs:
             raise ConfigError(f"{alg} declares no search space; add a `search_space:` section to "
                               f"benchmark/hyperparams/{alg}.yaml (docs/tuning.md)")
-        cells.append(Cell(task, alg, knobs, sampler, sampler_knobs))
+        cells.append(Cell(task, alg, knobs, sampler, sampler_knobs, inert))
     return cells
+
+
+def inert_knobs(keys, task: str, alg: str, knobs: dict) -> dict[str, str]:
+    """The knobs of a cell's space whose value cannot change its runs at the cell's own keys (the algorithm config's
+    ``inert_keys``: e.g. AWM's ``ema_kl_beta`` at ``kl_beta`` 0), unless a knob that makes them inert is tuned too:
+    {knob: why}."""
+    from flowzoo import algorithms
+    from flowzoo.benchmark.experiments.resolve import Layers, resolve
+
+    data = {**keys.data, "task": task}
+    resolved = resolve(data, alg, Layers(keys.shared, keys.own, keys.pinned)).data["algorithm"]
+    config = algorithms.get(alg).typed_config({k: v for k, v in resolved.items() if k != "name"})
+    return {knob: why for knob, (why, switches) in config.inert_keys().items()
+            if knob in knobs and not any(switch in knobs for switch in switches)}
 
 
 def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, trial_dir: Path) -> list[ExperimentConfig]:
@@ -313,17 +334,21 @@ class Objective:
             if trial.should_prune():
                 raise optuna.TrialPruned()
 
-        for config in configs:
-            config.train.threads = config.train.threads or self.threads
-            try:
-                Runner(config, progress=False, dist=SingleProcess(), on_evaluation=lambda rows: report(
-                    [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
-            except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
-                trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
-                raise optuna.TrialPruned() from None
-            curve = eval_curve(config.resolved_run_dir())
-            report(curve)
-            curves.append(curve)
+        cpu_start = time.process_time()  # the trial's compute, pruned or not (the tuning page sums it per cell)
+        try:
+            for config in configs:
+                config.train.threads = config.train.threads or self.threads
+                try:
+                    Runner(config, progress=False, dist=SingleProcess(), on_evaluation=lambda rows: report(
+                        [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
+                except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
+                    trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
+                    raise optuna.TrialPruned() from None
+                curve = eval_curve(config.resolved_run_dir())
+                report(curve)
+                curves.append(curve)
+        finally:
+            trial.set_user_attr("cpu_s", round(time.process_time() - cpu_start, 3))
         return objective_value(curves, self.design.objective)
 
 
@@ -700,6 +725,9 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
           f"(objective {design.objective}), storage {shown_url(url)}, {where}", flush=True)
     if note:
         print(f"tune {suite.name}: {note}", flush=True)
+    for cell in cells:
+        for knob, why in cell.inert.items():
+            print(f"tune {suite.name} {cell.study_name}: {knob} left out of the space: {why}", flush=True)
     args = (suite_ref, tasks, algorithms, trials, url, str(trials_dir))
     if executor is not None:
         tune_as_jobs(executor, suite, cells, args, workers, budget)
