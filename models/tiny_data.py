@@ -251,6 +251,7 @@ def vocabulary() -> list[str]:
 #: fixed seeds of the prompt sets: training prompts and the held-out evaluation prompts never share a stream
 TRAIN_PROMPT_SEED = 1
 EVAL_PROMPT_SEED = 2
+VALIDATION_PROMPT_SEED = 3  # flowzoo tune's trials: drawn apart, then held out from the evaluation prompts' texts
 PRETRAIN_DATA_SEED = 0
 
 

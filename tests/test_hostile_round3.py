@@ -697,7 +697,8 @@ def _tuning_suite(tmp_path: Path) -> Path:
                                "checkpoint_every": 2, "save_samples": False, "threads": 1},
                      "model": {"name": "toy2d", "args": {"pretrain_steps": 30, "hidden": 32}}, "reward": "toy_mode"},
         "tasks": {"toy2d_mode": {}},
-        "tuning": {"objective": "auc", "trials": 2, "seeds": [1000], "sampler": {"seed": 0, "startup_trials": 1},
+        "tuning": {"objective": "auc", "trials": 2, "seeds": [1000], "validation": {"eval_seed": 54321, "prompts": "reported"},
+                   "sampler": {"seed": 0, "startup_trials": 1},
                    "pruner": {"startup_trials": 1, "warmup_evaluations": 1}},
     }))
     return suite

@@ -220,7 +220,7 @@ def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expect
 def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expected):
     from flowzoo.benchmark.tuning.design import read_design
 
-    section = {"objective": "auc", "trials": 4, "seeds": [1000], **extra}
+    section = {"objective": "auc", "trials": 4, "seeds": [1000], "validation": {"eval_seed": 7}, **extra}
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
         read_design("s", section, [0, 1])
     assert read_design("s", {**section, "steps": 10**12, "sampler": {}}, [0, 1]).steps == 10**12

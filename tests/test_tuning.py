@@ -39,7 +39,7 @@ MINI = {
     "tasks": {"toy2d_mode": {},
               "toy2d_mode@dynamic": {"algorithms": ["flow_grpo"], "train": {"prompt_sampler": "dynamic"}},
               "toy2d_mode@pinned": {"algorithms": ["op_grpo"], "per_algorithm": {"op_grpo": {"t_off": 0}}}},
-    "tuning": {"objective": "auc", "trials": 2, "seeds": [1000],
+    "tuning": {"objective": "auc", "trials": 2, "seeds": [1000], "validation": {"eval_seed": 54321, "prompts": "reported"},
                "sampler": {"seed": 0, "startup_trials": 1}, "pruner": {"startup_trials": 1, "warmup_evaluations": 1}},
 }
 
@@ -384,3 +384,56 @@ def test_inert_keys_follow_their_switches():
     assert "t_off" in OPGRPOConfig(off_policy_groups=0.0).inert_keys()
     assert "t_off" in OPGRPOConfig(replay_k=0).inert_keys()
     assert OPGRPOConfig(off_policy_groups=0.5, replay_k=1).inert_keys().keys() <= {"ema_decay", "ema_every"}
+
+
+# ------------------------------------------------------------------------------------------- the validation split
+
+def test_a_design_states_its_validation_and_never_scores_on_the_reported_set(tmp_path):
+    """No validation section, or the reported runs' evaluation noise, or held-out prompts a source lacks: refused in
+    one line; a trial's runs carry the design's evaluation noise."""
+    with pytest.raises(ConfigError, match="needs `validation: "):
+        load_suite(str(write_suite(tmp_path, tuning={k: v for k, v in MINI["tuning"].items() if k != "validation"})))
+    with pytest.raises(ConfigError, match="validation.prompts 'test' is not one of held_out, reported"):
+        load_suite(str(write_suite(tmp_path, **{"tuning.validation": {"eval_seed": 1, "prompts": "test"}})))
+    same = write_suite(tmp_path, **{"tuning.validation": {"eval_seed": 12345, "prompts": "reported"}})
+    suite, design = tuning.load_tuning(str(same))
+    with pytest.raises(ConfigError, match="eval_seed 12345 is the evaluation noise of the reported runs"):
+        tuning.tuning_cells(suite, design)
+    toy = write_suite(tmp_path, **{"tuning.validation": {"eval_seed": 7, "prompts": "held_out"}})
+    suite, design = tuning.load_tuning(str(toy))
+    with pytest.raises(ConfigError, match="prompts held_out, task toy2d_mode: .*'toy2d' source has no prompts held out"):
+        tuning.tuning_cells(suite, design)
+
+    suite, design = tuning.load_tuning(str(write_suite(tmp_path)))
+    cell = tuning.tuning_cells(suite, design, "toy2d_mode", "flow_grpo")[0]
+    configs = tuning.trial_configs(suite, design, cell, {"lr": 1e-4, "clip_range": 0.1, "noise_level": 0.7},
+                                   tmp_path / "trial0")
+    assert [c.train.eval_seed for c in configs] == [54321] and configs[0].prompts.eval_split == "test"
+    bench = next(c for c in expand(suite, tmp_path / "runs") if c.algorithm_name == "flow_grpo")
+    assert bench.train.eval_seed == 12345  # the reported runs keep theirs
+
+
+def test_held_out_prompts_are_disjoint_from_the_evaluation_set(tmp_path):
+    """The tiny sources draw validation prompts apart and drop any test prompt's text; the files source reads
+    prompts.validation and refuses one that shares a prompt with prompts.test; a run's identity is unchanged when
+    the new keys sit at their defaults."""
+    from flowzoo.benchmark.experiments.checkpoints import config_digest
+    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+
+    _, test = load_prompts(PromptSection(source="tiny_shapes"))
+    _, validation = load_prompts(PromptSection(source="tiny_shapes", eval_split="validation"))
+    assert validation and not {p for p, _ in validation} & {p for p, _ in test}
+    for name, lines in (("train", ["a cat", "a dog"]), ("test", ["a red car"]), ("val", ["a blue car", "a red car"])):
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    files = {"source": "files", "train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}
+    with pytest.raises(ConfigError, match="shares 1 prompt"):
+        load_prompts(PromptSection(**files, validation=str(tmp_path / "val.txt"), eval_split="validation"))
+    (tmp_path / "val.txt").write_text("a blue car\n")
+    assert [p for p, _ in load_prompts(PromptSection(**files, validation=str(tmp_path / "val.txt"),
+                                                     eval_split="validation"))[1]] == ["a blue car"]
+    with pytest.raises(ConfigError, match="needs prompts.validation"):
+        load_prompts(PromptSection(**files, eval_split="validation"))
+    plain = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml")
+    spelled = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", ["prompts.eval_split=test"])
+    assert config_digest(plain) == config_digest(spelled)

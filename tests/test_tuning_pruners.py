@@ -82,8 +82,8 @@ def test_latest_below_median_rule():
 
 def test_design_accepts_every_pruner_and_names_them_on_a_bad_one():
     for name in PRUNERS:
-        design = read_design("s", {"objective": "auc", "trials": 2, "seeds": [1000], "pruner": {"name": name}}, [0])
+        design = read_design("s", {"objective": "auc", "trials": 2, "seeds": [1000], "validation": {"eval_seed": 7}, "pruner": {"name": name}}, [0])
         assert design.pruner.name == name
         make_pruner(name, design.pruner.startup_trials, design.pruner.warmup_evaluations)
     with pytest.raises(ConfigError, match="'hyperband' is not one of median, median_latest, none"):
-        read_design("s", {"objective": "auc", "trials": 2, "seeds": [1000], "pruner": {"name": "hyperband"}}, [0])
+        read_design("s", {"objective": "auc", "trials": 2, "seeds": [1000], "validation": {"eval_seed": 7}, "pruner": {"name": "hyperband"}}, [0])

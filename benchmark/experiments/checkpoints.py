@@ -43,7 +43,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
-    without an unset ``train.prompt_sampler``, ``prompts.tags`` or ``prompts.dataset``; without the algorithm's
+    without an unset ``train.prompt_sampler``, ``prompts.tags``, ``prompts.dataset`` or ``prompts.validation``, or
+    ``prompts.eval_split`` at ``test``; without the algorithm's
     ``EXECUTION_KEYS`` and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
@@ -55,7 +56,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
                              if k != "threads" and not (k == "prompt_sampler" and v is None)}
     if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
         resolved["prompts"] = {k: v for k, v in resolved["prompts"].items()
-                               if not (k in ("tags", "dataset") and v is None)}
+                               if not (k in ("tags", "dataset", "validation") and v is None)
+                               and not (k == "eval_split" and v == "test")}
     model = resolved.get("model")
     if isinstance(model, dict) and isinstance(model.get("args"), dict):  # how the network runs, not what it computes
         resolved["model"] = {**model, "args": {k: v for k, v in model["args"].items() if k not in MODEL_EXECUTION_ARGS}}

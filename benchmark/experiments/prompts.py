@@ -37,11 +37,34 @@ class PromptSection:
     tags: list[str] | None = None  # "tiny_shapes": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS)
     # "dataset": {column, metadata, train_split, test_split} (benchmark.experiments.prompt_datasets.DatasetSpec)
     dataset: dict | None = None
+    # validation prompts, held out from ``test`` (the "files" source; the tiny sources draw their own): what
+    # ``flowzoo tune``'s trials evaluate on when its design asks for held-out prompts
+    validation: str | None = None
+    # which prompts evaluations use: "test" (the reported evaluation set) or "validation" (a tune trial's)
+    eval_split: str = "test"
+
+
+EVAL_SPLITS = ("test", "validation")
+#: the sources with validation prompts held out from their evaluation prompts
+VALIDATION_SOURCES = ("files", "tiny_shapes", "tiny_glyphs")
 
 
 def check_source(section: PromptSection) -> None:
     if section.source not in SOURCES:
         raise ConfigError(f"unknown prompt source {section.source!r}; known: {', '.join(SOURCES)}")
+    if section.eval_split not in EVAL_SPLITS:
+        raise ConfigError(f"prompts.eval_split {section.eval_split!r}: one of {', '.join(EVAL_SPLITS)}")
+    if section.validation is not None and section.source != "files":
+        raise ConfigError(f"prompts.validation is a prompt file of the 'files' source; the {section.source!r} "
+                          f"source {'draws its own' if section.source in VALIDATION_SOURCES else 'has none'}")
+    if section.eval_split == "validation":
+        if section.source not in VALIDATION_SOURCES:
+            raise ConfigError(f"prompts.eval_split validation: the {section.source!r} source has no prompts held out "
+                              f"from its evaluation set (sources with them: {', '.join(VALIDATION_SOURCES)}); "
+                              f"evaluate on its test prompts with other evaluation noise instead")
+        if section.source == "files" and section.validation is None:
+            raise ConfigError("prompts.eval_split validation with the 'files' source needs prompts.validation: a "
+                              "prompt file held out from prompts.test")
     if section.tags is not None:
         _check_tags(section)
     if section.dataset is not None and section.source != "dataset":
@@ -106,15 +129,19 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
         layout = DEFAULT_LAYOUT if section.layout is None else section.layout
         return prompt_set(classes, layout), prompt_set(classes, layout)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
-        from flowzoo.models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, prompt_set as tiny_prompt_set
+        from flowzoo.models.tiny_data import (EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, VALIDATION_PROMPT_SEED,
+                                               prompt_set as tiny_prompt_set)
 
         data = section.source.removeprefix("tiny_")
         train = tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED)
         test = tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED)
+        validation = (tiny_prompt_set(data, TINY_EVAL_PROMPTS, VALIDATION_PROMPT_SEED)
+                      if section.eval_split == "validation" else [])
         if section.tags is not None:
             keep = set(section.tags)
-            train, test = ([(p, m) for p, m in prompts if m.get("tag") in keep] for prompts in (train, test))
-        return train, test
+            train, test, validation = ([(p, m) for p, m in prompts if m.get("tag") in keep]
+                                       for prompts in (train, test, validation))
+        return train, _evaluated(section, test, validation)
     if section.source == "dataset":
         from flowzoo.benchmark.experiments.prompt_datasets import read_dataset_prompts
 
@@ -128,4 +155,26 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     for split, prompts, path in (("train", train, section.train), ("test", test, section.test)):
         if not prompts:
             raise ConfigError(f"prompts.{split}: {path} holds no prompts")
+    if section.eval_split == "validation":
+        validation = read_prompts(section.validation, "validation")
+        shared = sorted({p for p, _ in validation} & {p for p, _ in test})
+        if shared:
+            raise ConfigError(f"prompts.validation: {section.validation} shares {len(shared)} prompt(s) with "
+                              f"prompts.test (e.g. {shared[0]!r}); validation prompts are held out from the reported "
+                              f"evaluation set")
+        return train, _evaluated(section, test, validation)
     return train, test
+
+
+def _evaluated(section: PromptSection, test: Prompts, validation: Prompts) -> Prompts:
+    """The prompts evaluations use: ``test``, or with ``eval_split: validation`` the validation prompts whose text is
+    not a test prompt's (none left: a one-line error)."""
+    if section.eval_split != "validation":
+        return test
+    held_out = [(p, m) for p, m in validation if p not in {q for q, _ in test}]
+    if not held_out:
+        raise ConfigError(f"prompts.eval_split validation: the {section.source!r} prompts"
+                          f"{' of tags ' + str(section.tags) if section.tags else ''} hold no validation prompt "
+                          f"outside the evaluation set (too few distinct prompts); score on the test prompts with "
+                          f"other evaluation noise (a tuning design's validation.prompts: reported)")
+    return held_out

@@ -42,11 +42,24 @@ class PrunerSpec:
     warmup_evaluations: int = 10  # no pruning of a trial before this many of its evaluations
 
 
+#: where a trial's evaluations take their prompts: prompts held out from the reported evaluation set (the tiny
+#: sources draw them, the files source reads prompts.validation), or the reported prompts (a task with too few
+#: prompts to hold any out, e.g. toy2d's classes); either way with the design's own evaluation noise
+VALIDATION_PROMPTS = ("held_out", "reported")
+
+
+@dataclass
+class ValidationSpec:
+    eval_seed: int  # the trials' evaluation noise: never a reported run's train.eval_seed
+    prompts: str = "held_out"
+
+
 @dataclass
 class TuningDesign:
     objective: str
     trials: int
     seeds: list[int]
+    validation: ValidationSpec
     steps: int | None = None
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     pruner: PrunerSpec = field(default_factory=PrunerSpec)
@@ -63,7 +76,15 @@ def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> T
     for required in ("objective", "trials", "seeds"):
         if required not in section:
             raise ConfigError(f"{where} needs `{required}`: a tuning design is fixed in the suite before any trial")
+    if "validation" not in section:
+        raise ConfigError(f"{where} needs `validation: {{eval_seed: N, prompts: held_out|reported}}`: trials score "
+                          f"with evaluation noise (and, where the task has enough prompts, prompts) of their own, "
+                          f"never on the reported evaluation set")
     design = from_mapping(TuningDesign, section, where=where)
+    design.validation = from_mapping(ValidationSpec, design.validation, where=f"{where}.validation")
+    if design.validation.prompts not in VALIDATION_PROMPTS:
+        raise ConfigError(f"{where}.validation.prompts {design.validation.prompts!r} is not one of "
+                          f"{', '.join(VALIDATION_PROMPTS)}")
     design.sampler = from_mapping(SamplerSpec, design.sampler, where=f"{where}.sampler")
     design.pruner = from_mapping(PrunerSpec, design.pruner, where=f"{where}.pruner")
     if design.objective not in OBJECTIVES:

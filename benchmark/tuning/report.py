@@ -61,6 +61,7 @@ def tuned_record(suite_name: str, design: TuningDesign, cell: Cell, table: pd.Da
         "budget": {"trials": budget, "complete": int((table["state"] == "complete").sum()),
                    "pruned": int((table["state"] == "pruned").sum())},
         "seeds": list(design.seeds), "steps": design.steps,
+        "validation": {"eval_seed": design.validation.eval_seed, "prompts": design.validation.prompts},
         "algorithm_keys": {k: v for k, v in params.items() if not k.startswith("sampler.")},
         "sampler_keys": {k.removeprefix("sampler."): v for k, v in params.items() if k.startswith("sampler.")},
     }
@@ -173,7 +174,10 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
              f"Objective `{design.objective}` over tuning seeds {list(design.seeds)}, {design.steps or 'the suite'}'s "
              f"steps; {budget} trials per cell (complete + pruned), TPE (seed {design.sampler.seed}), "
              f"{design.pruner.name} pruner. A cell whose trials are short of {budget} is not finished: rerun "
-             f"`flowzoo tune {suite_name}`.", "",
+             f"`flowzoo tune {suite_name}`. Trials score on a validation split: evaluation noise seed "
+             f"{design.validation.eval_seed} (the reported runs' is their train.eval_seed) and "
+             f"{'prompts held out from the reported evaluation set' if design.validation.prompts == 'held_out' else 'the reported prompts (the task has none to hold out)'}.",
+             "",
              "The budget is equal in trials; `knobs` is the size of each cell's space and `CPU-min` the compute its "
              "trials spent (pruning and extra sampler rounds make it differ); `left out` names the knobs of the "
              "declared space that cannot change the cell's runs (inert at its keys, e.g. a KL weight at kl_beta 0), "

@@ -113,6 +113,7 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
     cells = []
     for task, alg in wanted:
         keys = cell_keys(suite, task, alg)
+        check_validation(suite, design, task, keys)
         model, base = keys.model, base_task(task)
         knobs = {k: v for k, v in algorithm_space(alg, model, base).items() if k not in keys.pinned}
         spec = keys.data["train"].get("prompt_sampler")
@@ -140,6 +141,35 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
     return cells
 
 
+def validation_overrides(design: TuningDesign) -> list[str]:
+    """What makes a trial's evaluations validation ones: the design's evaluation noise, and its held-out prompts."""
+    overrides = [f"train.eval_seed={design.validation.eval_seed}"]
+    if design.validation.prompts == "held_out":
+        overrides.append("prompts.eval_split=validation")
+    return overrides
+
+
+def check_validation(suite: Suite, design: TuningDesign, task: str, keys) -> None:
+    """A one-line ConfigError when a cell's trials would score on its reported evaluation set: the design's
+    evaluation noise is the cell's own, or its held-out prompts do not exist for the cell's prompt source."""
+    from flowzoo.benchmark.experiments.config import TrainSection
+    from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+    from flowzoo.schema import from_mapping
+
+    where = f"suite {suite.name}: tuning.validation"
+    reported = keys.data["train"].get("eval_seed", TrainSection.eval_seed)
+    if design.validation.eval_seed == reported:
+        raise ConfigError(f"{where}.eval_seed {reported} is the evaluation noise of the reported runs of {task}: "
+                          f"trials would score on the reported evaluation set; give another eval_seed")
+    if design.validation.prompts == "held_out":
+        section = from_mapping(PromptSection, {**(keys.data.get("prompts") or {}), "eval_split": "validation"},
+                               where="prompts")
+        try:
+            load_prompts(section)
+        except ConfigError as error:
+            raise ConfigError(f"{where}.prompts held_out, task {task}: {error}") from None
+
+
 def inert_knobs(keys, task: str, alg: str, knobs: dict) -> dict[str, str]:
     """The knobs of a cell's space whose value cannot change its runs at the cell's own keys (the algorithm config's
     ``inert_keys``: e.g. AWM's ``ema_kl_beta`` at ``kl_beta`` 0), unless a knob that makes them inert is tuned too:
@@ -163,6 +193,7 @@ def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, 
     seeds = ",".join(str(s) for s in design.seeds)
     one_cell = select(suite, cell.algorithm, seeds, cell.task)
     overrides = [f"train.steps={design.steps}"] if design.steps else []
+    overrides += validation_overrides(design)
     configs = expand(one_cell, trial_dir, overrides, tuned=lambda task, alg: layer)
     for config in configs:
         config.run_dir = str(trial_dir / f"s{config.seed}")
