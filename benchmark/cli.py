@@ -268,6 +268,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                              f"{load_suite(args.suite).name}/tune")  # job files beside bench's, not mixed
         suite, design, cells, url = tune(args.suite, Path(args.runs), args.workers, args.trials, args.tasks,
                                          args.algorithms, args.storage, executor)
+        from flowzoo.benchmark.tuning.confirm import confirm_cells
+
+        confirm_cells(suite, design, cells, url, Path(args.runs) / suite.name / "tuning", args.trials or design.trials)
     if args.out:
         from flowzoo.benchmark.tuning.report import write_tuning_report
 

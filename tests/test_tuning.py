@@ -437,3 +437,61 @@ def test_held_out_prompts_are_disjoint_from_the_evaluation_set(tmp_path):
     plain = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml")
     spelled = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", ["prompts.eval_split=test"])
     assert config_digest(plain) == config_digest(spelled)
+
+
+# -------------------------------------------------------------------------------------------- the confirmation
+
+def test_confirmation_seeds_are_fresh(tmp_path):
+    for seeds, message in (([0, 2000], r"confirmation.seeds \[0\] are also evaluation or tuning seeds"),
+                           ([1000, 2000], r"confirmation.seeds \[1000\] are also evaluation or tuning seeds"),
+                           ([2000], "give at least 2")):
+        with pytest.raises(ConfigError, match=message):
+            load_suite(str(write_suite(tmp_path, **{"tuning.confirmation": {"seeds": seeds}})))
+
+
+def test_the_verdict_keeps_the_shared_recipe_unless_a_tuned_one_beats_it():
+    from flowzoo.benchmark.tuning.confirm import SHARED, verdict
+
+    def rows(shared, tuned):
+        return pd.DataFrame([{"candidate": label, "trial": trial, "seed": seed, "objective": value, "cpu_s": 1.0,
+                              "values": '{"lr": 0.001}' if trial is not None else "{}"}
+                             for label, trial, values in ((SHARED, None, shared), ("trial3", 3, tuned))
+                             for seed, value in zip((2000, 2001, 2002), values)])
+
+    kept = verdict(rows([0.30, 0.32, 0.31], [0.29, 0.31, 0.30]))
+    assert kept.keeps_shared and kept.values == {} and kept.best_tuned == "trial3"
+    assert kept.difference[0] == pytest.approx(-0.01) and "shared recipe is kept" in kept.sentence()
+    won = verdict(rows([0.30, 0.32, 0.31], [0.40, 0.41, 0.39]))
+    assert won.pick == "trial3" and won.values == {"lr": 0.001}
+    assert won.difference[1] > 0  # the paired interval excludes 0
+    assert won.table.set_index("candidate").loc["trial3", "sd"] == pytest.approx(0.01)
+
+
+def test_the_confirmation_reruns_the_top_trials_and_the_shared_recipe(tmp_path):
+    """flowzoo tune with a confirmation: the best trial and the shared recipe each train on both confirmation seeds
+    (on the validation split), the page and the tuned file say which won, and a suite at the tuned recipes runs it."""
+    from flowzoo.benchmark.tuning.confirm import confirm_cells
+    from flowzoo.benchmark.tuning.report import write_tuning_report
+
+    path = write_suite(tmp_path, **{"tuning.confirmation": {"seeds": [2000, 2001], "top_k": 1}})
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    suite, design, cells, url = tuning.tune(str(path), runs, trials=2, tasks="toy2d_mode", algorithms="flow_grpo")
+    confirm_cells(suite, design, cells, url, runs / "mini" / "tuning", 2)
+    confirm = runs / "mini" / "tuning" / "toy2d_mode" / "flow_grpo" / "confirm"
+    assert sorted(p.name for p in confirm.iterdir())[0] == "shared" and len(list(confirm.iterdir())) == 2
+    for run in confirm.glob("*/s*"):
+        assert (run / "done.json").is_file()
+        stored = yaml.safe_load((run / "config.yaml").read_text())
+        assert stored["train"]["eval_seed"] == 54321 and stored["seed"] in (2000, 2001)
+    index = write_tuning_report(suite.name, design, cells, url, out, 2).read_text()
+    assert "## Confirmation" in index and "**pick**" in index
+    table = pd.read_csv(out / "trials" / "toy2d_mode" / "flow_grpo.confirmation.csv")
+    assert len(table) == 4 and set(table["seed"]) == {2000, 2001}
+    record = yaml.safe_load((out / "tuned" / "toy2d_mode" / "flow_grpo.yaml").read_text())
+    pick = record["confirmation"]["pick"]
+    means = record["confirmation"]["means"]
+    assert pick == max(means, key=means.get) or (pick == "shared" and means["shared"] >= max(means.values()))
+    assert record.get("kept_shared", False) == (pick == "shared")
+    tuned_suite = load_suite(str(write_suite(tmp_path, tuned=str(out / "tuned"))))
+    config = next(c for c in expand(tuned_suite, runs) if (c.task, c.algorithm_name) == ("toy2d_mode", "flow_grpo"))
+    assert config.algorithm["lr"] == (1.0e-4 if pick == "shared" else record["algorithm_keys"]["lr"])

@@ -55,11 +55,20 @@ class ValidationSpec:
 
 
 @dataclass
+class ConfirmationSpec:
+    seeds: list[int]  # confirmation seeds: disjoint from the tuning seeds and every seed the suite evaluates on
+    top_k: int = 3  # the best complete trials re-run beside the shared (untuned) recipe
+
+
+@dataclass
 class TuningDesign:
     objective: str
     trials: int
     seeds: list[int]
     validation: ValidationSpec
+    #: re-run the top trials and the shared recipe on fresh seeds and pick the best there (benchmark/tuning/confirm.py);
+    #: None: the best trial on the tuning seeds is the pick (the page says it is unconfirmed)
+    confirmation: ConfirmationSpec | None = None
     steps: int | None = None
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     pruner: PrunerSpec = field(default_factory=PrunerSpec)
@@ -82,6 +91,18 @@ def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> T
                           f"never on the reported evaluation set")
     design = from_mapping(TuningDesign, section, where=where)
     design.validation = from_mapping(ValidationSpec, design.validation, where=f"{where}.validation")
+    if design.confirmation is not None:
+        design.confirmation = from_mapping(ConfirmationSpec, design.confirmation, where=f"{where}.confirmation")
+        seeds = design.confirmation.seeds
+        if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(x, int) for x in seeds):
+            raise ConfigError(f"{where}.confirmation.seeds must be a non-empty list of distinct integers, got {seeds}")
+        if design.confirmation.top_k < 1:
+            raise ConfigError(f"{where}.confirmation.top_k must be a positive integer, got {design.confirmation.top_k}")
+        if len(seeds) < 2:
+            raise ConfigError(f"{where}.confirmation.seeds: give at least 2 (an interval over one seed has no width)")
+        check_disjoint(seeds, [*evaluation_seeds, *design.seeds], f"{where}.confirmation",
+                       "are also evaluation or tuning seeds; confirmation seeds are fresh: disjoint from the suite's "
+                       "seeds, seed sets and tuning seeds (e.g. 2000, 2001, ...)")
     if design.validation.prompts not in VALIDATION_PROMPTS:
         raise ConfigError(f"{where}.validation.prompts {design.validation.prompts!r} is not one of "
                           f"{', '.join(VALIDATION_PROMPTS)}")
@@ -109,9 +130,10 @@ def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> T
     return design
 
 
-def check_disjoint(tuning_seeds: list[int], evaluation_seeds: list[int], where: str) -> None:
+def check_disjoint(tuning_seeds: list[int], evaluation_seeds: list[int], where: str,
+                   why: str = "are also evaluation seeds of the suite; tuning seeds must be disjoint from its seeds "
+                              "and seed sets (e.g. 1000, 1001, ...)") -> None:
     """Tuning seeds never evaluate: an overlap is refused in one line naming the shared seeds."""
     shared = sorted(set(tuning_seeds) & set(evaluation_seeds))
     if shared:
-        raise ConfigError(f"{where}.seeds {shared} are also evaluation seeds of the suite; tuning seeds must be "
-                          f"disjoint from its seeds and seed sets (e.g. 1000, 1001, ...)")
+        raise ConfigError(f"{where}.seeds {shared} {why}")

@@ -21,6 +21,7 @@ import yaml
 
 from flowzoo.benchmark.analysis import figures
 from flowzoo.benchmark.experiments.search_space import Knob
+from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
 from flowzoo.benchmark.tuning.tune import Cell, open_storage
 from flowzoo.benchmark.tuning.design import TuningDesign
 from flowzoo.benchmark.experiments.tuned import tuned_path
@@ -65,6 +66,60 @@ def tuned_record(suite_name: str, design: TuningDesign, cell: Cell, table: pd.Da
         "algorithm_keys": {k: v for k, v in params.items() if not k.startswith("sampler.")},
         "sampler_keys": {k.removeprefix("sampler."): v for k, v in params.items() if k.startswith("sampler.")},
     }
+
+
+def shared_record(suite_name: str, design: TuningDesign, cell: Cell, table: pd.DataFrame, budget: int) -> dict:
+    """A tuned file that keeps the shared recipe: the confirmation found no tuned candidate better than it."""
+    return {"suite": suite_name, "task": cell.task, "algorithm": cell.algorithm, "objective": design.objective,
+            "kept_shared": True,
+            "budget": {"trials": budget, "complete": int((table["state"] == "complete").sum()),
+                       "pruned": int((table["state"] == "pruned").sum())},
+            "seeds": list(design.seeds), "steps": design.steps,
+            "validation": {"eval_seed": design.validation.eval_seed, "prompts": design.validation.prompts},
+            "algorithm_keys": {}, "sampler_keys": {}}
+
+
+def confirmation_record(design: TuningDesign, confirmed: Verdict) -> dict:
+    """What a tuned file records of its confirmation."""
+    mean, low, high = confirmed.difference
+    return {"seeds": list(design.confirmation.seeds), "pick": confirmed.pick,
+            "means": {row["candidate"]: round(float(row["mean"]), 6) for _, row in confirmed.table.iterrows()},
+            "best_tuned_minus_shared": None if math.isnan(mean) else
+            {"mean": round(mean, 6), "ci": [round(low, 6), round(high, 6)]}}
+
+
+def _chosen_text(design: TuningDesign, table: pd.DataFrame, best, confirmed: Verdict | None) -> str:
+    if design.confirmation is not None and confirmed is None:
+        return "not confirmed yet: rerun flowzoo tune"
+    if confirmed is not None and confirmed.keeps_shared:
+        return "the shared recipe (kept: no tuned candidate beat it on the confirmation seeds)"
+    if best is None:
+        return ""
+    values = ", ".join(f"{c.removeprefix('param_')}={_short(best[c])}" for c in table.columns if c.startswith("param_"))
+    return values if design.confirmation is not None else f"{values} (unconfirmed: the best on the tuning seeds)"
+
+
+def confirmation_lines(design: TuningDesign, confirmations: list) -> list[str]:
+    """The page's confirmation section: per cell, each candidate on the confirmation seeds, the pick, the spread."""
+    if design.confirmation is None:
+        return ["", "No confirmation stage in this design: each pick is the best trial on the tuning seeds, an "
+                    "estimate biased upward by the choice (docs/tuning.md)."]
+    lines = ["", "## Confirmation", "",
+             f"The shared recipe and the {design.confirmation.top_k} best trials of each cell, re-run on confirmation "
+             f"seeds {list(design.confirmation.seeds)} (never used to tune, explore or replicate) on the validation "
+             f"split; the pick is the highest mean there, and a cell whose best tuned candidate does not beat its "
+             f"shared recipe keeps it. Means with 95% bootstrap intervals over the seeds; sd: the objective's spread "
+             f"between seeds at that recipe (noise a tuning seed's score carries).", "",
+             "| task | algorithm | candidate | mean | 95% CI | sd | CPU-min | pick |", "|---|---|---|---|---|---|---|---|"]
+    for cell, confirmed in confirmations:
+        for _, row in confirmed.table.iterrows():
+            mark = "**pick**" if row["candidate"] == confirmed.pick else ""
+            lines.append(f"| {cell.task} | {cell.algorithm} | {row['candidate']} | {row['mean']:.4f} | "
+                         f"[{row['ci_low']:.4f}, {row['ci_high']:.4f}] | {row['sd']:.4f} | {row['cpu_s'] / 60:.1f} | "
+                         f"{mark} |")
+    lines.append("")
+    lines += [f"- {cell.task}/{cell.algorithm}: {confirmed.sentence()}" for cell, confirmed in confirmations]
+    return lines
 
 
 def _plain(value):
@@ -135,7 +190,7 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
 def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], storage, out: Path, budget: int) -> None:
     import optuna
 
-    summary, by_task = [], {}
+    summary, by_task, confirmations = [], {}, []
     for cell in cells:
         try:
             study = optuna.load_study(study_name=f"{suite_name}/{cell.study_name}", storage=storage)
@@ -147,8 +202,21 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
         atomic_write(csv, lambda f, t=table: t.to_csv(f, index=False))
         best = chosen(table)
         spent = int(len(table))
-        if best is not None:
-            record = tuned_record(suite_name, design, cell, table, best, budget)
+        confirmed = None
+        if design.confirmation is not None:
+            rows = stored_rows(study) if len(table) else None
+            confirmed = None if rows is None else verdict(rows)
+            best = None if confirmed is None or confirmed.keeps_shared else table[
+                table["trial"] == int(confirmed.pick.removeprefix("trial"))].iloc[0]
+            if rows is not None:
+                atomic_write(out / "trials" / cell.task / f"{cell.algorithm}.confirmation.csv",
+                             lambda f, r=rows: r.to_csv(f, index=False))
+                confirmations.append((cell, confirmed))
+        if best is not None or (confirmed is not None and confirmed.keeps_shared):
+            record = (tuned_record(suite_name, design, cell, table, best, budget) if best is not None
+                      else shared_record(suite_name, design, cell, table, budget))
+            if confirmed is not None:
+                record["confirmation"] = confirmation_record(design, confirmed)
             atomic_write_text(tuned_path(out / "tuned", cell.task, cell.algorithm),
                               f"# chosen by flowzoo tune {suite_name} (docs/tuning.md)\n"
                               + yaml.safe_dump(record, sort_keys=False))
@@ -159,9 +227,7 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
                         "pruned": int((table["state"] == "pruned").sum()) if spent else 0,
                         "best_trial": None if best is None else int(best["trial"]),
                         "objective": None if best is None else float(best["objective"]),
-                        "chosen": "" if best is None else ", ".join(
-                            f"{c.removeprefix('param_')}={_short(best[c])}" for c in table.columns
-                            if c.startswith("param_"))})
+                        "chosen": _chosen_text(design, table, best, confirmed)})
     frame = pd.DataFrame(summary)
     atomic_write(out / "chosen.csv", lambda f: frame.to_csv(f, index=False))
     figure_lines = []
@@ -190,6 +256,7 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
         lines.append(f"| {row['task']} | {row['algorithm']} | {row['knobs']} | {row['left_out'] or '-'} | "
                      f"{row['trials']} | {row['complete']} | {row['pruned']} | {row['cpu_min']:.1f} | "
                      f"{row['best_trial'] if row['best_trial'] is not None else '-'} | {objective} | {row['chosen']} |")
+    lines += confirmation_lines(design, confirmations)
     lines += ["", "Chosen configurations: `tuned/<task>/<algorithm>.yaml` (a suite's `tuned:` key names `tuned/`); "
               "trial tables: `trials/`.", "", *figure_lines]
     atomic_write_text(out / "index.md", "\n".join(lines) + "\n")

@@ -184,13 +184,15 @@ def inert_knobs(keys, task: str, alg: str, knobs: dict) -> dict[str, str]:
             if knob in knobs and not any(switch in knobs for switch in switches)}
 
 
-def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, trial_dir: Path) -> list[ExperimentConfig]:
-    """The trial's runs, one per tuning seed: the suite's cell config (as bench builds it) with ``values`` in the
-    tuned layer and the design's steps, in ``trial_dir/s<seed>``."""
+def trial_configs(suite: Suite, design: TuningDesign, cell: Cell, values: dict, trial_dir: Path,
+                  seeds: list[int] | None = None) -> list[ExperimentConfig]:
+    """The trial's runs, one per tuning seed (or per one of ``seeds``: the confirmation's): the suite's cell config
+    (as bench builds it) with ``values`` in the tuned layer, the design's steps and validation split, in
+    ``trial_dir/s<seed>``."""
     algorithm_values = {k: v for k, v in values.items() if not k.startswith("sampler.")}
     sampler_values = {k.removeprefix("sampler."): v for k, v in values.items() if k.startswith("sampler.")}
     layer = TunedValues(algorithm_values, sampler_values, f"trial {trial_dir.name}")
-    seeds = ",".join(str(s) for s in design.seeds)
+    seeds = ",".join(str(s) for s in (design.seeds if seeds is None else seeds))
     one_cell = select(suite, cell.algorithm, seeds, cell.task)
     overrides = [f"train.steps={design.steps}"] if design.steps else []
     overrides += validation_overrides(design)
