@@ -6,6 +6,7 @@
     flowzoo study RUNS_DIR --suite SUITE [--out DIR] [--claims SET] [--timing CSV] [--vs CELL,...] ...
     flowzoo list
     flowzoo export RUN_DIR --out DIR          a run's LoRA for diffusers' load_lora_weights
+    flowzoo export-results RUNS_OR_REPORT --out DIR   runs as a Parquet dataset (datasets.load_dataset)
     flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
@@ -223,6 +224,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides)
     print(json.dumps(record))
+    return 0
+
+
+def _cmd_export_results(args: argparse.Namespace) -> int:
+    from flowzoo.benchmark.analysis.results_dataset import export_results
+    from flowzoo.models.shipped import refuse_shipped
+
+    refuse_shipped(args.out, "--out")
+    out = export_results(args.source, args.out)
+    print(f"results dataset written to {out} (datasets.load_dataset(\"parquet\", data_dir=\"{out}\"))")
     return 0
 
 
@@ -491,6 +502,14 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("run_dir", help="run directory of an sd3, wan or tiny run (its config.yaml and checkpoint.pt)")
     ex.add_argument("--out", required=True, metavar="DIR",
                     help="directory for pytorch_lora_weights.safetensors and README.md")
+
+    er = _command(sub, "export-results", _cmd_export_results,
+                  "write runs' configs and per-step metrics as a Hugging Face dataset (Parquet and a dataset card)",
+                  "Reads RUNS_OR_REPORT (a runs directory, or a study page with run-metrics/) and writes\n"
+                  "DIR/data/train-*.parquet (one row per run and logged step; the run's config keys as config.* "
+                  "columns)\nand DIR/README.md; load it with datasets.load_dataset(\"parquet\", data_dir=DIR).")
+    er.add_argument("source", metavar="RUNS_OR_REPORT", help="a runs directory or a study page holding run-metrics/")
+    er.add_argument("--out", required=True, metavar="DIR", help="the dataset's folder (written all or nothing)")
 
     ev = _command(sub, "eval", _cmd_eval,
                   "evaluate a run's checkpoint, or a config's untrained model, as the runner does",
