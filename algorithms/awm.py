@@ -173,6 +173,9 @@ class AWMConfig(AlgorithmConfig):
         if self.inner_epochs != 1:
             raise ConfigError(f"algorithm.inner_epochs must be 1 for awm (the released trainer makes one pass over "
                               f"its samples), got {self.inner_epochs}")
+        if self.reuse_rollout_graph is True:
+            raise ConfigError("algorithm.reuse_rollout_graph cannot be true for awm: it trains on the forward "
+                              "process, not on the rollout's graph (use auto or false)")
 
     def inert_keys(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """At ``kl_beta`` 0 the copy's KL and the KL's forms are inert: the release nests the copy's KL inside its
@@ -187,9 +190,6 @@ class AWMConfig(AlgorithmConfig):
             for name in ("ema_kl_form", "kl_ema_decay", "kl_ema_decay_type"):
                 inert[name] = (why, ("ema_kl_beta",))
         return inert
-        if self.reuse_rollout_graph is True:
-            raise ConfigError("algorithm.reuse_rollout_graph cannot be true for awm: it trains on the forward "
-                              "process, not on the rollout's graph (use auto or false)")
 
     def check_num_steps(self, num_steps: int) -> None:
         super().check_num_steps(num_steps)
