@@ -70,6 +70,23 @@ def test_unchanged_code_is_fresh_and_changed_numbers_or_recipe_are_stale(made, t
     assert verdicts["toy2d_mode/flow_grpo"][0] == "recipe: algorithm.lr"
 
 
+def test_a_cancelling_loss_is_compared_at_the_scale_of_its_terms(made, tmp_path):
+    """The loss of the machine that made a report, -0.0568984, rerun elsewhere as -0.0568909 (7.5e-6 apart, 1.3e-4
+    relative: rounding of O(1) terms): fresh. A changed loss (1e-3) and a rerun at a learning rate 10% off are
+    stale by their rows alone, the recipe check aside."""
+    assert freshness.row_differences([{"step": 2, "loss": -0.0568984}], [{"step": 2, "loss": -0.0568909}]) == []
+    assert freshness.row_differences([{"step": 2, "loss": -0.0568984}], [{"step": 2, "loss": -0.0558984}]) == [
+        "step 2 loss -0.0568984 -> -0.0558984"]
+    assert freshness.row_differences([{"step": 2, "reward_mean": 0.0568984}],
+                                     [{"step": 2, "reward_mean": 0.0568909}]) != []  # no cancelling sum: relative
+    _, report = made
+    cell = json.loads((report / freshness.FINGERPRINT_FILE).read_text())["cells"]["toy2d_mode/flow_grpo"]
+    moved = json.loads(json.dumps(cell))
+    moved["config"]["algorithm"]["lr"] *= 1.1
+    rows = freshness.rerun_rows(moved, freshness.STEPS, tmp_path / "rerun")
+    assert any(line.startswith(("step 2", "step 3")) for line in freshness.row_differences(cell["rows"], rows))
+
+
 def test_rounding_passes_and_a_missing_value_differs():
     stored = [{"step": 1, "reward_mean": 0.5, "loss": 1e-9}]
     assert freshness.row_differences(stored, [{"step": 1, "reward_mean": 0.5 + 1e-7, "loss": 3e-9}]) == []
