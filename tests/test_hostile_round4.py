@@ -274,3 +274,27 @@ def test_a_fingerprint_with_nothing_to_compare_is_not_called_fresh(tmp_path):
     path.write_text(json.dumps({"steps": 3, "columns": [], "cells": {"t/a": {"seed": 0, "config": {}, "rows": []}}}))
     with pytest.raises(ConfigError, match="cell 't/a': no rows to compare"):
         freshness.read_fingerprint(tmp_path)
+
+
+# ---- round 4, left from earlier sessions: sbatch names, --vs's name, negative tuning seeds
+
+@pytest.mark.parametrize("value", ["gpu\nmalicious", "a b", "tab\there"])
+def test_a_slurm_name_with_a_newline_or_space_is_refused(tmp_path, value):
+    from flowzoo.benchmark.experiments.executors import load_cluster
+
+    with pytest.raises(ConfigError, match=r"--slurm-partition .*: a SLURM name is one word"):
+        load_cluster(None, value)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"account: {value!r}\n".replace("'", '"'))
+    with pytest.raises(ConfigError, match=r"cluster file cluster.yaml: account .*one word"):
+        load_cluster(cluster)
+
+
+def test_negative_tuning_seeds_are_named_as_such():
+    from flowzoo.benchmark.tuning.design import read_design
+
+    section = {"objective": "auc", "trials": 2, "seeds": [-1], "validation": {"eval_seed": 7}}
+    with pytest.raises(ConfigError, match=r"tuning.seeds: -1 is no seed; seeds are integers in \[0, 2\*\*63\)"):
+        read_design("s", section, [0])
+    with pytest.raises(ConfigError, match=r"confirmation.seeds: -5 is no seed"):
+        read_design("s", {**section, "seeds": [1000], "confirmation": {"seeds": [-5, 2000]}}, [0])

@@ -165,8 +165,10 @@ def test_missing_baseline_or_reference_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="baseline 'flow_grpo' has no runs .*; algorithms: op_grpo"):
         analyze_study(tmp_path)
     _write_run(tmp_path, "flow_grpo", 0, [0, 10], [0.0, 0.1])
-    with pytest.raises(ConfigError, match="--also-vs op_grpo@x: no such cell; cells: flow_grpo, op_grpo$"):
-        analyze_study(tmp_path, also_vs=("op_grpo@x",))
+    with pytest.raises(ConfigError, match="--vs op_grpo@x: no such cell; cells: flow_grpo, op_grpo$"):
+        analyze_study(tmp_path, also_vs=("op_grpo@x",))  # flowzoo study's option
+    with pytest.raises(ConfigError, match="--also-vs op_grpo@x: no such cell"):
+        analyze_study(tmp_path, also_vs=("op_grpo@x",), vs_option="--also-vs")  # the older module's
 
 
 def test_seed_list_compresses_consecutive_seeds():

@@ -409,7 +409,7 @@ def _effect_rows(rows: pd.DataFrame) -> list[str]:
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
                   suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES,
                   skipped: list[SkippedRun] | None = None, seed_sets: dict[str, list[int] | None] | None = None,
-                  optional_vs: tuple[str, ...] = (), recipes: dict | None = None
+                  optional_vs: tuple[str, ...] = (), recipes: dict | None = None, vs_option: str = "--vs"
                   ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
     """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs);
     the runs left out as unusable are appended to ``skipped`` (``load_runs``). ``seed_sets``: the sets to analyse
@@ -424,7 +424,7 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tu
     unknown = [cell for cell in also_vs if cell not in set(runs["algorithm"])]
     if unknown:
         cells = ", ".join(sorted(set(runs["algorithm"])))
-        raise ConfigError(f"--also-vs {','.join(unknown)}: no such cell; cells: {cells}")
+        raise ConfigError(f"{vs_option} {','.join(unknown)}: no such cell; cells: {cells}")
     curves = eval_curves(runs, smooth)
     last_rows = runs.sort_values(["run", "step"], kind="stable").groupby("run").tail(1).set_index("run")
     try:
@@ -521,6 +521,7 @@ class StudyRequest:
     smooth: int = DEFAULT_SMOOTH
     resamples: int = effects.DEFAULT_RESAMPLES
     save_metrics: str | None = None
+    vs_option: str = "--vs"  # the option that named ``vs`` (the older module's is --also-vs), for its errors
 
 
 def _claim_set(request: StudyRequest, suite) -> ClaimSet | None:
@@ -570,7 +571,7 @@ def write_study(request: StudyRequest) -> Path:
     recipes: dict = {}  # run -> the tuned: directory of its recipe note (loading.tuned_recipe)
     table, effect_rows, seed_sets, runs = analyze_study(
         request.runs_dir, request.baseline, tuple(request.vs), request.suite, request.smooth, request.resamples,
-        skipped, parse_seed_sets(request.seed_sets), optional, recipes)
+        skipped, parse_seed_sets(request.seed_sets), optional, recipes, request.vs_option)
     if matched:
         claims_of = match_claim_set(table["task"])
     pair = replication_pair(seed_sets, request.replicate_on)
@@ -628,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     also_vs = tuple(c.strip() for c in args.also_vs.split(",") if c.strip())
     request = StudyRequest(args.runs_dir, args.out, args.suite, args.baseline, also_vs,
                            CLAIMS_AUTO if args.claims else NO_CLAIMS, args.timing, smooth=args.smooth,
-                           resamples=args.resamples, save_metrics=args.save_metrics)
+                           resamples=args.resamples, save_metrics=args.save_metrics, vs_option="--also-vs")
     def run() -> int:
         if args.claims and "op_grpo" not in also_vs:
             raise ConfigError("--claims needs --also-vs op_grpo (the ablations are paired with OP-GRPO)")

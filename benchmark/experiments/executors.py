@@ -123,6 +123,12 @@ def load_cluster(path: str | Path | None, partition: str | None = None) -> Clust
         if not partition.strip():
             raise ConfigError("--slurm-partition: give a partition name")
         cluster.partition = partition
+    for key in ("partition", "account", "qos", "constraint"):  # one sbatch line each: a newline would break the script
+        value = getattr(cluster, key)
+        if value is not None and (not isinstance(value, str) or any(c.isspace() or not c.isprintable() for c in value)):
+            option = "--slurm-partition" if key == "partition" and partition is not None else f"{where}: {key}"
+            raise ConfigError(f"{option} {value!r}: a SLURM name is one word without spaces, newlines or control "
+                              f"characters (its sbatch line would break)")
     if cluster.max_requeues < 0:
         raise ConfigError(f"{where}: max_requeues must be >= 0, got {cluster.max_requeues}")
     if cluster.signal_delay_s < 10:

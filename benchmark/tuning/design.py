@@ -126,6 +126,10 @@ def read_design(suite_name: str, section: Any, evaluation_seeds: list[int]) -> T
             raise ConfigError(f"{where}.{name} must be >= 0, got {value}")
     if not design.seeds or len(set(design.seeds)) != len(design.seeds):
         raise ConfigError(f"{where}.seeds must be a non-empty list of distinct integers, got {design.seeds}")
+    for name, seeds in (("seeds", design.seeds), ("confirmation.seeds", (design.confirmation or ConfirmationSpec([])).seeds)):
+        bad = [x for x in seeds if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2 ** 63]
+        if bad:  # a run's seed is in [0, 2**63): said here, not later as a run's error blamed on a knob
+            raise ConfigError(f"{where}.{name}: {bad[0]!r} is no seed; seeds are integers in [0, 2**63)")
     check_disjoint(design.seeds, evaluation_seeds, where)
     return design
 
