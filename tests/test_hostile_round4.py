@@ -298,3 +298,26 @@ def test_negative_tuning_seeds_are_named_as_such():
         read_design("s", section, [0])
     with pytest.raises(ConfigError, match=r"confirmation.seeds: -5 is no seed"):
         read_design("s", {**section, "seeds": [1000], "confirmation": {"seeds": [-5, 2000]}}, [0])
+
+
+def test_report_refuses_a_foreign_or_empty_sqlite_file_and_writes_nothing_into_it(tmp_path):
+    import hashlib
+    import sqlite3
+
+    from flowzoo.benchmark.tuning.tune import check_sqlite_storage
+
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match="is an empty file, not a tuning storage"):
+        check_sqlite_storage(empty)
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as connection:
+        connection.execute("CREATE TABLE people (name TEXT)")
+    before = hashlib.sha256(foreign.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="without Optuna's tables .*another program's"):
+        check_sqlite_storage(foreign)
+    assert hashlib.sha256(foreign.read_bytes()).hexdigest() == before
+    text = tmp_path / "notes.db"
+    text.write_text("not a database at all, just some words that fill more than a header page" * 20)
+    with pytest.raises(ConfigError, match="is not a SQLite database"):
+        check_sqlite_storage(text)

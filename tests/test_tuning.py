@@ -509,3 +509,21 @@ def test_the_confirmed_pick_is_worse_than_the_default_less_often_than_the_argmax
     assert quiet.worse_argmax < 0.1 and noisy.worse_argmax > 0.2  # the winner's curse grows with the noise
     assert noisy.worse_confirmed < noisy.worse_argmax / 1.5
     assert noisy.gain_confirmed > noisy.gain_argmax
+
+
+def test_a_report_into_an_old_out_leaves_no_stale_pick(tmp_path):
+    """A cell without a pick in this report (its confirmation has not run) loses an older report's tuned file in the
+    same --out, which a suite's tuned: key would otherwise still read."""
+    from flowzoo.benchmark.tuning.report import write_tuning_report
+
+    path = write_suite(tmp_path, **{"tuning.confirmation": {"seeds": [2000, 2001], "top_k": 1}})
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    stale = out / "tuned" / "toy2d_mode" / "flow_grpo.yaml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("algorithm_keys: {lr: 0.5}\n")
+    keep = out / "tuned" / "other_task" / "flow_grpo.yaml"  # not a cell of this report: kept
+    keep.parent.mkdir(parents=True)
+    keep.write_text("algorithm_keys: {lr: 0.5}\n")
+    suite, design, cells, url = tuning.tune(str(path), runs, trials=1, tasks="toy2d_mode", algorithms="flow_grpo")
+    text = write_tuning_report(suite.name, design, cells, url, out, 1).read_text()
+    assert "not confirmed yet" in text and not stale.exists() and keep.exists()

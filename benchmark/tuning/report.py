@@ -184,6 +184,12 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
     storage = open_storage(storage_url)
     with staged_directory(out) as stage:
         _write_outputs(suite_name, design, cells, storage, stage, budget)
+        written = [(cell, tuned_path(stage / "tuned", cell.task, cell.algorithm).is_file()) for cell in cells]
+    for cell, fresh in written:  # a cell of this report without a pick now keeps no pick of an older report
+        stale = tuned_path(Path(out) / "tuned", cell.task, cell.algorithm)
+        if not fresh and stale.is_file():
+            stale.unlink()
+            print(f"tuning report: removed {stale}, an older report's pick: {cell.study_name} has none now")
     return Path(out) / "index.md"
 
 

@@ -408,6 +408,32 @@ def check_report_storage(url: str, suite: Suite) -> None:
     if parsed.drivername.startswith("sqlite") and parsed.database and not Path(parsed.database).is_file():
         raise ConfigError(f"--report: no tuning storage at {parsed.database}: no trial of {suite.name} ran there; run "
                           f"`flowzoo tune {suite.name}` with the same --runs first, or give its --storage URL")
+    if parsed.drivername.startswith("sqlite") and parsed.database:
+        check_sqlite_storage(Path(parsed.database))
+
+
+#: tables every Optuna storage holds (optuna/storages/_rdb/models.py); a file without them is no tuning storage
+OPTUNA_TABLES = {"studies", "trials", "version_info"}
+
+
+def check_sqlite_storage(path: Path) -> None:
+    """``--report`` reads a SQLite file without changing it: an empty file, another program's database or no
+    database at all is one line (opening it through Optuna would write Optuna's tables into it)."""
+    import sqlite3
+
+    if path.stat().st_size == 0:
+        raise ConfigError(f"--report: {path} is an empty file, not a tuning storage (flowzoo tune writes one)")
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as error:
+        raise ConfigError(f"--report: {path} is not a SQLite database ({error}); give the tuning's storage") from None
+    finally:
+        connection = None
+    missing = OPTUNA_TABLES - tables
+    if missing:
+        raise ConfigError(f"--report: {path} is a SQLite database without Optuna's tables ({', '.join(sorted(missing))} "
+                          f"missing): another program's, not a tuning storage; nothing was written to it")
 
 
 #: query and keyword/value parameters that carry a password in the URLs and connection strings libpq, MySQL drivers
