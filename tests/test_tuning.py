@@ -527,3 +527,38 @@ def test_a_report_into_an_old_out_leaves_no_stale_pick(tmp_path):
     suite, design, cells, url = tuning.tune(str(path), runs, trials=1, tasks="toy2d_mode", algorithms="flow_grpo")
     text = write_tuning_report(suite.name, design, cells, url, out, 1).read_text()
     assert "not confirmed yet" in text and not stale.exists() and keep.exists()
+
+
+def test_ctrl_c_then_rerun_draws_what_an_uninterrupted_tune_draws(tmp_path, monkeypatch):
+    """A KeyboardInterrupt inside a trial's runs: the trial is failed and queued again with its values; the rerun
+    resumes it, and the tune ends with the same trial values as one that was never stopped."""
+    from flowzoo.benchmark.experiments import runner
+
+    path = write_suite(tmp_path)
+    plain = tmp_path / "plain"
+    tuning.tune(str(path), plain, trials=3, tasks="toy2d_mode", algorithms="flow_grpo")
+    original, calls = runner.Runner.run, []
+
+    def interrupted(self):
+        calls.append(1)
+        if len(calls) == 2:  # inside the second trial
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(runner.Runner, "run", interrupted)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune(str(path), stopped, trials=3, tasks="toy2d_mode", algorithms="flow_grpo")
+    monkeypatch.setattr(runner.Runner, "run", original)
+    tuning.tune(str(path), stopped, trials=3, tasks="toy2d_mode", algorithms="flow_grpo")
+
+    def values(runs):
+        study = studies(runs)["mini/toy2d_mode/flow_grpo"]
+        counted = [t for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+        return sorted(tuple(sorted(t.params.items())) for t in counted), study
+
+    wanted, _ = values(plain)
+    got, study = values(stopped)
+    assert got == wanted
+    assert [t.state.name for t in study.get_trials(deepcopy=False)].count("FAIL") == 1
+    assert any(t.user_attrs.get("retry_of") == 1 for t in study.get_trials(deepcopy=False))

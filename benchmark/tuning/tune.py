@@ -369,19 +369,28 @@ class Objective:
 
         cpu_start = time.process_time()  # the trial's compute, pruned or not (the tuning page sums it per cell)
         try:
-            for config in configs:
-                config.train.threads = config.train.threads or self.threads
-                try:
-                    Runner(config, progress=False, dist=SingleProcess(), on_evaluation=lambda rows: report(
-                        [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
-                except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
-                    trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
-                    raise optuna.TrialPruned() from None
-                curve = eval_curve(config.resolved_run_dir())
-                report(curve)
-                curves.append(curve)
+            return self._train(trial, values, configs, report, curves)
+        except KeyboardInterrupt:  # Optuna marks the trial failed: queue its values, so a rerun resumes its runs
+            _retry(trial.study, trial, values)
+            raise
         finally:
             trial.set_user_attr("cpu_s", round(time.process_time() - cpu_start, 3))
+
+    def _train(self, trial, values: dict, configs: list, report, curves: list) -> float:
+        """Train the trial's runs, one per tuning seed, reporting each evaluation; the objective of their curves."""
+        import optuna
+
+        for config in configs:
+            config.train.threads = config.train.threads or self.threads
+            try:
+                Runner(config, progress=False, dist=SingleProcess(), on_evaluation=lambda rows: report(
+                    [r["eval_reward"] for r in rows if not _missing(r.get("eval_reward"))])).run()
+            except FlowZooError as error:  # a diverged run: the trial ends where it stopped, as if pruned there
+                trial.set_user_attr("stopped", str(error).splitlines()[0][:300])
+                raise optuna.TrialPruned() from None
+            curve = eval_curve(config.resolved_run_dir())
+            report(curve)
+            curves.append(curve)
         return objective_value(curves, self.design.objective)
 
 
@@ -548,6 +557,13 @@ def open_study(storage, suite: Suite, design: TuningDesign, cell: Cell, trial_se
 WORKER_SEED_STRIDE = 7919
 
 
+def drawn(study) -> int:
+    """The trials that stand for a draw of the sampler: every trial but the failed ones (a trial stopped by Ctrl-C or a
+    dead process is failed and re-run with its values, so its re-run stands for it). Seeding by this count makes an
+    interrupted and resumed tune draw the values an uninterrupted one draws."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state.name != "FAIL")
+
+
 def make_sampler(design: TuningDesign, trial_seed: int):
     """The design's TPE sampler, seeded for the next trial (seed + trials so far: a serial study is reproducible)."""
     import optuna
@@ -576,7 +592,7 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
     import optuna
     from optuna.trial import TrialState
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # its "trial failed" traceback on Ctrl-C: our one line instead
     storage = open_storage(storage_url)
     study = open_study(storage, suite, design, cell)
     objective = Objective(suite, design, cell, budget, trials_dir / cell.task / cell.algorithm, threads)
@@ -586,7 +602,7 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
             return
         # seeded by the trials so far and this worker's index: two workers that ask at the same moment must not
         # draw the same values (worker 0 alone: a serial tune is reproducible)
-        study.sampler = make_sampler(design, len(study.trials) + WORKER_SEED_STRIDE * worker_index)
+        study.sampler = make_sampler(design, drawn(study) + WORKER_SEED_STRIDE * worker_index)
         started = time.perf_counter()
         study.optimize(objective, n_trials=1, catch=(OverBudget,))
         last = max((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == _process_id()),
