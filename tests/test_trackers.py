@@ -206,3 +206,39 @@ def test_mlflow_file_store_equals_metrics_and_holds_captioned_grids(tracked_run,
         [image] = [p for p in (artifacts / "images").glob(f"samples+step+{step}+*.png")]
         assert np.array_equal(np.asarray(Image.open(image).convert("RGB")), pixels)
         assert_caption_lists((artifacts / "samples" / f"step_{step}_prompts.txt").read_text(), prompts)
+
+
+def test_a_resumed_run_leaves_one_tensorboard_point_per_step(tmp_path, monkeypatch):
+    """Killed after logging step 3 (its checkpoint is at step 2), then resumed: TensorBoard keeps one point per step
+    and tag (the resumed writer purges the killed tail; the history is not sent twice), equal to metrics.csv."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flowzoo.benchmark.experiments import tracking
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    args = ["train", str(root / "benchmark" / "configs" / "toy_flow_grpo.yaml"), "train.steps=4",
+            "train.eval_every=2", "train.checkpoint_every=2", "train.eval_samples_per_prompt=4",
+            "train.save_samples=false", "train.trackers=[tensorboard]", "model.args.pretrain_steps=50",
+            f"run_dir={run_dir}", "--quiet"]
+    original = tracking.Trackers.log
+
+    def killed_after_step_3(self, row, step, trackers=None):
+        original(self, row, step, trackers)
+        if step == 3:
+            for tracker in self.accelerator.trackers:  # what the killed process had written reaches the disk
+                tracker.writer.flush()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tracking.Trackers, "log", killed_after_step_3)
+    assert main(args) == 130
+    monkeypatch.setattr(tracking.Trackers, "log", original)
+    assert main(args) == 0
+    acc = EventAccumulator(str(run_dir / "trackers" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert steps["eval_reward"] == [0, 2, 4] and steps["reward_mean"] == [1, 2, 3, 4]
+    expected = metrics_series(run_dir)
+    for tag in ("reward_mean", "eval_reward"):
+        assert {e.step: e.value for e in acc.Scalars(tag)} == pytest.approx(expected[tag], rel=1e-6)

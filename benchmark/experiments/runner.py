@@ -349,9 +349,8 @@ class Runner:
         trackers = None
         if cfg.train.trackers and self.dist.is_main:
             run_name = f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}"
-            trackers = Trackers(cfg.train.trackers, run_name, run_dir, resolved_dict(cfg))
-            for row in rows:  # a resumed run re-sends its history (trackers keep the last value of a step)
-                trackers.log(row, row["step"])
+            trackers = Trackers(cfg.train.trackers, run_name, run_dir, resolved_dict(cfg), resumed_at=start)
+            trackers.replay(rows)  # a resumed run's history, to the trackers that do not keep it
 
         bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
                    disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)

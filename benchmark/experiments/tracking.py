@@ -115,14 +115,22 @@ def _tracker_classes():
     from accelerate.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
 
     class TensorBoard(TensorBoardTracker):
-        def __init__(self, run_name: str, logging_dir: Path):
+        #: its event files outlive the process: a resumed run's writer purges what the killed one logged after the
+        #: checkpoint (SummaryWriter's purge_step) and is not sent the history again (duplicate points otherwise)
+        keeps_history = True
+
+        def __init__(self, run_name: str, logging_dir: Path, resumed_at: int = 0):
             super().__init__(run_name, logging_dir)
+            self.resumed_at = resumed_at
 
         def start(self):
             from torch.utils.tensorboard import SummaryWriter
 
             self.logging_dir = str(self.logging_dir_param)
-            self.writer = SummaryWriter(self.logging_dir)
+            held = any(Path(self.logging_dir).rglob("events.out.tfevents.*"))
+            self.keeps_history = held  # a tracker added at a resume has none: it is sent the history
+            # TensorBoard drops the events of steps >= purge_step written before this writer (the crashed tail)
+            self.writer = SummaryWriter(self.logging_dir, purge_step=self.resumed_at + 1 if held else None)
 
         def store_init_configuration(self, values: dict):
             self.writer.add_hparams(flatten(values), metric_dict={}, run_name=".")
@@ -202,7 +210,8 @@ class Trackers:
     evaluation row). Built on the main process only, after :func:`check_trackers` (config load) and
     :func:`check_tracker_environment` (where training starts) passed."""
 
-    def __init__(self, names: Sequence[str], run_name: str, run_dir: Path, config: dict[str, Any]):
+    def __init__(self, names: Sequence[str], run_name: str, run_dir: Path, config: dict[str, Any],
+                 resumed_at: int = 0):
         from accelerate import Accelerator
 
         self.run_dir, self.names = Path(run_dir), [str(n) for n in names]
@@ -213,6 +222,8 @@ class Trackers:
         for name in names:
             if name == "mlflow":
                 log_with.append(own[name](run_name, folders[name], experiment=str(config.get("task", run_name))))
+            elif name == "tensorboard":
+                log_with.append(own[name](run_name, folders[name], resumed_at))
             elif name in own:
                 log_with.append(own[name](run_name, folders[name]))
             else:
@@ -241,24 +252,35 @@ class Trackers:
             raise RunError(f"trackers {', '.join(self.names)}: {what} failed: {type(error).__name__}: "
                            f"{_first_line(error)}") from None
 
-    def log(self, row: dict[str, Any], step: int) -> None:
+    def log(self, row: dict[str, Any], step: int, trackers: Sequence | None = None) -> None:
+        """One metrics row (and an evaluation row's sample grid) to ``trackers`` (default: every one)."""
+        trackers = self.accelerator.trackers if trackers is None else trackers
         values = {k: float(v) for k, v in row.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v)) and k != "step"}
         with self._reporting(f"logging step {step}"):
-            self.accelerator.log(values, step=step)
+            for tracker in trackers:
+                tracker.log(values, step=step)
             if "eval_reward" in row:  # an evaluation row: its sample grid, when the run saved one
                 grid = self.run_dir / "samples" / f"step_{step}.png"
                 if grid.is_file():
-                    self.log_images(grid, _prompts(grid.with_suffix(".json")), step)
+                    self.log_images(grid, _prompts(grid.with_suffix(".json")), step, trackers)
 
-    def log_images(self, path: Path, prompts: Sequence[str], step: int) -> None:
-        """Log the image file ``path`` (a sample grid) at ``step`` to every tracker that takes images, with
-        ``prompts`` (the grid's samples' prompts in reading order) as its caption."""
+    def replay(self, rows: Sequence[dict[str, Any]]) -> None:
+        """A resumed run's history, to every tracker that does not keep it across processes (a W&B or MLflow run
+        starts anew; TensorBoard's event files hold it, less the purged tail)."""
+        fresh = [t for t in self.accelerator.trackers if not getattr(t, "keeps_history", False)]
+        if fresh:
+            for row in rows:
+                self.log(row, row["step"], fresh)
+
+    def log_images(self, path: Path, prompts: Sequence[str], step: int, trackers: Sequence | None = None) -> None:
+        """Log the image file ``path`` (a sample grid) at ``step`` to every tracker (of ``trackers``) that takes
+        images, with ``prompts`` (the grid's samples' prompts in reading order) as its caption."""
         from PIL import Image
 
         with Image.open(path) as opened:
             image = opened.convert("RGB")
-        for tracker in self.accelerator.trackers:
+        for tracker in self.accelerator.trackers if trackers is None else trackers:
             if hasattr(tracker, "log_grid"):
                 tracker.log_grid(image, list(prompts), step)
 
