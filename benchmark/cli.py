@@ -281,7 +281,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                                          args.algorithms, args.storage, executor)
         from flowzoo.benchmark.tuning.confirm import confirm_cells
 
-        confirm_cells(suite, design, cells, url, Path(args.runs) / suite.name / "tuning", args.trials or design.trials)
+        confirm_cells(suite, design, cells, url, Path(args.runs) / suite.name / "tuning", args.trials or design.trials,
+                      workers=args.workers if args.executor == "local" else None)
     if args.out:
         from flowzoo.benchmark.tuning.report import write_tuning_report
 

@@ -55,7 +55,7 @@ def candidates(study, top_k: int) -> list[Candidate]:
 
 
 def confirm_cell(suite: Suite, design: TuningDesign, cell: Cell, storage_url: str, trials_dir: Path, budget: int,
-                 threads: int | None = None) -> pd.DataFrame | None:
+                 threads: int | None = None, workers: int = 1) -> pd.DataFrame | None:
     """Run the cell's confirmation (module docstring) once its trials are spent; the rows (candidate, trial, seed,
     objective, cpu_s), also stored in its study. None when the design has no confirmation or the trials are not all
     done (``flowzoo tune`` runs it again after the next trials)."""
@@ -68,25 +68,41 @@ def confirm_cell(suite: Suite, design: TuningDesign, cell: Cell, storage_url: st
     if counted(study) < budget or any(t.state.name in ("RUNNING", "WAITING") for t in study.get_trials(deepcopy=False)):
         return None
     root = Path(trials_dir) / cell.task / cell.algorithm / "confirm"
-    rows = []
-    for candidate in candidates(study, design.confirmation.top_k):
-        configs = trial_configs(suite, design, cell, candidate.values, root / candidate.label,
-                                seeds=design.confirmation.seeds)
-        for config in configs:
-            config.train.threads = config.train.threads or threads
-            run_dir = config.resolved_run_dir()
-            start = time.process_time()
-            if not is_finished(run_dir, config):
-                Runner(config, progress=False, dist=SingleProcess()).run()
-            rows.append({"candidate": candidate.label, "trial": candidate.trial, "seed": config.seed,
-                         "objective": curve_value(eval_curve(run_dir), design.objective),
-                         "cpu_s": round(time.process_time() - start, 3),
-                         "values": json.dumps(candidate.values, sort_keys=True, default=str)})
-        print(f"tune {suite.name} {cell.study_name} confirmation {candidate.label}: "
-              f"{np.mean([r['objective'] for r in rows if r['candidate'] == candidate.label]):.4f} over "
-              f"{len(configs)} seeds", flush=True)
+    runs = [(candidate, config) for candidate in candidates(study, design.confirmation.top_k)
+            for config in trial_configs(suite, design, cell, candidate.values, root / candidate.label,
+                                        seeds=design.confirmation.seeds)]
+    for _, config in runs:
+        config.train.threads = config.train.threads or threads or (1 if workers > 1 else None)
+    cpu = dict(_train_all([config for _, config in runs], workers))
+    rows = [{"candidate": candidate.label, "trial": candidate.trial, "seed": config.seed,
+             "objective": curve_value(eval_curve(config.resolved_run_dir()), design.objective),
+             "cpu_s": cpu[str(config.resolved_run_dir())],
+             "values": json.dumps(candidate.values, sort_keys=True, default=str)} for candidate, config in runs]
+    for label in dict.fromkeys(r["candidate"] for r in rows):
+        mine = [r["objective"] for r in rows if r["candidate"] == label]
+        print(f"tune {suite.name} {cell.study_name} confirmation {label}: {np.mean(mine):.4f} over {len(mine)} seeds",
+              flush=True)
     study.set_user_attr(ATTRIBUTE, rows)
     return pd.DataFrame(rows)
+
+
+def _train(config) -> tuple[str, float]:
+    """One confirmation run (kept when finished, resumed when killed): its directory and the CPU seconds it took."""
+    run_dir = config.resolved_run_dir()
+    start = time.process_time()
+    if not is_finished(run_dir, config):
+        Runner(config, progress=False, dist=SingleProcess()).run()
+    return str(run_dir), round(time.process_time() - start, 3)
+
+
+def _train_all(configs: list, workers: int) -> list[tuple[str, float]]:
+    """Every run, in ``workers`` processes (each run's CPU seconds measured in its own process)."""
+    if workers <= 1 or len(configs) <= 1:
+        return [_train(config) for config in configs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(configs))) as pool:
+        return list(pool.map(_train, configs))
 
 
 def stored_rows(study) -> pd.DataFrame | None:
@@ -145,12 +161,16 @@ def verdict(rows: pd.DataFrame) -> Verdict:
 
 
 def confirm_cells(suite: Suite, design: TuningDesign, cells: list[Cell], storage_url: str, trials_dir: Path,
-                  budget: int, threads: int | None = None) -> None:
-    """The confirmation of every cell whose trials are spent (``flowzoo tune`` runs it after the trials, here)."""
+                  budget: int, threads: int | None = None, workers: int | None = None) -> None:
+    """The confirmation of every cell whose trials are spent (``flowzoo tune`` runs it after the trials, here, its
+    runs in ``workers`` processes: default the number of CPUs)."""
+    import os
+
+    workers = workers or os.cpu_count() or 1
     if design.confirmation is None:
         return
     runs = len(design.confirmation.seeds) * (design.confirmation.top_k + 1)
     print(f"tune {suite.name}: confirmation of {len(cells)} cells, up to {runs} runs each (the shared recipe and the "
           f"{design.confirmation.top_k} best trials x seeds {list(design.confirmation.seeds)})", flush=True)
     for cell in cells:
-        confirm_cell(suite, design, cell, storage_url, trials_dir, budget, threads)
+        confirm_cell(suite, design, cell, storage_url, trials_dir, budget, threads, workers)
