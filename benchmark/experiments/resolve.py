@@ -82,14 +82,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def _mapping(value: Any, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping of algorithm keys, got {value!r}")
-    return value
-
-
 def split_algorithm_block(block: Any, where: str = "algorithm") -> tuple[str, dict]:
     """A config's ``algorithm:`` value (a name, or a mapping with ``name``) as (name, its other keys)."""
     if block is None:
