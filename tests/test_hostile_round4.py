@@ -321,3 +321,25 @@ def test_report_refuses_a_foreign_or_empty_sqlite_file_and_writes_nothing_into_i
     text.write_text("not a database at all, just some words that fill more than a header page" * 20)
     with pytest.raises(ConfigError, match="is not a SQLite database"):
         check_sqlite_storage(text)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("0,t/flow_grpo,t,flow_grpo,1.0\n0,t/op_grpo,t,op_grpo,1.2\n0,t/op_grpo,t,op_grpo,1.2\n",
+     "cell t/op_grpo has repeat 0 2 times; each repeat measures each cell once"),
+    ("0,u/flow_grpo,u,flow_grpo,1.0\n0,u/op_grpo,u,op_grpo,1.2\n",
+     "none of its cells (u/flow_grpo, u/op_grpo) pairs with a cell of these runs"),
+])
+def test_a_timing_file_with_a_repeated_row_or_other_cells_is_one_line(tmp_path, capsys, rows, message):
+    """A copied timing row counted as a second repeat; a timing file of other cells gave an empty wall-clock table,
+    exit 0. Both are one line now, nothing written."""
+    from flowzoo.benchmark.analysis.study import main as study_main
+    from tests.test_hostile_round3 import _one_error_line, _write_run
+
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        _write_run(runs, "flow_grpo", seed, [0.0, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed])
+        _write_run(runs, "op_grpo", seed, [0.0, 0.2, 0.3, 0.4, 0.5 + 0.01 * seed])
+    timing = tmp_path / "timing.csv"
+    timing.write_text("repeat,cell,task,algorithm,s_per_step\n" + rows)
+    assert study_main([str(runs), "--out", str(tmp_path / "study"), "--resamples", "200", "--timing", str(timing)]) == 2
+    assert message in _one_error_line(capsys) and not (tmp_path / "study").exists()

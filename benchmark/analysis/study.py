@@ -501,6 +501,12 @@ def read_timing(path: str) -> pd.DataFrame:
         raise ConfigError(f"--timing {path}: s_per_step of {row['cell']} (repeat {row['repeat']}) is "
                           f"{row['s_per_step']}; every per-step cost must be a positive number of seconds")
     timing["s_per_step"] = cost
+    twice = timing[timing.duplicated(["repeat", "cell"], keep=False)]
+    if len(twice):  # a copied row would count as a second repeat of the same measurement
+        row = twice.iloc[0]
+        raise ConfigError(f"--timing {path}: cell {row['cell']} has repeat {row['repeat']} "
+                          f"{int(((timing['repeat'] == row['repeat']) & (timing['cell'] == row['cell'])).sum())} "
+                          f"times; each repeat measures each cell once")
     return timing
 
 
@@ -578,6 +584,12 @@ def write_study(request: StudyRequest) -> Path:
     claims, estimates = (judge(table, effect_rows, seed_sets, claims_of.claims, pair) if claims_of
                          else (None, None))
     wall = wall_clock_ratios(effect_rows, timing, request.baseline) if timing is not None else None
+    if timing is not None and wall.empty:  # before anything is written: a timing file of other cells measures none
+        ran = sorted({f"{task}/{algorithm}" for task, algorithm in runs[["task", "algorithm"]].drop_duplicates()
+                      .itertuples(index=False)})
+        raise ConfigError(f"--timing {request.timing}: none of its cells ({', '.join(sorted(set(timing['cell'])))}) "
+                          f"pairs with a cell of these runs and its baseline, so no wall-clock ratio can be made; "
+                          f"the runs' cells: {', '.join(ran[:8])}{' ...' if len(ran) > 8 else ''}")
     gain_rows = gains(table, seed_sets)
     curves = mean_curves(runs)
     frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
