@@ -40,3 +40,17 @@ def test_a_folder_without_claims_is_one_clear_error(tmp_path, capsys):
         read_claims(tmp_path)
     assert main([str(tmp_path), str(tmp_path), "--out", str(tmp_path / "x.md")]) == 2
     assert "flowzoo: error: recipe_compare: cannot read" in capsys.readouterr().err
+
+
+def test_a_cut_claims_file_is_refused_not_read_as_a_changed_verdict(tmp_path):
+    """A claims.csv cut mid-row read its last verdict short ("reproduc") or empty, a changed verdict; now refused."""
+    path = _claims(tmp_path / "cut", [("A saves steps", "reproduced", "reproduced", "replicated: reproduced"),
+                                      ("B saves steps", "contradicted", "contradicted", "replicated: contradicted")])
+    data = (path / "claims.csv").read_bytes()
+    (path / "claims.csv").write_bytes(data[:-12])  # mid "replicated: contradicted"
+    with pytest.raises(ConfigError, match="its last line is cut mid-row"):
+        read_claims(path)
+    cut_at_comma = data[:data.rindex(b",") + 1] + b"\n"  # the last field empty, the line ended
+    (path / "claims.csv").write_bytes(cut_at_comma)
+    with pytest.raises(ConfigError, match="'replication' is empty"):
+        read_claims(path)

@@ -24,9 +24,17 @@ UNJUDGED = "not tested"
 def read_claims(study_dir: str | Path) -> pd.DataFrame:
     path = Path(study_dir) / "claims.csv"
     try:
+        text = path.read_bytes()
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, ValueError) as error:
         raise ConfigError(f"recipe_compare: cannot read {path}: {error}") from None
+    if text and not text.endswith(b"\n"):  # a study writes whole lines: a cut verdict would read as another one
+        raise ConfigError(f"recipe_compare: {path}: its last line is cut mid-row (no line end: an interrupted copy or "
+                          f"write); regenerate it with flowzoo study")
+    blanks = [c for c in COLUMNS if (frame[c] == "").any()] if all(c in frame for c in COLUMNS) else []
+    if blanks:  # every claim has a verdict on every seed set (or "not tested"): a blank is a damaged row
+        raise ConfigError(f"recipe_compare: {path}: a claim's {blanks[0]!r} is empty (a damaged or cut row); "
+                          f"regenerate it with flowzoo study")
     missing = [c for c in COLUMNS if c not in frame]
     if missing:
         raise ConfigError(f"recipe_compare: {path} lacks the columns {missing}; is it a study's claims.csv?")
