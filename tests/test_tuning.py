@@ -562,3 +562,40 @@ def test_ctrl_c_then_rerun_draws_what_an_uninterrupted_tune_draws(tmp_path, monk
     assert got == wanted
     assert [t.state.name for t in study.get_trials(deepcopy=False)].count("FAIL") == 1
     assert any(t.user_attrs.get("retry_of") == 1 for t in study.get_trials(deepcopy=False))
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (Linux /proc)."""
+    found = set()
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        found |= {int(x) for x in path.read_text().split()}
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_kill_9_of_a_tune_with_two_workers_ends_its_workers(tmp_path):
+    """Its workers used to train on unseen and then block forever; now they end with it."""
+    suite_file = write_suite(tmp_path, **{"defaults.train.steps": 2000, "tuning.trials": 4, "tuning.pruner.name": "none"})
+    process = subprocess.Popen(_tune_command(suite_file, tmp_path / "runs", "--workers", "2"), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while time.monotonic() < deadline and len(workers) < 2:
+        workers = _children(process.pid)
+        time.sleep(0.5)
+    assert len(workers) >= 2, "the workers did not start"
+    time.sleep(2)  # they are training
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and any(_alive(w) for w in workers):
+        time.sleep(0.5)
+    assert not any(_alive(w) for w in workers)

@@ -762,6 +762,22 @@ def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers
 LOCAL_WORKERS_PER_CPU = 4
 
 
+def die_with_parent(parent: int) -> None:
+    """A local worker ends with the ``flowzoo tune`` that started it (Linux ``PR_SET_PDEATHSIG``): a kill -9 of the
+    command leaves no worker training unseen (its trial is failed and re-run by the next tune, from its runs'
+    checkpoints). Elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call: nothing would signal us
+        os._exit(1)
+
+
 def check_workers(workers: int, total_trials: int, local: bool) -> None:
     """A one-line ConfigError for more workers than trials to run (the rest would idle), or, run here, more processes
     than ``LOCAL_WORKERS_PER_CPU`` per CPU; before anything is written."""
@@ -809,7 +825,7 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
     elif workers == 1:
         _worker(*args, None)
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             for future in [pool.submit(_worker, *args, 1, index) for index in range(workers)]:
                 future.result()
     return suite, design, cells, url
