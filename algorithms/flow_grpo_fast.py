@@ -7,7 +7,10 @@ whole window lies in the first ``sde_window_range`` steps, as the released pipel
 (``random.randint(range[0], range[1] - size)``, flow_grpo/diffusers_patch/sd3_pipeline_with_logprob_fast.py:136-139);
 ``sde_window_range`` None means T // 2 (the released ``(0, num_steps // 2)``, config/grpo.py:190), capped at T - 1 so
 the final transition is never in the window. It is drawn once per iteration (the same for every sample of the batch)
-from a generator seeded by (seed, iteration), so a resumed run draws the same windows. The released script draws one
+from a generator seeded by (seed, iteration), so a resumed run draws the same windows; ``sde_window_start`` fixes
+it instead, as the Qwen-Image release effectively does (its pipeline seeds Python's ``random`` with the process index,
+never passed, before every draw: the window is always steps 3-4, qwenimage_pipeline_with_logprob.py:138-143 and
+train_qwenimage.py:657-670 at 27b6ef8). The released script draws one
 window per sampling call (``train_batch_size`` samples on one process) from Python's ``random``, so its samples of
 one prompt may sit in different windows.
 
@@ -53,6 +56,9 @@ from flowzoo.streams import PURPOSE_WINDOW
 class FlowGRPOFastConfig(AlgorithmConfig):
     sde_window_size: int = 2
     sde_window_range: int | None = None  # the window lies in steps 0 .. range - 1; None = T // 2
+    # the window's first step: None draws it uniformly per iteration (the SD3 release); an int fixes it (the Qwen-Image
+    # release seeds Python's random with the unpassed process_index 0 before every draw, so its start is always 3)
+    sde_window_start: int | None = None
     # one initial noise per group and the deterministic steps before the window run once per group (see the module)
     shared_prefix: bool = False
 
@@ -76,7 +82,11 @@ class FlowGRPOFastConfig(AlgorithmConfig):
 
     def check_num_steps(self, num_steps: int) -> None:
         super().check_num_steps(num_steps)
-        self.window_range(num_steps)  # at config load, before anything is written
+        limit = self.window_range(num_steps)  # at config load, before anything is written
+        last = limit - self.sde_window_size
+        if self.sde_window_start is not None and not 0 <= self.sde_window_start <= last:
+            raise ConfigError(f"algorithm.sde_window_start {self.sde_window_start} puts the window outside the first "
+                              f"{limit} of {num_steps} steps; give 0 .. {last} or null (a random start)")
 
 
 @register("flow_grpo_fast")
@@ -91,6 +101,8 @@ class FlowGRPOFast(Algorithm):
         return self.config.window_range(self.num_steps)
 
     def sde_window_start(self, iteration: int | None = None) -> int:
+        if self.config.sde_window_start is not None:
+            return self.config.sde_window_start
         iteration = self.iteration if iteration is None else iteration
         gen = iteration_generator(self.seed, iteration, PURPOSE_WINDOW)
         return int(torch.randint(0, self.window_range - self.config.sde_window_size + 1, (1,), generator=gen))

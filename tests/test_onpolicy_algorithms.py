@@ -369,3 +369,24 @@ def test_raises_the_toy_reward(toy_model, toy_prompts, name):
     rewards_seen = [alg.step(prompts * 2, meta * 2).reward_mean for _ in range(20)]
     first, last = sum(rewards_seen[:3]) / 3, sum(rewards_seen[-3:]) / 3
     assert last > first + 0.15, f"{name}: batch reward {first:.3f} -> {last:.3f}"
+
+
+def test_fast_window_start_fixed_as_the_qwen_image_release_runs_it(toy_model):
+    """The Qwen-Image release's window always starts at step 3 (random.seed(0) before every randint(0, 3)): its
+    recipe fixes sde_window_start 3; SD3's draws it; a start that puts the window outside the range is refused."""
+    import random
+
+    from flowzoo.benchmark.experiments.recipes import recipe
+
+    random.seed(0)
+    assert random.randint(0, 10 // 2 - 2) == 3  # what the release computes on every call
+    assert recipe("flow_grpo_fast", "qwen_pickscore", "qwen_image")["sde_window_start"] == 3
+    assert "sde_window_start" not in recipe("flow_grpo_fast", "sd3_pickscore", "sd3")
+    fixed = build("flow_grpo_fast", toy_model, {"sde_window_size": 2, "sde_window_start": 3})
+    assert {fixed.sde_window_start(i) for i in range(20)} == {3}
+    drawn = build("flow_grpo_fast", toy_model, {"sde_window_size": 2})
+    assert len({drawn.sde_window_start(i) for i in range(20)}) > 1
+    from flowzoo.algorithms.flow_grpo_fast import FlowGRPOFastConfig
+
+    with pytest.raises(ConfigError, match="sde_window_start 4 puts the window outside the first 5 of 10 steps"):
+        FlowGRPOFastConfig(sde_window_size=2, sde_window_start=4).check_num_steps(10)
