@@ -8,9 +8,9 @@ whole window lies in the first ``sde_window_range`` steps, as the released pipel
 ``sde_window_range`` None means T // 2 (the released ``(0, num_steps // 2)``, config/grpo.py:190), capped at T - 1 so
 the final transition is never in the window. It is drawn once per iteration (the same for every sample of the batch)
 from a generator seeded by (seed, iteration), so a resumed run draws the same windows; ``sde_window_start`` fixes
-it instead, as the Qwen-Image release effectively does (its pipeline seeds Python's ``random`` with the process index,
-never passed, before every draw: the window is always steps 3-4, qwenimage_pipeline_with_logprob.py:138-143 and
-train_qwenimage.py:657-670 at 27b6ef8). The released script draws one
+it instead (an int), or draws it as the Qwen-Image release does (``seed_0``: its pipeline seeds Python's ``random``
+with the process index, never passed, before every draw, so the start is always the seed-0 draw: steps 3-4 at T = 10,
+qwenimage_pipeline_with_logprob.py:138-143 and train_qwenimage.py:657-670 at 27b6ef8). The released script draws one
 window per sampling call (``train_batch_size`` samples on one process) from Python's ``random``, so its samples of
 one prompt may sit in different windows.
 
@@ -40,6 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import random
+from typing import Literal
+
 import torch
 
 from flowzoo.algorithms import register
@@ -52,13 +55,17 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
 
 
+SEED_0 = "seed_0"  # sde_window_start as the Qwen-Image release draws it (see FlowGRPOFastConfig)
+
+
 @dataclass
 class FlowGRPOFastConfig(AlgorithmConfig):
     sde_window_size: int = 2
     sde_window_range: int | None = None  # the window lies in steps 0 .. range - 1; None = T // 2
-    # the window's first step: None draws it uniformly per iteration (the SD3 release); an int fixes it (the Qwen-Image
-    # release seeds Python's random with the unpassed process_index 0 before every draw, so its start is always 3)
-    sde_window_start: int | None = None
+    # the window's first step: None draws it uniformly per iteration (the SD3 release); an int fixes it; "seed_0" is
+    # the Qwen-Image release's: Python's random seeded with 0 (its unpassed process_index) before every draw, so the
+    # start is always randint(0, range - size) of that seed, 3 at T = 10
+    sde_window_start: int | Literal["seed_0"] | None = None
     # one initial noise per group and the deterministic steps before the window run once per group (see the module)
     shared_prefix: bool = False
 
@@ -84,7 +91,7 @@ class FlowGRPOFastConfig(AlgorithmConfig):
         super().check_num_steps(num_steps)
         limit = self.window_range(num_steps)  # at config load, before anything is written
         last = limit - self.sde_window_size
-        if self.sde_window_start is not None and not 0 <= self.sde_window_start <= last:
+        if isinstance(self.sde_window_start, int) and not 0 <= self.sde_window_start <= last:
             raise ConfigError(f"algorithm.sde_window_start {self.sde_window_start} puts the window outside the first "
                               f"{limit} of {num_steps} steps; give 0 .. {last} or null (a random start)")
 
@@ -101,6 +108,8 @@ class FlowGRPOFast(Algorithm):
         return self.config.window_range(self.num_steps)
 
     def sde_window_start(self, iteration: int | None = None) -> int:
+        if self.config.sde_window_start == SEED_0:  # the Qwen-Image release's draw, the same every call
+            return random.Random(0).randint(0, self.window_range - self.config.sde_window_size)
         if self.config.sde_window_start is not None:
             return self.config.sde_window_start
         iteration = self.iteration if iteration is None else iteration

@@ -380,10 +380,12 @@ def test_fast_window_start_fixed_as_the_qwen_image_release_runs_it(toy_model):
 
     random.seed(0)
     assert random.randint(0, 10 // 2 - 2) == 3  # what the release computes on every call
-    assert recipe("flow_grpo_fast", "qwen_pickscore", "qwen_image")["sde_window_start"] == 3
+    assert recipe("flow_grpo_fast", "qwen_pickscore", "qwen_image")["sde_window_start"] == "seed_0"
     assert "sde_window_start" not in recipe("flow_grpo_fast", "sd3_pickscore", "sd3")
-    fixed = build("flow_grpo_fast", toy_model, {"sde_window_size": 2, "sde_window_start": 3})
-    assert {fixed.sde_window_start(i) for i in range(20)} == {3}
+    released = build("flow_grpo_fast", toy_model, {"sde_window_size": 2, "sde_window_start": "seed_0"})
+    assert {released.sde_window_start(i) for i in range(20)} == {3}  # T = 10 on the toy tier: range 5
+    fixed = build("flow_grpo_fast", toy_model, {"sde_window_size": 2, "sde_window_start": 1})
+    assert {fixed.sde_window_start(i) for i in range(20)} == {1}
     drawn = build("flow_grpo_fast", toy_model, {"sde_window_size": 2})
     assert len({drawn.sde_window_start(i) for i in range(20)}) > 1
     from flowzoo.algorithms.flow_grpo_fast import FlowGRPOFastConfig

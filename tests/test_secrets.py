@@ -146,10 +146,13 @@ def test_literal_and_environment_keys_reach_the_judge_and_nothing_else(tmp_path,
     trackers = []  # what a tracker is given (no tracker package needs to be installed)
 
     class Recorder:
-        def __init__(self, names, run_name, run_dir, config):
+        def __init__(self, names, run_name, run_dir, config, resumed_at=0):
             trackers.append(config)
 
         def log(self, row, step):
+            pass
+
+        def replay(self, rows):
             pass
 
         def finish(self):
