@@ -22,15 +22,7 @@ from flowzoo.benchmark.experiments.tuned import TunedValues
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 
-PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video", "paper-flux-hpsv2",
-                "paper-qwen-image-pickscore"]
-
-
-@pytest.fixture
-def prompt_dir(tmp_path):
-    for split in ("train", "test"):
-        (tmp_path / f"{split}.txt").write_text("a photo of a cat\n")
-    return [f"prompts.train={tmp_path}", f"prompts.test={tmp_path}"]
+from tests.test_recipes import PAPER_SUITES, prompt_dir  # noqa: F401 (prompt_dir: the paper suites' prompt files)
 
 
 def _same(a, b) -> None:

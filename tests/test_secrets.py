@@ -152,8 +152,9 @@ def test_literal_and_environment_keys_reach_the_judge_and_nothing_else(tmp_path,
         def log(self, row, step):
             pass
 
-        def replay(self, rows):
-            pass
+        def replay(self, rows):  # a resumed run's history, as Trackers.replay sends it
+            for row in rows:
+                self.log(row, row["step"])
 
         def finish(self):
             pass

@@ -98,11 +98,11 @@ def _final(data: dict, name: str, overrides: Sequence[str]) -> tuple[str, str, s
     peek = apply_overrides({"algorithm": {"name": name}, "task": data.get("task", ExperimentConfig.task),
                             "model": copy.deepcopy(data.get("model") or {}),
                             "use_recipe": data.get("use_recipe", True)}, list(overrides))
-    block = peek.get("algorithm")
-    algorithm = block if isinstance(block, str) else (block or {}).get("name", name) if isinstance(block, dict) else name
-    model = (peek.get("model") or {}).get("name", ModelSection.name) if isinstance(peek.get("model"), dict) \
-        else ModelSection.name
-    use = peek.get("use_recipe", True)
+    algorithm, model = peek["algorithm"], peek["model"]  # an override may replace a section by a plain value
+    if not isinstance(algorithm, str):
+        algorithm = algorithm.get("name", name) if isinstance(algorithm, dict) else name
+    model = model.get("name", ModelSection.name) if isinstance(model, dict) else ModelSection.name
+    use = peek["use_recipe"]
     if not isinstance(use, bool):
         raise ConfigError(f"use_recipe must be true or false, got {use!r}")
     return str(algorithm), str(model), str(peek.get("task")), use
