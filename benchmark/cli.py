@@ -267,10 +267,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if not args.out:
             raise FlowZooError("--report writes the tuning's outputs: give --out DIR")
         suite, design = load_tuning(args.suite)
-        cells, url = tuning_cells(suite, design, args.tasks, args.algorithms), args.storage or default_storage(
-            Path(args.runs), suite, create=False)
-        check_storage(url)
-        check_report_storage(url, suite)
+        cells = tuning_cells(suite, design, args.tasks, args.algorithms)
+        if args.from_trials is None:
+            url = args.storage or default_storage(Path(args.runs), suite, create=False)
+            check_storage(url)
+            check_report_storage(url, suite)
+        elif args.storage is not None:
+            raise FlowZooError("--from-trials reads an earlier report's trial tables, not a storage: drop --storage")
+        else:
+            url = None
+    elif args.from_trials is not None:
+        raise FlowZooError("--from-trials only writes a report from an earlier one's trial tables: add --report")
     else:
         from flowzoo.benchmark.experiments.executors import make_grid
         from flowzoo.benchmark.experiments.suite import load_suite
@@ -286,7 +293,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.out:
         from flowzoo.benchmark.tuning.report import write_tuning_report
 
-        out = write_tuning_report(suite.name, design, cells, url, Path(args.out), args.trials or design.trials)
+        out = write_tuning_report(suite.name, design, cells, url, Path(args.out), args.trials or design.trials,
+                                  from_trials=args.from_trials)
         print(f"tuning report written to {out}")
     return 0
 
@@ -557,6 +565,9 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--out", default=None, metavar="DIR", help="write the tuning's tables, tuned configurations and "
                                                                "figures into DIR")
     tu.add_argument("--report", action="store_true", help="run no trial: only write --out from the storage")
+    tu.add_argument("--from-trials", default=None, type=Path, metavar="DIR",
+                    help="with --report: write --out from the trial tables of an earlier report DIR (DIR/trials, "
+                         "e.g. a committed one whose storage is gone) instead of the storage; DIR may be --out")
 
     ls = _command(sub, "list", _cmd_list, "list registered algorithms, models, rewards, suites and claim sets",
                   "Each with a one-line description; `flowzoo list NAME` shows one entry's parameters and defaults.")

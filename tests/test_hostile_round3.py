@@ -728,6 +728,15 @@ def test_tune_report_without_a_storage_and_on_a_full_disk(tmp_path, capsys, monk
     _no_partial_siblings(tmp_path)
     assert main(["tune", str(suite), "--runs", str(runs), "--report", "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "index.md").is_file()
+    # --from-trials: the report again from its own trial tables, without the storage; misuse is one line
+    assert main(["tune", str(suite), "--report", "--from-trials", str(tmp_path / "out"), "--out",
+                 str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "index.md").read_text() == (tmp_path / "out" / "index.md").read_text()
+    assert main(["tune", str(suite), "--from-trials", str(tmp_path / "out"), "--out", str(tmp_path / "x")]) == 2
+    assert "add --report" in _one_error_line(capsys)
+    assert main(["tune", str(suite), "--report", "--from-trials", str(tmp_path / "nowhere"), "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "no trial tables in" in _one_error_line(capsys) and not (tmp_path / "x").exists()
 
 
 # 6. trackers are no part of reading a run; a reward server's wait is bounded

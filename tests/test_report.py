@@ -433,8 +433,26 @@ def test_forest_plot_leads_each_task_and_definitions_and_runs_come_last(written)
         "Headline: cost to reach the target, relative to the baseline", "Final reward", COSTS_TITLE,
         "Methods and definitions", "Runs")]
     assert order == sorted(order)
-    assert markdown.index("![") < markdown.index("| algorithm |")  # a figure before the first table
-    assert page.index("<img ") < page.index("<table>")
+    # the answer table before the first section, then each task's forest plot before its table
+    assert markdown.index("| algorithm | `toy_a`: steps |") < markdown.index("\n## ") < markdown.index("![")
+    assert page.index("<table>") < page.index("<h2") < page.index("<img ")
+
+
+def test_the_answer_table_holds_each_tasks_headline_ratios(written):
+    _, _, markdown, _ = written
+    answer = markdown[markdown.index("**The answer**"):markdown.index("\n## ")]
+    rows = {line.split(" | ")[0].strip("| `"): line.strip("|").split(" | ")[1:]
+            for line in answer.splitlines() if line.startswith("| `")}
+    for i, task in enumerate(("toy_a", "toy_b")):
+        headline = section(markdown, f"`{task}`")
+        ratios = headline[headline.index("| algorithm | seeds reaching |"):]
+        for line in ratios[:ratios.index("\n\n")].splitlines():
+            if line.startswith("| `"):
+                cells = line.strip("|").split(" | ")
+                algorithm = cells[0].strip(" `")
+                mine = [c.strip(" *").removeprefix("≥ ").removeprefix("≤ ").removeprefix("~ ")
+                        for c in rows[algorithm][2 * i:2 * i + 2]]
+                assert mine == [cells[2].strip(), cells[3].strip()], (task, algorithm)
 
 
 def test_columns_that_cannot_tell_algorithms_apart_are_named():

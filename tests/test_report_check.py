@@ -1,4 +1,5 @@
-"""flowzoo.benchmark.analysis.report_check: missing images, broken links and a first screen without a figure fail; the browser part
+"""flowzoo.benchmark.analysis.report_check: missing images, broken links and a first screen without
+the page's answer (a figure or a table) fail; the browser part
 runs where Chromium is installed (skipped with the reason elsewhere) and the static part everywhere."""
 
 import pytest
@@ -23,7 +24,7 @@ def _page(root, markdown, figure=True):
     return root
 
 
-GOOD = "# R\n\n## A b\n\n![figure](f.png)\n\n[to A](#a-b) [file](f.png)\n\n| x | y |\n|---|---|\n| 1 | 2 |\n"
+GOOD = "# R\n\n![figure](f.png)\n\n## A b\n\n[to A](#a-b) [file](f.png)\n\n| x | y |\n|---|---|\n| 1 | 2 |\n"
 
 
 @pytest.fixture
@@ -41,11 +42,21 @@ def test_static_checks_pass_a_good_page_and_say_the_browser_was_skipped(tmp_path
     (GOOD.replace("![figure](f.png)", "![figure](gone.png)"), "missing image gone.png"),
     (GOOD.replace("[file](f.png)", "[file](gone.md)"), "broken link gone.md"),
     (GOOD.replace("(#a-b)", "(#nowhere)"), "broken in-page link #nowhere"),
-    ("# R\n\n| x |\n|---|\n| 1 |\n\n![figure](f.png)\n", "no figure before the first table"),
+    ("# R\n\ntext\n\n## Section\n\n| x |\n|---|\n| 1 |\n\n![figure](f.png)\n",
+     "no figure or table before the first section heading"),
 ])
 def test_static_failures(tmp_path, no_browser, capsys, markdown, failure):
     assert report_check.main([str(_page(tmp_path / "bad", markdown))]) == 1
     assert failure in capsys.readouterr().out
+
+
+def test_an_answer_table_before_the_first_section_opens_the_page(tmp_path, no_browser, capsys):
+    answer = "# R\n\nThe answer.\n\n| claim | verdict |\n|---|---|\n| c | reproduced |\n\n## Section\n\n![figure](f.png)\n"
+    assert report_check.main([str(_page(tmp_path / "answer", answer))]) == 0
+    assert report_check.leads_with_answer(["table", "h2", "img"])
+    assert report_check.leads_with_answer(["img"])
+    assert not report_check.leads_with_answer(["h2", "table", "img"])
+    assert not report_check.leads_with_answer([])
 
 
 def test_a_tables_only_report_is_checked_for_links_only(tmp_path, no_browser, capsys):
@@ -85,9 +96,10 @@ def test_a_real_report_renders_with_a_figure_on_its_first_screen(tmp_path, brows
 
 
 def test_the_browser_finds_a_first_screen_without_a_figure(tmp_path, browser, capsys):
-    tall = "# R\n\n" + "\n\n".join(f"paragraph {i}" for i in range(60)) + "\n\n![figure](f.png)\n"
+    tall = ("# R\n\n" + "\n\n".join(f"paragraph {i}" for i in range(60))
+            + "\n\n| x |\n|---|\n| 1 |\n\n![figure](f.png)\n")
     assert report_check.main([str(_page(tmp_path / "late", tall))]) == 1
-    assert "the first screen (1280 x 800) holds no figure" in capsys.readouterr().out
+    assert "the first screen (1280 x 800) holds no figure and no table's first rows" in capsys.readouterr().out
 
 
 def test_the_browser_finds_an_image_that_does_not_load(tmp_path, browser, capsys):

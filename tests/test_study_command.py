@@ -1,5 +1,5 @@
 """`flowzoo study`: verdicts on every seed set that ran (a user's own included), claim sets that travel with the suite
-file, the page (figures first, a kept hand-written answer) and its one-line errors. One small synthetic runs directory
+file, the page (its answer first: the suite's question, a kept hand-written answer, the answer table) and its one-line errors. One small synthetic runs directory
 serves every test: flow_grpo and op_grpo on the toy study's sparse task, three seed sets."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from flowzoo.benchmark.analysis.report_check import check
 from flowzoo.benchmark.analysis.study_sets import parse_seed_sets, seed_sets_of
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.suite import SUITES_DIR
+from flowzoo.benchmark.experiments.suite import SUITES_DIR, load_suite
 from flowzoo.errors import ConfigError
 
 TASK = "toy2d_sep64_sparse"
@@ -56,7 +56,7 @@ def _steps_claim(out):
     return claims[claims["claim"].str.contains("34.2%.*sparse", regex=True)].iloc[0]
 
 
-def test_a_renamed_suite_copy_judges_every_seed_set_that_ran_on_a_page_that_leads_with_figures(study):
+def test_a_renamed_suite_copy_judges_every_seed_set_that_ran_on_a_page_that_leads_with_its_answer(study):
     out = study / "page"
     out.mkdir()
     answer = "**By hand:** the answer in one sentence.\n"
@@ -71,16 +71,36 @@ def test_a_renamed_suite_copy_judges_every_seed_set_that_ran_on_a_page_that_lead
     mine = figures[(figures["seed_set"] == "other") & (figures["label"].str.startswith("op_grpo / flow_grpo"))].iloc[0]
     assert mine["estimate"] == pytest.approx(15 / 40) and mine["ci_low"] <= 0.342 <= mine["ci_high"]
     assert mine["paper"] == pytest.approx(0.342)
-    # the page: the kept hand-written answer under the title, then the claims' figure, before any table
+    # the page: the suite's name and question, the kept hand-written answer, the answer table, the claims' figure
     text = (out / "README.md").read_text()
-    assert text.startswith("# Study: paired effects vs flow_grpo\n\n**By hand:** the answer in one sentence.\n\n![")
+    question = load_suite("op-grpo-study").question
+    assert question and text.startswith(f"# my-renamed-study: {question}\n\n**By hand:** the answer in one "
+                                        "sentence.\n\n| claim | paper | ours: exploration (95% CI) | ours: "
+                                        "replication (95% CI) | ours: other (95% CI) | verdict |\n")
     assert (out / "ANSWER.md").read_text() == answer
-    assert text.index("](figures/claims_ratios.png)") < text.index("\n|")
+    claims = pd.read_csv(out / "claims.csv")
+    table = text[:text.index("\n\n", text.index("| claim | paper"))].split("\n")[-len(claims):]
+    assert [line.split(" | ")[0].lstrip("| ") for line in table] == list(claims["claim"])  # one row per claim
+    steps_row = next(line for line in table if line.startswith(f"| {row['claim']} |"))
+    explored = figures[(figures["seed_set"] == "exploration") & (figures["claim"] == row["claim"])].iloc[0]
+    assert (f"| 0.342x | {explored['estimate']:.3g}x [{explored['ci_low']:.3g}, {explored['ci_high']:.3g}] |"
+            in steps_row) and steps_row.endswith("| **not replicated** |")
+    assert text.index("| claim | paper") < text.index("](figures/claims_ratios.png)") < text.index("\n## ")
     for name in ("claims_ratios.png", f"{TASK}_reward_vs_step.png", f"{TASK}_reward_vs_nfe.png"):
         assert (out / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "index.html").read_text()
     assert '<img src="figures/claims_ratios.png"' in html and "By hand:" in html
-    assert check(out, None, None, need_figure=True) == []  # images, links, a figure before the first table
+    assert check(out, None, None, need_figure=True) == []  # images, links, the answer before the first section
+
+
+def test_an_answer_over_five_lines_is_refused_before_anything_is_written(study):
+    out = study / "long"
+    out.mkdir()
+    (out / "ANSWER.md").write_text("\n".join(f"line {i}" for i in range(6)) + "\n")
+    assert main(["study", str(study / "runs"), "--suite", str(study / "mine.yaml"), "--out", str(out), *FAST]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["ANSWER.md"]
+    (out / "ANSWER.md").write_text("one line of " + "x" * 300 + "\n")
+    assert main(["study", str(study / "runs"), "--suite", str(study / "mine.yaml"), "--out", str(out), *FAST]) == 2
 
 
 def test_seed_sets_named_by_the_user_and_replication_on_them(study):

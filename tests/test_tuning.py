@@ -486,6 +486,18 @@ def test_the_confirmation_reruns_the_top_trials_and_the_shared_recipe(tmp_path):
     index = write_tuning_report(suite.name, design, cells, url, out, 2).read_text()
     assert "## Confirmation" in index and "**pick**" in index
     table = pd.read_csv(out / "trials" / "toy2d_mode" / "flow_grpo.confirmation.csv")
+    # the page opens with its answer: the cell's recipe and the paired tuned - shared difference, from these rows
+    answer = index[:index.index("Objective `")]
+    assert answer.startswith("# Tuning of mini\n\n**The answer**") and "| toy2d_mode | flow_grpo |" in answer
+    best = table[table["candidate"] != "shared"]
+    paired = (best.set_index("seed")["objective"] - table[table["candidate"] == "shared"].set_index("seed")["objective"])
+    assert f"{paired.mean():+.4f} [" in answer
+    # a report written again from these trial tables alone (a committed report whose storage is gone) is the same
+    again = write_tuning_report(suite.name, design, cells, None, tmp_path / "again", 2, from_trials=out)
+    assert again.read_text() == index
+    for name in ("chosen.csv", "tuned/toy2d_mode/flow_grpo.yaml", "trials/toy2d_mode/flow_grpo.csv",
+                 "trials/toy2d_mode/flow_grpo.confirmation.csv"):
+        assert (tmp_path / "again" / name).read_text() == (out / name).read_text(), name
     assert len(table) == 4 and set(table["seed"]) == {2000, 2001}
     record = yaml.safe_load((out / "tuned" / "toy2d_mode" / "flow_grpo.yaml").read_text())
     pick = record["confirmation"]["pick"]

@@ -54,6 +54,7 @@ CENSORING_NOTE = (
 #: costs a verdict may rest on; wall-clock logged by runs that shared the CPU carries the machine's load of the moment
 #: (two measurements of the same 110 quick-suite runs gave non-overlapping wall-clock intervals), so it is shown only
 VERDICT_COSTS = ("step", "nfe")
+HEADLINE = "Headline: cost to reach the target, relative to the baseline"
 WALL_CLOCK_NOTE = (
     "Wall-clock ratios are as logged by the runs; runs that share a CPU with a varying load carry that load, so no "
     "verdict rests on them (the OP-GRPO study measures per-step cost interleaved in one process instead: "
@@ -194,7 +195,7 @@ def header_section(analysis: stats.Analysis) -> list[str]:
     the baseline with their CIs, then the curves) comes first; methods, definitions and the runs table last."""
     summary = analysis.summary
     unfinished = summary[~summary["finished"].astype(bool)]
-    sections = ["Headline: cost to reach the target, relative to the baseline",
+    sections = [HEADLINE,
                 "Across tasks: IQM, probability of improvement, performance profiles", "Final reward",
                 ablations_heading(analysis), "Diagnostics", "Samples at matched steps", COST_DETAILS,
                 DEFINITIONS, "Runs"]
@@ -364,11 +365,44 @@ def _efficiency(analysis: stats.Analysis, task: str) -> pd.DataFrame:
     return analysis.efficiency[analysis.efficiency["task"] == task] if len(analysis.efficiency) else pd.DataFrame()
 
 
+BOUND_MARKS = {"exact": "", "lower bound": "≥ ", "upper bound": "≤ ", "unknown direction": "~ "}
+
+
+def answer_section(analysis: stats.Analysis) -> list[str]:
+    """The page's answer in one table, above its first section: one row per algorithm, per task its steps and NFE to
+    the target relative to the baseline with 95% CIs; bold where the CI excludes 100% (as :func:`task_verdict`
+    reads it), marked where censored seeds make the ratio a bound. Empty when no task has a comparison."""
+    tasks = [t for t in sorted(analysis.targets)
+             if not math.isnan(analysis.targets[t]) and len(_efficiency(analysis, t))]
+    if not tasks:
+        return []
+    algorithms = sorted({a for t in tasks for a in _efficiency(analysis, t)["algorithm"]})
+    headers = ["algorithm"] + [f"`{t}`: {stats.COST_LABELS[c]}" for t in tasks for c in VERDICT_COSTS]
+    rows = []
+    for algorithm in algorithms:
+        row = [f"`{algorithm}`"]
+        for task in tasks:
+            table = _efficiency(analysis, task)
+            hit = table[table["algorithm"] == algorithm]
+            for cost in VERDICT_COSTS:
+                if not len(hit) or not int(hit.iloc[0]["baseline_n"]):
+                    row.append("-")
+                    continue
+                r = hit.iloc[0]
+                cell = BOUND_MARKS.get(r["bound"], "") + ratio_cell(r, cost)
+                row.append(f"**{cell}**" if _excludes_one(r, cost) else cell)
+        rows.append(row)
+    return ([f"**The answer**: each algorithm's steps and NFE to the target relative to `{analysis.baseline}`'s "
+             "(restricted means over seeds, 95% CIs); **bold**: the CI excludes 100%; ≥ / ≤: censored seeds make the "
+             f"ratio a lower / upper bound. Per task, the forest plots and curves: [{HEADLINE}](#{anchor(HEADLINE)}).",
+             ""] + markdown_table(headers, rows) + [""])
+
+
 def headline_section(analysis: stats.Analysis, out_dir: Path | None = None) -> list[str]:
     """Per task: the target, the forest plot of the steps and NFE ratios (with ``out_dir``), the verdict, a compact
     table of the ratios with their CIs, then the eval reward curves (with ``out_dir``). The per-algorithm sentences
     and the full table (wall-clock, baseline seeds) are in :func:`cost_details_section`."""
-    lines = ["## Headline: cost to reach the target, relative to the baseline", "",
+    lines = [f"## {HEADLINE}", "",
              "Per task: each algorithm's steps and NFE to reach the target relative to the baseline's (restricted "
              f"means, censored seeds counted at their last step; 95% CIs), then the eval reward curves. Every "
              f"algorithm's sentence and wall-clock: [{COST_DETAILS}](#{anchor(COST_DETAILS)}); definitions: "
@@ -821,8 +855,9 @@ def write_report(runs_dir, out_dir, baseline: str = DEFAULT_BASELINE, target=Non
     analysis = stats.analyze(runs_dir, baseline=baseline, target=target, smooth=smooth)
     # all or nothing: written into a sibling stage (same relative paths), then moved into out_dir
     with staged_directory(out_dir) as stage:
-        # the answer first (per task: cost ratios with CIs, then the curves); methods, definitions and runs last
-        lines = (header_section(analysis) + headline_section(analysis, stage)
+        # the answer first (its table, then per task: cost ratios with CIs, then the curves); methods, definitions
+        # and runs last
+        lines = (header_section(analysis) + answer_section(analysis) + headline_section(analysis, stage)
                  + aggregate_section(analysis, stage) + final_section(analysis, stage)
                  + ablation_section(analysis, stage) + diagnostics_section(analysis, stage)
                  + samples_section(analysis, runs_dir, stage) + cost_details_section(analysis)

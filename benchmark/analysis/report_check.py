@@ -8,13 +8,14 @@ that relative paths resolve. Then:
 * statically: every ``<img>`` names an existing file, every relative link an existing file, every in-page link
   (``#id``) an element of the page; links to other sites are listed, not fetched (no network);
 * in headless Chromium (the ``chromium`` of the OS packages; ``make report-check`` installs it when it can), the page
-  at a 1280 x 800 window: every image loaded (decoded with a size), the first screen holds a figure (an image whose
-  box starts above the window's bottom edge), and no figure outside a table cell is shown narrower than 90% of its
+  at a 1280 x 800 window: every image loaded (decoded with a size), the first screen holds the page's answer (a figure
+  whose box starts above the window's bottom edge, or a table, the study pages' answer table, whose first rows do:
+  its top at least :data:`TABLE_ROWS_PX` above that edge), and no figure outside a table cell is shown narrower than 90% of its
   drawn width (its fonts would fall below the sizes they were drawn at); with ``--screenshots DIR`` a PNG of the first screen is written to
   ``DIR/report-<name>-first-screen.png``.
 
-Without a browser the static checks run alone, with "a figure before the first table" standing in for the
-first-screen rule, and the output says in one line that the browser part was skipped and why. A page in
+Without a browser the static checks run alone, with "a figure or a table before the first section heading"
+(``h2``) standing in for the first-screen rule, and the output says in one line that the browser part was skipped and why. A page in
 ``--no-figure`` is not required to show a figure (a tables-only report); the output says so. Exit status 1 when a
 check fails, 2 for a bad argument.
 """
@@ -34,6 +35,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 WINDOW = (1280, 800)
+#: a table counts as shown on the first screen when its top is this far above the window's bottom edge (its header
+#: and about two rows)
+TABLE_ROWS_PX = 90
 MIN_SCALE = 0.9
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 PROBE_ID = "flowzoo-report-check"
@@ -72,8 +76,8 @@ class _Page(HTMLParser):
             self.order.append("img")
         elif tag == "a" and attrs.get("href") is not None:
             self.links.append(attrs["href"])
-        elif tag == "table":
-            self.order.append("table")
+        elif tag in ("table", "h2"):
+            self.order.append(tag)
 
 
 def find_browser() -> str | None:
@@ -126,6 +130,12 @@ def static_checks(page: Path) -> tuple[list[str], _Page, list[str]]:
     return failures, parsed, external
 
 
+def leads_with_answer(order: list[str]) -> bool:
+    """Whether a figure or a table comes before the page's first section heading (``h2``): its answer opens it."""
+    opening = order[:order.index("h2")] if "h2" in order else order
+    return "img" in opening or "table" in opening
+
+
 def browser_checks(browser: str, page: Path, screenshot: Path | None, need_figure: bool) -> list[str]:
     """Render the page headless; failures of the loaded images, the first screen and the figures' widths."""
     width, height = WINDOW
@@ -147,8 +157,9 @@ def browser_checks(browser: str, page: Path, screenshot: Path | None, need_figur
     state = json.loads(html.unescape(match[1]))
     failures = [f"image {i['src']} did not load in the browser" for i in state["images"] if not i["loaded"]]
     figures = [i for i in state["images"] if i["loaded"]]
-    if need_figure and not any(i["top"] < state["height"] and i["bottom"] > 0 for i in figures):
-        failures.append(f"the first screen ({width} x {height}) holds no figure")
+    shows_table = state["table_top"] is not None and state["table_top"] < state["height"] - TABLE_ROWS_PX
+    if need_figure and not shows_table and not any(i["top"] < state["height"] and i["bottom"] > 0 for i in figures):
+        failures.append(f"the first screen ({width} x {height}) holds no figure and no table's first rows")
     for i in figures:  # thumbnails in table cells are scaled by design
         if not i["thumbnail"] and i["drawn"] and i["shown"] < MIN_SCALE * min(i["drawn"], state["width"]):
             failures.append(f"figure {i['src']} is shown at {i['shown']:.0f} px of its {i['drawn']} px: its fonts "
@@ -179,9 +190,9 @@ def check(report: Path, browser: str | None, screenshots: Path | None, need_figu
         if not need_figure:
             print(f"{report}: a tables-only page: the first-screen figure rule is not applied")
         if browser is None:
-            order = parsed.order
-            if need_figure and ("img" not in order or ("table" in order and order.index("table") < order.index("img"))):
-                failures.append("no figure before the first table (static stand-in for the first-screen check)")
+            if need_figure and not leads_with_answer(parsed.order):
+                failures.append("no figure or table before the first section heading (static stand-in for the "
+                                "first-screen check)")
         else:
             shot = screenshots / f"report-{report.name}-first-screen.png" if screenshots else None
             failures += browser_checks(browser, page, shot, need_figure)

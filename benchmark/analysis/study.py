@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flowzoo.benchmark.analysis import effects, study_page
+from flowzoo.benchmark.analysis import effects, study_answer, study_page
 from flowzoo.benchmark.analysis.loading import (
     SkippedRun,
     find_run_dirs,
@@ -247,13 +247,15 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            wall: pd.DataFrame | None = None, gain_rows: pd.DataFrame | None = None,
            skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
            figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS,
-           recipes: dict | None = None, claims_of: ClaimSet | None = None) -> str:
-    """The study's README: the title, ``lead`` (a hand-written answer, the claims' figures), the generated answer,
-    ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by ``claims_of``)."""
+           recipes: dict | None = None, claims_of: ClaimSet | None = None,
+           title: str = "Study") -> str:
+    """The study's README: ``title``, ``lead`` (a hand-written answer, the answer table, the claims' figures), the
+    generated answer, ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by
+    ``claims_of``)."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
-    lines = [f"# Study: paired effects vs {baseline}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
+    lines = [f"# {title}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
              *(figure_lines or []),
-             f"Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
+             f"Paired effects vs `{baseline}`. Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
              "model (restricted means over the budget; a run that never reaches a target is censored there, "
              "Kaplan-Meier), final reward and AUC; primary: `steps_to_80`. `steps_to_final` (the baseline's own final "
              "reward) is shown for the papers' form but is ill-conditioned and decides nothing. Differences are "
@@ -555,6 +557,7 @@ def write_study(request: StudyRequest) -> Path:
         raise ConfigError(f"--smooth must be >= 1, got {request.smooth}")
     out = check_out_dir(request.out)
     refuse_shipped(out, "--out")  # as every other output
+    answer = study_answer.hand_written_answer(out)  # a too-long ANSWER.md is refused before anything is written
     if request.save_metrics:
         refuse_shipped(check_out_dir(request.save_metrics, "--save-metrics"), "--save-metrics")
         saved, runs_dir = Path(request.save_metrics).resolve(), Path(request.runs_dir).resolve()
@@ -608,11 +611,12 @@ def write_study(request: StudyRequest) -> Path:
         for name, frame in frames.items():
             atomic_write(stage / name, lambda f, frame=frame: frame.to_csv(f, index=False))
         atomic_write(stage / "curves.csv", curves.to_csv)
-        lead = study_page.hand_written_answer(out) + study_page.claim_figures(estimates, stage)
+        lead = answer + study_answer.answer_table(claims, estimates) + study_page.claim_figures(estimates, stage)
         figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
+        title = study_answer.page_title(suite.name if suite else None, suite.question if suite else "", out.name)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
-                          gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of)
-        study_page.write_page(stage, markdown, title=f"Study: {suite.name if suite else out.name}")
+                          gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of, title)
+        study_page.write_page(stage, markdown, title=title)
     return out / "README.md"
 
 

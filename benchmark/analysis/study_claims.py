@@ -35,6 +35,9 @@ from flowzoo.benchmark.analysis.study_sets import REPLICATION_SETS
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
 
+#: the claims section's heading (:func:`render_claims`); the page's answer table links to it
+CLAIMS_HEADING = "The paper's claims"
+
 #: the cost a steps claim is judged on by default: steps to 80% of the baseline's gain, a target its runs cross
 #: decisively (a paper's "reach the baseline's final reward" puts the target on its noisy plateau;
 #: benchmark/analysis/study.py)
@@ -310,7 +313,7 @@ def render_claims(claims: pd.DataFrame, pair: tuple[str, str] = REPLICATION_SETS
              else f"seed sets `{pair[0]}` and `{pair[1]}` agree")
     source = f"`{claims_of.source}`" if claims_of else "its claim set"
     note = f" {claims_of.note}" if claims_of and claims_of.note else ""
-    lines = ["## The paper's claims", "",
+    lines = [f"## {CLAIMS_HEADING}", "",
              f"Each verdict follows the rule in its row, applied mechanically by {source} on each seed set apart (each "
              f"with its own target from its own baseline runs); **replicated** only when the {agree}.{note}", ""]
     if not sets:

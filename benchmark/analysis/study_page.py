@@ -2,10 +2,10 @@
 kept across regenerations, and ``index.html`` beside ``README.md`` (:mod:`benchmark.analysis.markdown_html`, as the
 quick report renders its page).
 
-The page leads with the claims' forest plots (the answer as a picture), then the generated answer, then per task
-the eval-reward curves of every cell against steps and NFE, then the tables (:func:`benchmark.analysis.study.render`).
-A file ``ANSWER.md`` in the output folder is a hand-written answer: it is never overwritten, and its text is placed
-under the page's title, above the figures, each time the page is written.
+The page leads with its answer (:mod:`benchmark.analysis.study_answer`: the title with the suite's question, the
+hand-written ``ANSWER.md`` of at most 5 lines, never overwritten, and the table of the claims' verdicts), then the
+claims' forest plots (the answer as a picture), the generated answer, per task the eval-reward curves of every cell
+against steps and NFE, then the tables (:func:`benchmark.analysis.study.render`).
 """
 
 from __future__ import annotations
@@ -20,19 +20,9 @@ from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.benchmark.analysis.study_sets import ALL_SEEDS
 from flowzoo.io import atomic_write_text
 
-ANSWER_FILE = "ANSWER.md"
 FIGURES = "figures"
 #: (the targets drawn on the curves: the cost metrics' 50% and 80% of the baseline's gain, all seeds)
 TARGET_METRICS = {"50% of the gain": "steps_to_50", "80% of the gain": "steps_to_80"}
-
-
-def hand_written_answer(out: Path) -> list[str]:
-    """The lines of ``out/ANSWER.md`` (with a blank line after), or none."""
-    path = Path(out) / ANSWER_FILE
-    if not path.is_file():
-        return []
-    text = path.read_text().strip("\n")
-    return [text, ""] if text.strip() else []
 
 
 def _figure(path: Path, stage: Path, alt: str) -> list[str]:

@@ -54,6 +54,8 @@ class Suite:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     defaults: dict = field(default_factory=dict)
     description: str = ""
+    #: the question a study of this suite answers, in one line: its page's title (``flowzoo study``)
+    question: str = ""
     #: algorithms to run only on some tasks: {algorithm: [task, ...]}; others run everywhere
     only_tasks: dict = field(default_factory=dict)
     #: named, disjoint seed sets, e.g. {exploration: [0, ..., 9], replication: [100, ..., 109]}: a study designs on

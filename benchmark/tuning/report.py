@@ -25,6 +25,7 @@ from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
 from flowzoo.benchmark.tuning.tune import Cell, open_storage
 from flowzoo.benchmark.tuning.design import TuningDesign
 from flowzoo.benchmark.experiments.tuned import tuned_path
+from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
 COUNTED = ("COMPLETE", "PRUNED")
@@ -97,6 +98,36 @@ def _chosen_text(design: TuningDesign, table: pd.DataFrame, best, confirmed: Ver
         return ""
     values = ", ".join(f"{c.removeprefix('param_')}={_short(best[c])}" for c in table.columns if c.startswith("param_"))
     return values if design.confirmation is not None else f"{values} (unconfirmed: the best on the tuning seeds)"
+
+
+def answer_lines(design: TuningDesign, summary: list[dict], confirmations: list) -> list[str]:
+    """The page's answer, under its title: per cell the recipe its runs take and, with a confirmation stage, the best
+    tuned candidate's difference to the shared recipe on the confirmation seeds (paired by seed, 95% CI)."""
+    confirmed = {(cell.task, cell.algorithm): verdict for cell, verdict in confirmations}
+    if design.confirmation is None:
+        lines = ["**The answer**: each cell's recipe, the best trial on the tuning seeds (unconfirmed: an estimate "
+                 "biased upward by the choice).", "", "| task | algorithm | runs at | objective (tuning seeds) |",
+                 "|---|---|---|---|"]
+        for row in summary:
+            objective = "-" if row["objective"] is None else f"{row['objective']:.4f}"
+            at = "-" if row["best_trial"] is None else f"trial {row['best_trial']}: {row['chosen']}"
+            lines.append(f"| {row['task']} | {row['algorithm']} | {at} | {objective} |")
+        return lines + [""]
+    lines = [f"**The answer**: the recipe each cell runs at, and what tuning bought: the best tuned candidate minus the "
+             f"shared recipe on the confirmation seeds {list(design.confirmation.seeds)} (paired by seed, 95% "
+             "bootstrap CI). A cell whose tuned candidates do not beat the shared recipe keeps it.", "",
+             "| task | algorithm | runs at | best tuned - shared (95% CI) |", "|---|---|---|---|"]
+    for row in summary:
+        verdict = confirmed.get((row["task"], row["algorithm"]))
+        if verdict is None or verdict.best_tuned is None:
+            at, gain = ("not finished: rerun flowzoo tune" if verdict is None else "the shared recipe"), "-"
+        else:
+            mean, low, high = verdict.difference
+            gain = f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]" + (f" ({verdict.best_tuned})" if verdict.keeps_shared else "")
+            at = ("the shared recipe (kept)" if verdict.keeps_shared
+                  else f"{verdict.pick.replace('trial', 'trial ')}: {row['chosen']}")
+        lines.append(f"| {row['task']} | {row['algorithm']} | {at} | {gain} |")
+    return lines + [""]
 
 
 def confirmation_lines(design: TuningDesign, confirmations: list) -> list[str]:
@@ -176,14 +207,16 @@ def _draw_knob(ax, table: pd.DataFrame, name: str, knob: Knob) -> None:
         ax.scatter(x[part], table.loc[part, "objective"], facecolors=face, edgecolors="C0", s=22, label=state)
 
 
-def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell], storage_url: str, out: Path,
-                        budget: int) -> Path:
-    """Every output of the tuning (module docstring) from the storage; returns ``out/index.md``. The folder is written
-    all or nothing (``staged_directory``: a full disk leaves no half-written report; an existing ``out`` keeps its
-    other files)."""
-    storage = open_storage(storage_url)
+def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell], storage_url: str | None, out: Path,
+                        budget: int, from_trials: Path | None = None) -> Path:
+    """Every output of the tuning (module docstring) from the storage, or with ``from_trials`` from the trial tables
+    an earlier report wrote (``from_trials/trials``: a committed report whose storage is gone); returns
+    ``out/index.md``. The folder is written all or nothing (``staged_directory``: a full disk leaves no half-written
+    report; an existing ``out`` keeps its other files)."""
+    records = (_records_from_tables(Path(from_trials) / "trials") if from_trials is not None
+               else _records_from_storage(open_storage(storage_url), suite_name))
     with staged_directory(out) as stage:
-        _write_outputs(suite_name, design, cells, storage, stage, budget)
+        _write_outputs(suite_name, design, cells, records, stage, budget)
         written = [(cell, tuned_path(stage / "tuned", cell.task, cell.algorithm).is_file()) for cell in cells]
     for cell, fresh in written:  # a cell of this report without a pick now keeps no pick of an older report
         stale = tuned_path(Path(out) / "tuned", cell.task, cell.algorithm)
@@ -193,16 +226,48 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
     return Path(out) / "index.md"
 
 
-def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], storage, out: Path, budget: int) -> None:
+EMPTY_COLUMNS = ["trial", "state", "objective"]
+
+
+def _records_from_storage(storage, suite_name: str):
+    """A cell's trial table and confirmation rows (None without) from the Optuna storage."""
     import optuna
 
-    summary, by_task, confirmations = [], {}, []
-    for cell in cells:
+    def records(cell: Cell) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         try:
             study = optuna.load_study(study_name=f"{suite_name}/{cell.study_name}", storage=storage)
-            table = trial_table(study)
         except KeyError:  # no trial ran yet
-            table = pd.DataFrame(columns=["trial", "state", "objective"])
+            return pd.DataFrame(columns=EMPTY_COLUMNS), None
+        table = trial_table(study)
+        return table, (stored_rows(study) if len(table) else None)
+
+    return records
+
+
+def _records_from_tables(trials: Path):
+    """A cell's trial table and confirmation rows from an earlier report's ``trials/`` (the files this module
+    writes: ``<task>/<algorithm>.csv`` and ``<task>/<algorithm>.confirmation.csv``)."""
+    if not trials.is_dir():
+        raise ConfigError(f"--from-trials: no trial tables in {trials} (an earlier `flowzoo tune --out` writes them)")
+
+    def records(cell: Cell) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+        csv = trials / cell.task / f"{cell.algorithm}.csv"
+        if not csv.is_file() or not csv.stat().st_size:
+            return pd.DataFrame(columns=EMPTY_COLUMNS), None
+        table = pd.read_csv(csv).fillna({"stopped": ""})
+        confirmation = csv.with_name(f"{cell.algorithm}.confirmation.csv")
+        rows = None
+        if confirmation.is_file():
+            rows = pd.read_csv(confirmation, dtype={"values": str, "candidate": str})
+        return table, rows
+
+    return records
+
+
+def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], records, out: Path, budget: int) -> None:
+    summary, by_task, confirmations = [], {}, []
+    for cell in cells:
+        table, rows = records(cell)
         by_task.setdefault(cell.task, []).append((cell, table))
         csv = out / "trials" / cell.task / f"{cell.algorithm}.csv"
         atomic_write(csv, lambda f, t=table: t.to_csv(f, index=False))
@@ -210,7 +275,6 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
         spent = int(len(table))
         confirmed = None
         if design.confirmation is not None:
-            rows = stored_rows(study) if len(table) else None
             confirmed = None if rows is None else verdict(rows)
             best = None if confirmed is None or confirmed.keeps_shared else table[
                 table["trial"] == int(confirmed.pick.removeprefix("trial"))].iloc[0]
@@ -242,7 +306,7 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], sto
         if any(len(t) for _, t in pairs):
             plot_sensitivity(task, [c for c, _ in pairs], {c.algorithm: t for c, t in pairs}, stem)
             figure_lines.append(f"![{task}](figures/{stem.name}.png)")
-    lines = [f"# Tuning of {suite_name}", "",
+    lines = [f"# Tuning of {suite_name}", "", *answer_lines(design, summary, confirmations),
              f"Objective `{design.objective}` over tuning seeds {list(design.seeds)}, {design.steps or 'the suite'}'s "
              f"steps; {budget} trials per cell (complete + pruned), TPE (seed {design.sampler.seed}), "
              f"{design.pruner.name} pruner. A cell whose trials are short of {budget} is not finished: rerun "
