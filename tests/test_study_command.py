@@ -83,7 +83,7 @@ def test_a_renamed_suite_copy_judges_every_seed_set_that_ran_on_a_page_that_lead
     assert [line.split(" | ")[0].lstrip("| ") for line in table] == list(claims["claim"])  # one row per claim
     steps_row = next(line for line in table if line.startswith(f"| {row['claim']} |"))
     explored = figures[(figures["seed_set"] == "exploration") & (figures["claim"] == row["claim"])].iloc[0]
-    assert (f"| 0.342x | {explored['estimate']:.3g}x [{explored['ci_low']:.3g}, {explored['ci_high']:.3g}] |"
+    assert (f"| 0.342x | {explored['estimate']:.2f}x [{explored['ci_low']:.2f}, {explored['ci_high']:.2f}] |"
             in steps_row) and steps_row.endswith("| **not replicated** |")
     assert text.index("| claim | paper") < text.index("](figures/claims_ratios.png)") < text.index("\n## ")
     for name in ("claims_ratios.png", f"{TASK}_reward_vs_step.png", f"{TASK}_reward_vs_nfe.png"):

@@ -67,13 +67,14 @@ def _finite(value) -> bool:
 
 
 def estimate_text(row: pd.Series) -> str:
-    """One seed set's estimate of a claim: ``1.47x [1.18, 1.80]`` (ratio) or ``+40 [-3, +91] steps`` (difference)."""
+    """One seed set's estimate of a claim: ``1.47x [1.18, 1.80]`` (ratio, two decimals) or ``+40 [-3, +91] steps``
+    (difference, three significant digits)."""
     if not _finite(row["estimate"]):
         return "-"
-    ci = (f" [{_number(row['ci_low'])}, {_number(row['ci_high'])}]" if row["kind"] == "ratio"
+    ci = (f" [{row['ci_low']:.2f}, {row['ci_high']:.2f}]" if row["kind"] == "ratio"
           else f" [{_signed(row['ci_low'])}, {_signed(row['ci_high'])}]") if _finite(row["ci_low"]) else ""
     if row["kind"] == "ratio":
-        return f"{_number(row['estimate'])}x{ci}"
+        return f"{row['estimate']:.2f}x{ci}"
     unit = f" {row['unit']}" if isinstance(row.get("unit"), str) and row["unit"] else ""
     return f"{_signed(row['estimate'])}{ci}{unit}"
 
