@@ -107,7 +107,40 @@ def load_run(run_dir: str | Path, runs_dir: str | Path | None = None) -> pd.Data
         metrics.insert(position, key, [value] * len(metrics))
     metrics.attrs["identity"] = identity
     metrics.attrs["tuned"] = tuned_recipe(config)
+    metrics.attrs["eval_protocol"] = evaluation_protocol(config)
     return metrics
+
+
+def evaluation_protocol(config: Mapping) -> str:
+    """The sampler a run's eval rewards come from (``train.eval_sampler``, benchmark/experiments/evaluation.py), in
+    words: ``pipeline`` (the model's own), with the shift, CFG scale and steps the run named, or ``algorithm`` (its
+    algorithm's training shift and guidance: a run made before the protocol existed whose algorithm set either)."""
+    train = config.get("train") if isinstance(config.get("train"), Mapping) else {}
+    algorithm = config.get("algorithm") if isinstance(config.get("algorithm"), Mapping) else {}
+    sampler = train.get("eval_sampler") or "algorithm"  # a run made before the protocol: its algorithm's sampler
+    if sampler == "algorithm" and algorithm.get("guidance") is None and algorithm.get("shift") is None:
+        sampler = "pipeline"  # the algorithm keeps the model's own shift and CFG scale: the same sampler
+    parts = []
+    if sampler == "pipeline":
+        parts += [f"shift {train['eval_shift']:g}"] if train.get("eval_shift") is not None else []
+        parts += [f"CFG {train['eval_guidance']:g}"] if train.get("eval_guidance") is not None else []
+    parts.append(f"{train['eval_num_steps']} steps" if train.get("eval_num_steps") else "the model's steps")
+    return f"{sampler} ({', '.join(parts)})"
+
+
+def protocol_line(protocols: Mapping[str, str]) -> str:
+    """One line for a page: the evaluation protocol of every run (``protocols``: run -> :func:`evaluation_protocol`),
+    or, where they differ, each with its count and a warning that those eval rewards are not of one sampler."""
+    counts: dict[str, int] = {}
+    for protocol in protocols.values():
+        counts[protocol] = counts.get(protocol, 0) + 1
+    if len(counts) == 1:
+        return (f"Evaluation protocol: `{next(iter(counts))}` for every run (`pipeline`: the model's own sampler, its "
+                "shift and CFG scale on its grid; `algorithm`: each algorithm's training shift and guidance; "
+                "docs/harness.md).")
+    listed = ", ".join(f"`{p}` ({n} runs)" for p, n in sorted(counts.items()))
+    return (f"Evaluation protocols differ between runs: {listed}; eval rewards of different protocols come from "
+            "different samplers and are not comparable (set train.eval_sampler alike for every cell).")
 
 
 def tuned_recipe(config: Mapping) -> str | None:
@@ -258,12 +291,13 @@ def recipe_text(runs, recipes: dict) -> str:
 
 
 def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None,
-              recipes: dict[str, str | None] | None = None) -> pd.DataFrame:
+              recipes: dict[str, str | None] | None = None, protocols: dict[str, str] | None = None) -> pd.DataFrame:
     """All runs under ``runs_dir`` as one tidy frame: one row per (run, step); optional columns are NaN where absent.
 
     A run whose config.yaml or metrics.csv cannot be used is left out with a warning naming the file; when
     ``skipped`` is a list, a :class:`SkippedRun` is appended to it for each. ``ConfigError`` when no run is usable.
-    When ``recipes`` is a dict, it gets each loaded run's :func:`tuned_recipe` under its ``run`` name.
+    When ``recipes`` is a dict, it gets each loaded run's :func:`tuned_recipe` under its ``run`` name; when
+    ``protocols`` is one, its :func:`evaluation_protocol`.
     """
     run_dirs = find_run_dirs(runs_dir)
     half = half_present_runs(runs_dir)
@@ -280,6 +314,8 @@ def load_runs(runs_dir: str | Path, skipped: list[SkippedRun] | None = None,
             frames.append(load_run(run_dir, runs_dir))
             if recipes is not None:
                 recipes[run_dir.relative_to(runs_dir).as_posix()] = frames[-1].attrs["tuned"]
+            if protocols is not None:
+                protocols[run_dir.relative_to(runs_dir).as_posix()] = frames[-1].attrs["eval_protocol"]
         except (ConfigError, RunError) as error:  # the run's config or its metrics file
             left_out.append(SkippedRun(run_dir.relative_to(runs_dir).as_posix(), str(error)))
             LOG.warning("skipped run %s", error)

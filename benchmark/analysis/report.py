@@ -39,7 +39,7 @@ import pandas as pd
 
 from flowzoo.benchmark.analysis import figures, stats, targets
 from flowzoo.benchmark.analysis.freshness import write_fingerprint
-from flowzoo.benchmark.analysis.loading import recipe_text
+from flowzoo.benchmark.analysis.loading import protocol_line, recipe_text
 from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 
@@ -206,6 +206,7 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         f"unfinished: {len(unfinished)}; skipped (unreadable): {len(analysis.skipped)}",
         f"- Baseline: `{analysis.baseline}`",
         f"- Target: {analysis.target_description}",
+        f"- {protocol_line(analysis.protocols)}",
         "- Contents: " + ", ".join(f"[{title}](#{anchor(title)})" for title in sections),
         "",
     ]

@@ -339,6 +339,8 @@ class Analysis:
     skipped: list[SkippedRun]
     #: run -> the ``tuned:`` directory its recipe came from (None: the suite's own recipe; loading.tuned_recipe)
     recipes: dict = field(default_factory=dict)
+    #: run -> its evaluation protocol in words (loading.evaluation_protocol)
+    protocols: dict = field(default_factory=dict)
 
 
 def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smooth: int = DEFAULT_SMOOTH) -> Analysis:
@@ -347,7 +349,8 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
     target = as_target(target)
     skipped: list[SkippedRun] = []
     recipes: dict[str, str | None] = {}
-    runs = load_runs(runs_dir, skipped, recipes)
+    protocols: dict[str, str] = {}
+    runs = load_runs(runs_dir, skipped, recipes, protocols)
     check_baseline(runs, baseline)
     check_budgets(runs)
     curves = eval_curves(runs, smooth)
@@ -378,4 +381,5 @@ def analyze(runs_dir: str | Path, baseline: str = "flow_grpo", target=None, smoo
         profiles=performance_profiles(normalized, baseline),
         skipped=skipped,
         recipes=recipes,
+        protocols=protocols,
     )

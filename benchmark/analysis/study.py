@@ -44,6 +44,7 @@ import pandas as pd
 from flowzoo.benchmark.analysis import effects, study_answer, study_page
 from flowzoo.benchmark.analysis.loading import (
     SkippedRun,
+    protocol_line,
     find_run_dirs,
     load_runs,
     read_metrics,
@@ -248,14 +249,14 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
            figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS,
            recipes: dict | None = None, claims_of: ClaimSet | None = None,
-           title: str = "Study") -> str:
+           title: str = "Study", protocol: str = "") -> str:
     """The study's README: ``title``, ``lead`` (a hand-written answer, the answer table, the claims' figures), the
     generated answer, ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by
     ``claims_of``)."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
     lines = [f"# {title}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
              *(figure_lines or []),
-             f"Paired effects vs `{baseline}`. Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
+             f"Paired effects vs `{baseline}`.{' ' + protocol if protocol else ''} Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
              "model (restricted means over the budget; a run that never reaches a target is censored there, "
              "Kaplan-Meier), final reward and AUC; primary: `steps_to_80`. `steps_to_final` (the baseline's own final "
              "reward) is shown for the papers' form but is ill-conditioned and decides nothing. Differences are "
@@ -411,12 +412,12 @@ def _effect_rows(rows: pd.DataFrame) -> list[str]:
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
                   suite: str | None = None, smooth: int = DEFAULT_SMOOTH, resamples: int = effects.DEFAULT_RESAMPLES,
                   skipped: list[SkippedRun] | None = None, seed_sets: dict[str, list[int] | None] | None = None,
-                  optional_vs: tuple[str, ...] = (), recipes: dict | None = None, vs_option: str = "--vs"
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
+                  optional_vs: tuple[str, ...] = (), recipes: dict | None = None, vs_option: str = "--vs",
+                  protocols: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[int]], pd.DataFrame]:
     """(run table, paired effects vs ``baseline`` and each cell of ``also_vs`` per seed set, the seed sets, runs);
     the runs left out as unusable are appended to ``skipped`` (``load_runs``). ``seed_sets``: the sets to analyse
     (:func:`seed_sets_of`'s ``chosen``); ``optional_vs``: references added when they ran (a claim set's)."""
-    runs = split_variants(load_runs(runs_dir, skipped, recipes))
+    runs = split_variants(load_runs(runs_dir, skipped, recipes, protocols))
     if baseline not in set(runs["algorithm"]):
         raise ConfigError(f"baseline {baseline!r} has no runs in {runs_dir}; algorithms: "
                           f"{', '.join(sorted(set(runs['algorithm'])))}")
@@ -578,9 +579,10 @@ def write_study(request: StudyRequest) -> Path:
         tuple(dict.fromkeys(r for cs in claim_sets() for r in cs.references)) if matched else ())
     skipped: list[SkippedRun] = []
     recipes: dict = {}  # run -> the tuned: directory of its recipe note (loading.tuned_recipe)
+    protocols: dict = {}  # run -> its evaluation protocol (loading.evaluation_protocol)
     table, effect_rows, seed_sets, runs = analyze_study(
         request.runs_dir, request.baseline, tuple(request.vs), request.suite, request.smooth, request.resamples,
-        skipped, parse_seed_sets(request.seed_sets), optional, recipes, request.vs_option)
+        skipped, parse_seed_sets(request.seed_sets), optional, recipes, request.vs_option, protocols)
     if matched:
         claims_of = match_claim_set(table["task"])
     pair = replication_pair(seed_sets, request.replicate_on)
@@ -615,7 +617,8 @@ def write_study(request: StudyRequest) -> Path:
         figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
         title = study_answer.page_title(suite.name if suite else None, suite.question if suite else "", out.name)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
-                          gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of, title)
+                          gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of, title,
+                          protocol_line(protocols))
         study_page.write_page(stage, markdown, title=title)
     return out / "README.md"
 

@@ -44,7 +44,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
     without an unset ``train.prompt_sampler``, ``prompts.tags``, ``prompts.dataset`` or ``prompts.validation``, or
-    ``prompts.eval_split`` at ``test``; without the algorithm's
+    ``prompts.eval_split`` at ``test``; without the evaluation protocol's keys where the pipeline's and the
+    algorithm's evaluation samplers are one (:func:`_one_evaluation_sampler`); without the algorithm's
     ``EXECUTION_KEYS`` and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
@@ -61,6 +62,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     model = resolved.get("model")
     if isinstance(model, dict) and isinstance(model.get("args"), dict):  # how the network runs, not what it computes
         resolved["model"] = {**model, "args": {k: v for k, v in model["args"].items() if k not in MODEL_EXECUTION_ARGS}}
+    if isinstance(resolved.get("train"), dict) and _one_evaluation_sampler(resolved):
+        resolved["train"] = {k: v for k, v in resolved["train"].items() if k not in EVAL_PROTOCOL_KEYS}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
         algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
         for group in SWITCHED_KEYS:
@@ -68,6 +71,19 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
                 algorithm = {k: v for k, v in algorithm.items() if k not in group}
         resolved["algorithm"] = algorithm
     return without_secrets(resolved, declared_secrets)
+
+
+#: the evaluation protocol's keys (benchmark/experiments/evaluation.py), no part of a run's identity where the
+#: protocols draw the same samples: the run it was before they existed
+EVAL_PROTOCOL_KEYS = ("eval_sampler", "eval_guidance", "eval_shift", "eval_own")
+
+
+def _one_evaluation_sampler(resolved: dict) -> bool:
+    """The pipeline's and the algorithm's evaluation samplers are one: the algorithm keeps the model's shift and CFG
+    scale (both unset), the protocol names no other, and no extra evaluation is asked for."""
+    train, algorithm = resolved["train"], resolved.get("algorithm") or {}
+    return (algorithm.get("guidance") is None and algorithm.get("shift") is None and train.get("eval_guidance") is None
+            and train.get("eval_shift") is None and not train.get("eval_own"))
 
 
 def config_digest(config) -> str:

@@ -8,6 +8,7 @@ budget. ``benchmark.experiments.loading.load_config`` returns a fully resolved, 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,6 +31,10 @@ class ModelSection:
     args: dict = field(default_factory=dict)  # constructor kwargs of the model class
 
 
+#: the evaluation protocols (TrainSection.eval_sampler)
+EVAL_SAMPLERS = ("pipeline", "algorithm")
+
+
 @dataclass
 class TrainSection:
     steps: int = 30  # training iterations
@@ -39,6 +44,16 @@ class TrainSection:
     eval_samples_per_prompt: int = 16
     eval_num_steps: int | None = None  # ODE steps at evaluation; None = the model's default
     eval_seed: int = 12345  # the evaluation noise is the same at every evaluation and for every run
+    # the evaluation's sampler, one for every cell of a suite (benchmark/experiments/evaluation.py): "pipeline", the
+    # model's own (its shift and CFG scale on its sigma grid, eval_num_steps steps) unless eval_shift / eval_guidance
+    # name others; "algorithm", each algorithm's training shift and guidance (the harness's only form before
+    # 2026-12-03), which makes cells of different recipes evaluate with different samplers
+    eval_sampler: str = "pipeline"
+    eval_guidance: float | None = None  # the protocol's CFG scale (1 = none); None = the model's default
+    eval_shift: float | None = None  # the protocol's sigma-schedule shift; None = the model's (pipeline's) own
+    # also evaluate with the algorithm's own shift and guidance where they differ from the protocol's, logged as
+    # eval_own_reward beside eval_reward (an extra, labelled column: no verdict reads it)
+    eval_own: bool = False
     # samples per evaluation chunk (memory; chunk k is scored while chunk k+1 is sampled); None = the model's
     # ``default_eval_batch`` (64; the toy tier all of an evaluation at once). Not part of a run's identity.
     eval_batch: int | None = None
@@ -61,6 +76,17 @@ class TrainSection:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{name} must be a positive integer or null, got {value}")
+        if self.eval_sampler not in EVAL_SAMPLERS:
+            raise ConfigError(f"train.eval_sampler must be one of {', '.join(EVAL_SAMPLERS)}, got {self.eval_sampler!r}")
+        if self.eval_guidance is not None and not (math.isfinite(self.eval_guidance) and self.eval_guidance >= 0):
+            raise ConfigError(f"train.eval_guidance must be a finite number >= 0 (1 = no classifier-free guidance) or "
+                              f"null (the model's default), got {self.eval_guidance}")
+        if self.eval_shift is not None and not (math.isfinite(self.eval_shift) and self.eval_shift > 0):
+            raise ConfigError(f"train.eval_shift must be a finite number > 0 or null (the model's own), got "
+                              f"{self.eval_shift}")
+        if self.eval_sampler == "algorithm" and (self.eval_guidance is not None or self.eval_shift is not None):
+            raise ConfigError("train.eval_sampler: algorithm evaluates with each algorithm's shift and guidance; "
+                              "train.eval_guidance and train.eval_shift belong to eval_sampler: pipeline")
 
 
 @dataclass

@@ -140,7 +140,6 @@ def evaluate(
     runner.reward = recorder
     t0 = time.perf_counter()
     result = runner.evaluate(step)
-    guidance = runner.algorithm.config.guidance
     record = {
         "source": str(path),
         "checkpoint": None if checkpoint is None else str(checkpoint),
@@ -149,8 +148,10 @@ def evaluate(
         "model": config.model.name,
         "algorithm": config.algorithm_name,
         "reward": config.reward,
-        "guidance": runner.model.default_guidance if guidance is None else guidance,
-        "num_steps": len(runner.eval_sigmas) - 1,
+        "eval_sampler": runner.eval_sampler.label,
+        "guidance": runner.eval_sampler.effective_guidance(runner.model),
+        "shift": runner.eval_sampler.shift,
+        "num_steps": runner.eval_sampler.num_steps,
         "prompts": len(runner.eval_prompts),
         "samples_per_prompt": train.eval_samples_per_prompt,
         **result,

@@ -28,9 +28,9 @@ from flowzoo import rewards
 from flowzoo.algorithms import prompt_samplers
 from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.distributed import SINGLE_PROCESS, SingleProcess
-from flowzoo.algorithms.sde import sigma_schedule
 from flowzoo.benchmark.experiments.argument_ranges import check_ranges
 from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments.evaluation import EvalSampler, extra_sampler, protocol_sampler
 from flowzoo.benchmark.experiments.prompts import Prompts, load_prompts
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
@@ -267,9 +267,10 @@ class Experiment:
     algorithm: Algorithm
     train_prompts: Prompts
     eval_prompts: Prompts
-    eval_sigmas: torch.Tensor  # the evaluation's deterministic ODE grid
+    eval_sampler: EvalSampler  # the evaluation protocol's deterministic ODE sampler (train.eval_sampler)
     dist: SingleProcess
     sharding: dict[str, Any] | None = None  # what FSDP sharded (models.sharding.shard_model), or None
+    own_sampler: EvalSampler | None = None  # the algorithm's own evaluation beside it (train.eval_own), or None
 
 
 def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experiment:
@@ -307,8 +308,6 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     algorithm.use_prompts(train_prompts, config.train.prompts_per_step, prompt_sampler_spec(config, alg_config))
     if config.train.eval_prompts:
         eval_prompts = eval_prompts[: config.train.eval_prompts]
-    eval_steps = config.train.eval_num_steps or model.default_eval_num_steps
-    return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts,
-                      # evaluation uses the training shift on the model's own pipeline grid
-                      sigma_schedule(eval_steps, algorithm.shift, grid=model.default_sigma_grid,
-                                     terminal=model.shift_terminal), dist, sharding)
+    protocol = protocol_sampler(config.train, model, algorithm)  # one sampler for every cell (evaluation.py)
+    return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts, protocol, dist,
+                      sharding, extra_sampler(config.train, model, algorithm, protocol))

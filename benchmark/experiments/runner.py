@@ -148,14 +148,17 @@ class Runner:
         built = experiment.build(self.config, self.dist)
         self.experiment = built
         self.model, self.reward, self.algorithm = built.model, built.reward, built.algorithm
-        self.train_prompts, self.eval_prompts, self.eval_sigmas = built.train_prompts, built.eval_prompts, built.eval_sigmas
+        self.train_prompts, self.eval_prompts = built.train_prompts, built.eval_prompts
+        self.eval_sampler, self.own_sampler = built.eval_sampler, built.own_sampler
 
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
-        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time:
+        """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time, drawn by
+        the evaluation protocol's sampler (``train.eval_sampler``, benchmark/experiments/evaluation.py):
         ``{"eval_reward": mean score, "eval/<component>": mean of each of the reward's components}`` (for example
-        ``eval/strict_accuracy`` of the GenEval rewards).
+        ``eval/strict_accuracy`` of the GenEval rewards), and with ``train.eval_own`` the algorithm's own sampler's
+        mean as ``eval_own_reward``.
 
         Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
         Samples go in chunks of ``train.eval_batch`` (default: the model's ``default_eval_batch``); each chunk is scored in a background thread while the next one
@@ -164,32 +167,7 @@ class Runner:
         n = cfg.train.eval_samples_per_prompt
         prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
         metadata = [m for _, m in self.eval_prompts for _ in range(n)]
-        noise = self._evaluation_noise(len(prompts))
-        nfe_before = self.model.nfe
-        pending, samples = [], []
-        chunk = cfg.train.eval_batch or self.model.default_eval_batch
-        shard = self.dist.shard(len(prompts), even=False)
-        starts = range(shard.start, shard.stop, chunk)
-        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
-        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, \
-                self.algorithm.lockstep_phase("evaluation"):
-            # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
-            # per missing chunk, so that every process makes as many calls (models/sharding.py)
-            for _ in range(self.algorithm.lockstep_padding(len(starts))):
-                cond = self.model.encode(prompts[:1], metadata[:1])
-                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
-                sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
-            for start in starts:
-                sl = slice(start, min(start + chunk, shard.stop))
-                cond = self.model.encode(prompts[sl], metadata[sl])
-                x1 = noise[sl] if isinstance(noise, torch.Tensor) else self.model.initial_noise(noise[sl])
-                x0 = sample_ode(self.model, cond, self.eval_sigmas, x1, self.algorithm.config.guidance)
-                decoded = self.model.decode(x0)
-                pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
-                samples.append(decoded.cpu())
-            outputs = [future.result() for future in pending]
-        self.model.nfe = nfe_before
-        scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
+        scores, outputs, samples = self._score_samples(prompts, metadata, self.eval_sampler)
         result = {"eval_reward": float(scores.mean())}
         local = [(name, float(v.float().sum()), len(v)) for o in outputs for name, v in o.components.items()]
         totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # component -> [sum, count] over processes
@@ -203,8 +181,41 @@ class Runner:
             if self.dist.is_main:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
                              rewards=scores.tolist())
+        if self.own_sampler is not None:  # the algorithm's own evaluation: an extra column, same noise and prompts
+            result["eval_own_reward"] = float(self._score_samples(prompts, metadata, self.own_sampler)[0].mean())
         self.algorithm.check_lockstep(f"the evaluation at step {step}")
         return result
+
+    def _score_samples(self, prompts: list[str], metadata: list, sampler) -> tuple[torch.Tensor, list, list]:
+        """Deterministic ODE samples of ``prompts`` with ``sampler`` (its grid and CFG scale) from the evaluation
+        noise, scored: every process's scores gathered, this process's reward outputs and decoded samples."""
+        noise = self._evaluation_noise(len(prompts))
+        nfe_before = self.model.nfe
+        pending, samples = [], []
+        chunk = self.config.train.eval_batch or self.model.default_eval_batch
+        shard = self.dist.shard(len(prompts), even=False)
+        starts = range(shard.start, shard.stop, chunk)
+        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
+        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, \
+                self.algorithm.lockstep_phase("evaluation"):
+            # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
+            # per missing chunk, so that every process makes as many calls (models/sharding.py)
+            for _ in range(self.algorithm.lockstep_padding(len(starts))):
+                cond = self.model.encode(prompts[:1], metadata[:1])
+                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
+                sample_ode(self.model, cond, sampler.sigmas, x1, sampler.guidance)
+            for start in starts:
+                sl = slice(start, min(start + chunk, shard.stop))
+                cond = self.model.encode(prompts[sl], metadata[sl])
+                x1 = noise[sl] if isinstance(noise, torch.Tensor) else self.model.initial_noise(noise[sl])
+                x0 = sample_ode(self.model, cond, sampler.sigmas, x1, sampler.guidance)
+                decoded = self.model.decode(x0)
+                pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
+                samples.append(decoded.cpu())
+            outputs = [future.result() for future in pending]
+        self.model.nfe = nfe_before
+        scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
+        return scores, outputs, samples
 
     def _evaluation_noise(self, count: int) -> torch.Tensor | list[torch.Generator]:
         """The evaluation's initial noise, the same at every evaluation (``train.eval_seed``): drawn once and kept
