@@ -8,7 +8,11 @@ Matches the pipeline (diffusers 0.42, pipelines/qwenimage/pipeline_qwenimage.py)
   this adapter caches each prompt padded to ``max_sequence_length`` (mask 0 on the padding) and trims every
   transformer call to the longest valid prompt of its batch, as Flow-GRPO's ``compute_log_prob`` does
   (scripts/train_qwenimage.py:210-214 at 27b6ef8). Masked tokens are excluded from attention and the text RoPE
-  positions count from the start, so padding changes the output by float rounding only;
+  positions count from the start, so padding changes the output by float rounding only. ``text_padding:
+  attended`` passes no mask instead, as the Flow-GRPO release ran: its diffusers' Qwen-Image attention ignored
+  ``encoder_hidden_states_mask`` (diffusers before 0.37), so a short prompt and the negative prompt ``" "``, padded
+  to the longest prompt of the call's batch (flow_grpo/diffusers_patch/qwenimage_pipeline_with_logprob.py:73-82 at
+  27b6ef8: prompts and negatives encoded as one batch), attended to their padding tokens;
 * **true CFG** against a negative prompt with Qwen-Image's norm-preserving rescale: ``comb = u + g (c - u)`` then
   ``comb * ||c|| / ||comb||`` over each token's channels (``guide``). Flow-GRPO's Qwen-Image recipe samples and
   trains with the negative prompt ``" "`` and ``true_cfg_scale`` 4 (train_qwenimage.py:657-668; its
@@ -35,6 +39,10 @@ from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
 from flowzoo.models.flux import check_square_resolution, pipeline_shift
+
+#: how a call's shorter prompts treat their padding (QwenImageModel's ``text_padding``): ``masked`` (diffusers >= 0.37,
+#: the pipeline today) or ``attended`` (what the Flow-GRPO release ran: module docstring)
+TEXT_PADDINGS = ("masked", "attended")
 
 #: Flow-GRPO's Qwen-Image LoRA targets (yifan123/flow_grpo scripts/train_qwenimage.py:410-423 at 27b6ef8;
 #: LoraConfig(r=64, lora_alpha=128, init_lora_weights="gaussian"), :424-429): the joint attention and both streams'
@@ -79,6 +87,7 @@ class QwenImageModel(DiffusersFlowModel):
         gradient_checkpointing: bool = False,
         cache_size: int = 1024,
         max_sequence_length: int = 512,  # QwenImagePipeline.__call__'s default
+        text_padding: str = "masked",
     ) -> None:
         super().__init__(
             path,
@@ -94,6 +103,9 @@ class QwenImageModel(DiffusersFlowModel):
         )
         if self.max_sequence_length < 1:
             raise ConfigError(f"qwen_image max_sequence_length must be >= 1, got {max_sequence_length!r}")
+        if text_padding not in TEXT_PADDINGS:
+            raise ConfigError(f"qwen_image text_padding must be one of {', '.join(TEXT_PADDINGS)}, got {text_padding!r}")
+        self.text_padding = text_padding
         self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, "qwen_image")
         side = self.resolution // (self.pipe.vae_scale_factor * 2)
         self._patches = side
@@ -126,7 +138,8 @@ class QwenImageModel(DiffusersFlowModel):
             timestep=timestep / 1000,
             guidance=None,
             encoder_hidden_states=cond.tensors["prompt_embeds"][:, :length],
-            encoder_hidden_states_mask=mask[:, :length],
+            # attended: no mask, the padding of the call's shorter prompts attended to (the release's diffusers)
+            encoder_hidden_states_mask=mask[:, :length] if self.text_padding == "masked" else None,
             img_shapes=[[(1, side, side)]] * x.shape[0],
             return_dict=False,
         )[0]
