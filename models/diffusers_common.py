@@ -183,6 +183,13 @@ class PlainTransformer:
         return self.call
 
 
+#: the LoRA's initialisation (``lora_init``) -> peft's ``init_lora_weights``: ``gaussian`` (A ~ N(0, 1/r), B = 0; the
+#: Flow-GRPO trainers, e.g. scripts/train_sd3.py's LoraConfig) or ``kaiming`` (peft's default, True: A Kaiming-uniform,
+#: B = 0; DanceGRPO's FLUX LoRA, fastvideo/train_grpo_flux_lora.py:659-664 at 15cc71d). B = 0 either way, so the model
+#: starts as the base; the first updates differ.
+LORA_INITS = {"gaussian": "gaussian", "kaiming": True}
+
+
 class DiffusersFlowModel(FlowModel):
     """A FlowModel around a diffusers pipeline whose ``transformer`` predicts the flow velocity ``noise - x0``.
 
@@ -226,9 +233,13 @@ class DiffusersFlowModel(FlowModel):
         component_dtypes: dict[str, str] | None = None,
         cache_size: int = 1024,
         finetune: Finetune = "lora",
+        lora_init: str = "gaussian",
     ) -> None:
         super().__init__()
         check_finetune(finetune, self.name)
+        if lora_init not in LORA_INITS:
+            raise ConfigError(f"{self.name} lora_init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
+        self.lora_init = lora_init
         root = check_pipeline_dir(path, self.env_var, self.name, self.pipeline_class)
         self.path = root
         self.dtype = resolve_dtype(dtype)
@@ -295,7 +306,8 @@ class DiffusersFlowModel(FlowModel):
     def _add_lora(self, rank: int, alpha: float, targets: Sequence[str]) -> list[str]:
         from peft import LoraConfig
 
-        config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian", target_modules=list(targets))
+        config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=LORA_INITS[self.lora_init],
+                            target_modules=list(targets))
         try:
             self.transformer.add_adapter(config)
         except ValueError as err:  # peft: "Target modules {...} not found in the base model"

@@ -106,6 +106,7 @@ class FluxModel(DiffusersFlowModel):
         resolution: int = 512,
         distilled_guidance: float = 3.5,
         finetune: Finetune = "lora",
+        lora_init: str = "gaussian",
         lora_rank: int = 64,
         lora_alpha: float = 128,
         lora_targets: Sequence[str] | None = None,
@@ -113,7 +114,9 @@ class FluxModel(DiffusersFlowModel):
         device: str | torch.device | None = None,
         gradient_checkpointing: bool = False,
         cache_size: int = 1024,
-        max_sequence_length: int = 512,  # the pipeline's default; DanceGRPO/MixGRPO preprocess with it
+        # the pipeline's default; DanceGRPO/MixGRPO preprocess with it. Flow-GRPO's FLUX trainer encodes with 128
+        # (yifan123/flow_grpo scripts/train_flux.py:236,622 at 27b6ef8): a Flow-GRPO FLUX cell sets 128
+        max_sequence_length: int = 512,
     ) -> None:
         distilled_guidance = float(distilled_guidance)
         if not math.isfinite(distilled_guidance) or distilled_guidance < 0:
@@ -123,6 +126,7 @@ class FluxModel(DiffusersFlowModel):
             finetune=finetune,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
+            lora_init=lora_init,
             lora_targets=lora_targets,
             dtype=dtype,
             device=device,

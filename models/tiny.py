@@ -201,6 +201,7 @@ class TinyModel(DiffusersFlowModel):
         finetune: Finetune = "lora",
     ) -> None:
         FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
+        self.lora_init = "gaussian"  # DiffusersFlowModel's LoRA initialisation (LORA_INITS), the Flow-GRPO trainers'
         if data not in DATASETS:
             raise ConfigError(f"tiny: unknown data {data!r}; known: {', '.join(DATASETS)}")
         if dtype not in DTYPES:

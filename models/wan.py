@@ -55,11 +55,13 @@ class WanModel(DiffusersFlowModel):
         cache_size: int = 1024,
         max_sequence_length: int = 512,
         finetune: Finetune = "lora",
+        lora_init: str = "gaussian",
     ) -> None:
         super().__init__(
             path,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
+            lora_init=lora_init,
             lora_targets=lora_targets,
             dtype=dtype,
             device=device,

@@ -133,6 +133,26 @@ def test_lora_on_the_released_targets_and_reference_is_the_base(model, restore_l
         assert torch.equal(model.predict(x, sigma, cond), base)
 
 
+def test_lora_init_kaiming_is_peft_default_as_dance_grpo_and_starts_at_the_base(flux_dir):
+    """lora_init: kaiming (DanceGRPO's FLUX LoraConfig(init_lora_weights=True)): A Kaiming-uniform, bounded by
+    sqrt(6 / ((1 + 5) fan_in)) = 1 / sqrt(fan_in), where gaussian draws A ~ N(0, 1/r) with no bound; B = 0 both ways,
+    so the model starts as the base."""
+    for init, bounded in (("kaiming", True), ("gaussian", False)):
+        built = FluxModel(path=flux_dir, **ARGS, lora_init=init)
+        a = [p.detach() for n, p in built.transformer.named_parameters() if "lora_A" in n]
+        b = [p.detach() for n, p in built.transformer.named_parameters() if "lora_B" in n]
+        assert a and b and not any(p.any() for p in b)
+        assert all(bool((p.abs() <= 1 / math.sqrt(p.shape[1]) + 1e-6).all()) for p in a) == bounded
+        x = built.initial_noise([torch.Generator().manual_seed(3)])
+        sigma, cond = torch.tensor([0.5]), built.encode(PROMPTS[:1])
+        with torch.no_grad():
+            policy = built.predict(x, sigma, cond)
+            with built.reference():
+                torch.testing.assert_close(built.predict(x, sigma, cond), policy, atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="flux lora_init must be one of gaussian, kaiming, got 'zeros'"):
+        FluxModel(path=flux_dir, **ARGS, lora_init="zeros")
+
+
 def test_dance_grpo_targets_skip_the_text_stream(flux_dir):
     dance = FluxModel(path=flux_dir, lora_targets=list(FLUX_DANCE_GRPO_LORA_TARGETS), **ARGS)
     wrapped = {n.split(".lora_")[0] for n, _ in dance.transformer.named_parameters() if "lora_" in n}
