@@ -183,6 +183,9 @@ class PlainTransformer:
         return self.call
 
 
+#: the dtype full fine-tuning trains the transformer's weights in (``master_weights``): ``float32`` (master weights,
+#: the half-precision compute under autocast) or ``model`` (the base's own dtype, e.g. bf16 weights updated in bf16)
+MASTER_WEIGHTS = ("float32", "model")
 #: the LoRA's initialisation (``lora_init``) -> peft's ``init_lora_weights``: ``gaussian`` (A ~ N(0, 1/r), B = 0; the
 #: Flow-GRPO trainers, e.g. scripts/train_sd3.py's LoraConfig) or ``kaiming`` (peft's default, True: A Kaiming-uniform,
 #: B = 0; DanceGRPO's FLUX LoRA, fastvideo/train_grpo_flux_lora.py:659-664 at 15cc71d). B = 0 either way, so the model
@@ -234,9 +237,14 @@ class DiffusersFlowModel(FlowModel):
         cache_size: int = 1024,
         finetune: Finetune = "lora",
         lora_init: str = "gaussian",
+        master_weights: str = "float32",
     ) -> None:
         super().__init__()
         check_finetune(finetune, self.name)
+        if master_weights not in MASTER_WEIGHTS:
+            raise ConfigError(f"{self.name} master_weights must be one of {', '.join(MASTER_WEIGHTS)}, got "
+                              f"{master_weights!r}")
+        self.master_weights = master_weights
         if lora_init not in LORA_INITS:
             raise ConfigError(f"{self.name} lora_init must be one of {', '.join(LORA_INITS)}, got {lora_init!r}")
         self.lora_init = lora_init
@@ -289,8 +297,11 @@ class DiffusersFlowModel(FlowModel):
         self._lora_names = []
         self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
         for param in self.transformer.parameters():
-            # full fine-tuning trains in the network's own dtype (float32 for the tiny tier; a bf16 base trains bf16
-            # weights, as the released full fine-tuning recipes do)
+            # full fine-tuning keeps float32 master weights (master_weights: float32; autocast runs the half-precision
+            # matmuls): at lr 1e-5 most AdamW updates to a bf16 weight round away (tests/test_master_weights.py).
+            # master_weights: model trains the base's own dtype, where a recipe cites a release that does so
+            if self.master_weights == "float32" and param.dtype in AUTOCAST_DTYPES:
+                param.data = param.data.float()
             param.requires_grad_(True)
 
     def _trained_transformer(self) -> torch.nn.Module:

@@ -51,12 +51,14 @@ class SD3Model(DiffusersFlowModel):
         max_sequence_length: int = 128,  # Flow-GRPO's scripts/train_sd3.py encodes prompts with 128 T5 tokens
         finetune: Finetune = "lora",
         lora_init: str = "gaussian",
+        master_weights: str = "float32",
     ) -> None:
         super().__init__(
             path,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             lora_init=lora_init,
+            master_weights=master_weights,
             lora_targets=lora_targets,
             dtype=dtype,
             device=device,

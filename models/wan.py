@@ -56,12 +56,14 @@ class WanModel(DiffusersFlowModel):
         max_sequence_length: int = 512,
         finetune: Finetune = "lora",
         lora_init: str = "gaussian",
+        master_weights: str = "float32",
     ) -> None:
         super().__init__(
             path,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             lora_init=lora_init,
+            master_weights=master_weights,
             lora_targets=lora_targets,
             dtype=dtype,
             device=device,
