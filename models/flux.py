@@ -118,7 +118,14 @@ class FluxModel(DiffusersFlowModel):
         # the pipeline's default; DanceGRPO/MixGRPO preprocess with it. Flow-GRPO's FLUX trainer encodes with 128
         # (yifan123/flow_grpo scripts/train_flux.py:236,622 at 27b6ef8): a Flow-GRPO FLUX cell sets 128
         max_sequence_length: int = 512,
+        # the transformer's timestep truncated to whole thousandths, int(1000 sigma) / 1000, as DanceGRPO's and
+        # MixGRPO's FLUX trainers feed it in rollouts and training (DanceGRPO fastvideo/train_grpo_flux_lora.py:169,
+        # 176, 450 at 15cc71d; MixGRPO fastvideo/utils/sampling_utils.py:64,71 and train_grpo_flux.py:387-390 at
+        # e5cdd6a); false: FluxPipeline's exact sigma
+        integer_timesteps: bool = False,
     ) -> None:
+        if not isinstance(integer_timesteps, bool):
+            raise ConfigError(f"flux integer_timesteps must be true or false, got {integer_timesteps!r}")
         distilled_guidance = float(distilled_guidance)
         if not math.isfinite(distilled_guidance) or distilled_guidance < 0:
             raise ConfigError(f"flux distilled_guidance must be a finite number >= 0, got {distilled_guidance!r}")
@@ -138,6 +145,7 @@ class FluxModel(DiffusersFlowModel):
         )
         self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, "flux")
         self.distilled_guidance = distilled_guidance
+        self.integer_timesteps = integer_timesteps
         self.guidance_embeds = bool(self.transformer.config.guidance_embeds)
         side = self.resolution // (self.pipe.vae_scale_factor * 2)  # patches per side
         self._patches = side
@@ -161,7 +169,8 @@ class FluxModel(DiffusersFlowModel):
             guidance = torch.full((x.shape[0],), self.distilled_guidance, device=self.device, dtype=torch.float32)
         return self.transformer(
             hidden_states=x,
-            timestep=timestep / 1000,  # the pipeline's t / 1000: FLUX's transformer takes sigma
+            # the pipeline's t / 1000: FLUX's transformer takes sigma (int(t) / 1000 with integer_timesteps, t >= 0)
+            timestep=(torch.floor(timestep) if self.integer_timesteps else timestep) / 1000,
             guidance=guidance,
             pooled_projections=cond.tensors["pooled_prompt_embeds"],
             encoder_hidden_states=embeds,

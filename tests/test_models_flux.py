@@ -153,6 +153,28 @@ def test_lora_init_kaiming_is_peft_default_as_dance_grpo_and_starts_at_the_base(
         FluxModel(path=flux_dir, **ARGS, lora_init="zeros")
 
 
+def test_integer_timesteps_feed_the_releases_truncated_thousandths(flux_dir, model, monkeypatch):
+    """integer_timesteps (DanceGRPO's and MixGRPO's FLUX trainers): the transformer sees int(1000 sigma) / 1000."""
+    truncated = FluxModel(path=flux_dir, **ARGS, integer_timesteps=True)
+    seen = []
+    original = type(truncated.transformer).forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["timestep"].clone())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(truncated.transformer), "forward", spy)
+    x = truncated.initial_noise([torch.Generator().manual_seed(3)] * 2)
+    cond = truncated.encode(PROMPTS)
+    with torch.no_grad():
+        truncated.predict(x, torch.tensor([0.96013, 0.00893]), cond)
+        model.predict(x, torch.tensor([0.96013, 0.00893]), model.encode(PROMPTS))
+    torch.testing.assert_close(seen[0], torch.tensor([0.960, 0.008]))
+    torch.testing.assert_close(seen[1], torch.tensor([0.96013, 0.00893]))
+    with pytest.raises(ConfigError, match="flux integer_timesteps must be true or false, got 'yes'"):
+        FluxModel(path=flux_dir, **ARGS, integer_timesteps="yes")
+
+
 def test_dance_grpo_targets_skip_the_text_stream(flux_dir):
     dance = FluxModel(path=flux_dir, lora_targets=list(FLUX_DANCE_GRPO_LORA_TARGETS), **ARGS)
     wrapped = {n.split(".lora_")[0] for n, _ in dance.transformer.named_parameters() if "lora_" in n}
