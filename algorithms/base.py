@@ -54,6 +54,20 @@ from flowzoo.rewards.errors import RewardError
 from flowzoo.rewards.multi import MultiReward
 
 
+#: AlgorithmConfig.minibatch_order's values
+MINIBATCH_ORDERS = ("shuffled", "grouped", "interleaved")
+
+
+def ordered_rows(batch: int, group_size: int, order: str) -> torch.Tensor:
+    """The rows of a group-major batch in ``order``: ``grouped``, as they are (whole groups in turn);
+    ``interleaved``, by position in the group first (each group's first sample, then each group's second, ...), so
+    that equal chunks take the same slice of every group."""
+    rows = torch.arange(batch)
+    if order == "grouped":
+        return rows
+    return rows[torch.argsort((rows % group_size) * batch + rows // group_size)]
+
+
 @dataclass
 class AlgorithmConfig:
     """Hyper-parameters shared by every GRPO-style algorithm (defaults: Flow-GRPO's SD3.5 recipe)."""
@@ -98,6 +112,12 @@ class AlgorithmConfig:
     max_grad_norm: float = 1.0  # 0 = no gradient clipping (the norm is still logged)
     inner_epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # optimizer steps per pass
+    # which rows each optimizer step takes: "shuffled", a fresh permutation of the batch every inner epoch (Flow-GRPO's
+    # trainers); "grouped", the batch in order, so each step takes whole groups one after another (DanceGRPO's FLUX
+    # and Qwen-Image trainers: 2 prompts per GPU, a step every 12 samples); "interleaved", each step the same slice
+    # of every group (MixGRPO's FLUX trainer: 1 prompt per GPU, a step every 3 of its 12 samples). The released
+    # trainers step every gradient_accumulation_steps samples of each GPU's in-order sample list
+    minibatch_order: str = "shuffled"
     micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once
     # How a step's Gaussian log-density is reduced over latent dims: "mean" as the released Flow-GRPO/DanceGRPO
     # code (a per-dimension average), or "sum", the true joint density the OP-GRPO trajectory ratio is written
@@ -125,6 +145,9 @@ class AlgorithmConfig:
                 raise ConfigError(f"algorithm.{name} must be a positive integer, got {value}")
         if self.group_size < 2:
             raise ConfigError(f"algorithm.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.minibatch_order not in MINIBATCH_ORDERS:
+            raise ConfigError(f"algorithm.minibatch_order must be one of {', '.join(MINIBATCH_ORDERS)}, got "
+                              f"{self.minibatch_order!r}")
         if self.num_steps is not None and self.num_steps < 1:
             raise ConfigError(f"algorithm.num_steps must be >= 1, got {self.num_steps}")
         if self.reuse_rollout_graph is True and (self.inner_epochs, self.minibatches) != (1, 1):
@@ -646,11 +669,15 @@ class Algorithm(LockstepPadding):
 
     def minibatch_rows(self, batch: int, kept: torch.Tensor | None, offset: int, local: int) -> Iterator[torch.Tensor]:
         """This rank's rows of each minibatch of an update, epoch after epoch: every inner epoch draws a fresh
-        permutation of the global batch (or of the ``kept`` rows) from the update generator and splits it into
+        permutation of the global batch (or of the ``kept`` rows) from the update generator (``minibatch_order:
+        grouped``: takes them in order) and splits it into
         ``minibatches`` parts; each part is sorted and cut to the rows ``[offset, offset + local)`` this rank holds,
         returned as local indices (possibly none: the caller skips a minibatch that is empty on every rank)."""
         for _ in range(self.config.inner_epochs):
-            if kept is None:
+            if self.config.minibatch_order != "shuffled":  # in order (rows are group-major), or slice by slice
+                perm = ordered_rows(batch, self.config.group_size, self.config.minibatch_order)
+                perm = perm if kept is None else perm[torch.isin(perm, kept)]
+            elif kept is None:
                 perm = torch.randperm(batch, generator=self.update_generator)
             else:
                 perm = kept[torch.randperm(len(kept), generator=self.update_generator)]

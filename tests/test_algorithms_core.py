@@ -133,6 +133,27 @@ def test_second_epoch_moves_the_ratio(toy_model, toy_prompts):
     assert abs(stats.ratio_mean - 1) > 1e-5
 
 
+def test_minibatch_orders_take_the_releases_rows(toy_model):
+    """shuffled: a fresh permutation per epoch; grouped: whole groups in turn (DanceGRPO's FLUX trainer); interleaved:
+    the same slice of every group (MixGRPO's FLUX trainer: 12 samples per GPU, a step every 3); kept rows filtered."""
+    from flowzoo.algorithms.base import ordered_rows
+
+    assert ordered_rows(8, 4, "grouped").tolist() == list(range(8))
+    assert ordered_rows(8, 4, "interleaved").tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    grouped = _flow_grpo(toy_model, group_size=4, minibatches=2, minibatch_order="grouped")
+    assert [m.tolist() for m in grouped.minibatch_rows(16, None, 0, 16)] == [list(range(8)), list(range(8, 16))]
+    mixed = _flow_grpo(toy_model, group_size=12, minibatches=4, minibatch_order="interleaved")
+    parts = [m.tolist() for m in mixed.minibatch_rows(24, None, 0, 24)]
+    assert parts[1] == [3, 4, 5, 15, 16, 17]  # samples 3-5 of both groups
+    kept = torch.tensor([0, 2, 3, 5, 6, 7])
+    assert [m.tolist() for m in grouped.minibatch_rows(8, kept, 0, 8)] == [[0, 2, 3], [5, 6, 7]]
+    shuffled = _flow_grpo(toy_model, group_size=4, minibatches=2, inner_epochs=2)
+    first, second = [sorted(m.tolist()) for m in shuffled.minibatch_rows(16, None, 0, 16)][::2]
+    assert first != list(range(8)) or second != list(range(8))  # drawn, not in order
+    with pytest.raises(ConfigError, match="minibatch_order must be one of shuffled, grouped, interleaved, got 'x'"):
+        _flow_grpo(toy_model, minibatch_order="x")
+
+
 def test_nfe_counts_sampling_and_training(toy_model, toy_prompts):
     prompts, meta = toy_prompts
     alg = _flow_grpo(toy_model, kl_beta=0.04, reuse_rollout_graph=False)

@@ -35,6 +35,9 @@ EVAL_BATCH_IDENTITY = 64
 #: algorithm keys that belong to a run's identity only when their switch (the first) is on: a run with the switch
 #: off is the run it was before the keys existed (the weight EMA, algorithm.ema)
 SWITCHED_KEYS = (("ema", "ema_decay", "ema_every"),)
+#: algorithm keys added after runs were made, at the value every run had before: a run's identity leaves them out at
+#: that value, so a config.yaml written before the key existed is the same run
+ADDED_KEYS = {"minibatch_order": "shuffled"}
 
 
 def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
@@ -46,7 +49,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     without an unset ``train.prompt_sampler``, ``prompts.tags``, ``prompts.dataset`` or ``prompts.validation``, or
     ``prompts.eval_split`` at ``test``; without the evaluation protocol's keys where the pipeline's and the
     algorithm's evaluation samplers are one (:func:`_one_evaluation_sampler`); without the algorithm's
-    ``EXECUTION_KEYS`` and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
+    ``EXECUTION_KEYS``, its ``ADDED_KEYS`` at their former value and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
     resolved = dict(resolved)
     resolved.pop("run_dir", None)
     resolved.pop("recipe", None)  # where the values came from (a tuned file), not what they are: a note
@@ -65,7 +68,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     if isinstance(resolved.get("train"), dict) and _one_evaluation_sampler(resolved):
         resolved["train"] = {k: v for k, v in resolved["train"].items() if k not in EVAL_PROTOCOL_KEYS}
     if isinstance(resolved.get("algorithm"), dict):  # how the update is computed, not what (same gradients)
-        algorithm = {k: v for k, v in resolved["algorithm"].items() if k not in EXECUTION_KEYS}
+        algorithm = {k: v for k, v in resolved["algorithm"].items()
+                     if k not in EXECUTION_KEYS and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}
         for group in SWITCHED_KEYS:
             if not algorithm.get(group[0]):
                 algorithm = {k: v for k, v in algorithm.items() if k not in group}
