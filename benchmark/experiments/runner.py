@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from flowzoo.algorithms.distributed import SingleProcess, from_environment
 from flowzoo.algorithms.rollout import sample_generators, sample_ode
 from flowzoo.benchmark.experiments import experiment
+from flowzoo.benchmark.experiments.diversity import per_prompt_spread
 from flowzoo.benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
 from flowzoo.benchmark.experiments.config import (
     OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
@@ -157,8 +158,9 @@ class Runner:
         """Mean reward of deterministic ODE samples on the held-out prompts, with the same noise every time, drawn by
         the evaluation protocol's sampler (``train.eval_sampler``, benchmark/experiments/evaluation.py):
         ``{"eval_reward": mean score, "eval/<component>": mean of each of the reward's components}`` (for example
-        ``eval/strict_accuracy`` of the GenEval rewards), and with ``train.eval_own`` the algorithm's own sampler's
-        mean as ``eval_own_reward``.
+        ``eval/strict_accuracy`` of the GenEval rewards), ``eval_spread`` (with 2 or more samples per prompt: the mean
+        over prompts of the mean pairwise distance of each prompt's samples, benchmark/experiments/diversity.py), and
+        with ``train.eval_own`` the algorithm's own sampler's mean as ``eval_own_reward``.
 
         Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
         Samples go in chunks of ``train.eval_batch`` (default: the model's ``default_eval_batch``); each chunk is scored in a background thread while the next one
@@ -176,8 +178,11 @@ class Runner:
                 totals[name][0] += total
                 totals[name][1] += count
         result.update({f"eval/{name}": total / count for name, (total, count) in totals.items() if count})
-        if cfg.train.save_samples:
+        if cfg.train.save_samples or n >= 2:  # every process gathers (a collective either way)
             samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
+        if n >= 2:  # the variety of each prompt's samples (benchmark/experiments/diversity.py): 0 when collapsed
+            result["eval_spread"] = sum(per_prompt_spread(samples, n)) / len(self.eval_prompts)
+        if cfg.train.save_samples:
             if self.dist.is_main:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
                              rewards=scores.tolist())
