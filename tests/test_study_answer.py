@@ -47,6 +47,14 @@ def test_a_difference_carries_its_sign_and_unit():
     assert study_answer.estimate_text(clip) == "+0.0265 [+0.0238, +0.0297] clip rate"
     assert study_answer.paper_text(clip) == "+0.282 clip rate"
     assert study_answer.estimate_text(clip.copy().replace({0.0265: math.nan})) == "-"
+    # a unit with pipes stays inside its cell
+    ratio = pd.Series({"kind": "difference", "unit": "|log ratio|", "estimate": 0.12, "ci_low": 0.117,
+                       "ci_high": 0.123, "paper": math.nan})
+    claims = pd.DataFrame([{"claim": "late steps", "verdict exploration": "reproduced", "replication": "reproduced",
+                            "verdict replication": "reproduced"}])
+    estimates = pd.DataFrame([{**ratio, "claim": "late steps", "seed_set": s} for s in ("exploration", "replication")])
+    row = study_answer.answer_table(claims, estimates)[2]
+    assert row.count(" | ") == 4 and "+0.12 [+0.117, +0.123] \\|log ratio\\|" in row
 
 
 def test_the_title_is_the_suites_name_and_question():

@@ -89,6 +89,11 @@ def paper_text(row: pd.Series) -> str:
     return f"{_signed(row['paper'])}{unit}"
 
 
+def _cell(text) -> str:
+    """A table cell's text: a ``|`` inside it (e.g. the unit ``|log ratio|``) escaped, so it does not split the cell."""
+    return str(text).replace("|", "\\|")
+
+
 def answer_sets(claims: pd.DataFrame) -> list[str]:
     """The seed sets the table shows: every judged set but ``all`` (``all`` alone when it is the only one)."""
     sets = [c[len("verdict "):] for c in claims.columns if c.startswith("verdict ")]
@@ -118,6 +123,7 @@ def answer_table(claims: pd.DataFrame | None, estimates: pd.DataFrame | None) ->
         if not sets:  # a claims table of one unnamed set
             ours = [str(claim.get("measured", "-"))]
         verdict = claim["replication"] if replicated else claim.get(f"verdict {sets[0]}" if sets else "verdict", "-")
-        lines.append(f"| {claim['claim']} | {paper} | " + " | ".join(ours) + f" | **{verdict}** |")
+        cells = [claim["claim"], paper, *ours]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + f" | **{_cell(verdict)}** |")
     return lines + ["", "Rules, figures in words and each seed set's verdict: "
                     f"[{CLAIMS_HEADING.lower()}](#{heading_id(CLAIMS_HEADING)}) below.", ""]
