@@ -202,6 +202,10 @@ class DiffusersFlowModel(FlowModel):
 
     pipeline_class: ClassVar[str] = ""  # name of the diffusers pipeline class
     env_var: ClassVar[str] = ""
+    #: the LoRA's initialisation and full fine-tuning's weight dtype (LORA_INITS, MASTER_WEIGHTS); the constructor's
+    #: arguments set them per instance, an adapter built another way (the tiny tier, benchmark/perf) keeps these
+    lora_init: str = "gaussian"
+    master_weights: str = "float32"
     #: the ranges of the constructor arguments every pipeline adapter shares; a subclass adds its own as
     #: ``argument_ranges = {**DiffusersFlowModel.argument_ranges, ...}``
     argument_ranges: ClassVar[dict] = {"dtype": check_dtype_argument, "lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE,
@@ -290,7 +294,7 @@ class DiffusersFlowModel(FlowModel):
         self._policy_transformer = self.transformer
         self._reference_transformer = None
         if finetune == "lora":
-            self._lora_names = self._add_lora(rank, alpha, targets)
+            self._lora_names = self._add_lora(rank, alpha, targets, self.lora_init)
             return
         import copy
 
@@ -314,10 +318,10 @@ class DiffusersFlowModel(FlowModel):
         reference = self.__dict__.get("_reference_transformer")
         return [self._trained_transformer()] + ([reference] if reference is not None else [])
 
-    def _add_lora(self, rank: int, alpha: float, targets: Sequence[str]) -> list[str]:
+    def _add_lora(self, rank: int, alpha: float, targets: Sequence[str], init: str = "gaussian") -> list[str]:
         from peft import LoraConfig
 
-        config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=LORA_INITS[self.lora_init],
+        config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=LORA_INITS[init],
                             target_modules=list(targets))
         try:
             self.transformer.add_adapter(config)

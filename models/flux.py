@@ -98,6 +98,8 @@ class FluxModel(DiffusersFlowModel):
     env_var = "FLOWZOO_FLUX_PATH"
     argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = FLUX_LORA_TARGETS
+    #: FluxPipeline's exact sigma (the constructor's integer_timesteps sets it per instance)
+    integer_timesteps: bool = False
 
     def __init__(
         self,

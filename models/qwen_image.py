@@ -72,6 +72,8 @@ class QwenImageModel(DiffusersFlowModel):
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
     #: Flow-GRPO's Qwen-Image negative prompt (scripts/train_qwenimage.py:660 at 27b6ef8)
     negative_prompt = " "
+    #: today's pipeline: the text padding masked (the constructor's text_padding sets it per instance)
+    text_padding: str = "masked"
 
     def __init__(
         self,

@@ -201,8 +201,6 @@ class TinyModel(DiffusersFlowModel):
         finetune: Finetune = "lora",
     ) -> None:
         FlowModel.__init__(self)  # DiffusersFlowModel.__init__ loads a pipeline directory; the tiny tier has none
-        self.lora_init = "gaussian"  # DiffusersFlowModel's LoRA initialisation (LORA_INITS), the Flow-GRPO trainers'
-        self.master_weights = "float32"  # full fine-tuning's weights (MASTER_WEIGHTS): the tiny tier is float32 anyway
         if data not in DATASETS:
             raise ConfigError(f"tiny: unknown data {data!r}; known: {', '.join(DATASETS)}")
         if dtype not in DTYPES:

@@ -76,7 +76,7 @@ SCANNED: dict[str, tuple[str, ...] | None] = {
     "rewards/multi.py": None,
     "rewards/pool.py": None,
     "rewards/toy.py": None,
-    RUNNER: ("Runner.evaluate", "Runner._checkpoint", "Runner._load_checkpoint"),
+    RUNNER: ("Runner.evaluate", "Runner._score_samples", "Runner._checkpoint", "Runner._load_checkpoint"),
 }
 
 
@@ -205,6 +205,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         HOST_INDEX + " (the kept rows, permuted with the host update generator)",
     ("algorithms/base.py", "torch.randperm(batch, generator=self.update_generator)"): GENERATOR,
     ("algorithms/base.py", "torch.randperm(len(kept), generator=self.update_generator)"): GENERATOR,
+    ("algorithms/base.py", "torch.arange(batch)"):
+        HOST_INDEX + " (ordered_rows: the update's minibatch order, a host permutation as the generator's)",
     # ---- plans and kernels
     ("algorithms/plans.py", "torch.zeros(num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/plans.py", "torch.randperm(candidates, generator=generator)"): GENERATOR,
