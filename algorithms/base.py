@@ -669,8 +669,8 @@ class Algorithm(LockstepPadding):
 
     def minibatch_rows(self, batch: int, kept: torch.Tensor | None, offset: int, local: int) -> Iterator[torch.Tensor]:
         """This rank's rows of each minibatch of an update, epoch after epoch: every inner epoch draws a fresh
-        permutation of the global batch (or of the ``kept`` rows) from the update generator (``minibatch_order:
-        grouped``: takes them in order) and splits it into
+        permutation of the global batch (or of the ``kept`` rows) from the update generator (``minibatch_order``
+        grouped or interleaved: takes them in that fixed order, :func:`ordered_rows`) and splits it into
         ``minibatches`` parts; each part is sorted and cut to the rows ``[offset, offset + local)`` this rank holds,
         returned as local indices (possibly none: the caller skips a minibatch that is empty on every rank)."""
         for _ in range(self.config.inner_epochs):

@@ -40,30 +40,28 @@ class EvalSampler:
         return float(model.default_guidance if self.guidance is None else self.guidance)
 
 
-def _sampler(model: FlowModel, steps: int, shift: float, guidance: float | None, label: str) -> EvalSampler:
+def _sampler(train, model: FlowModel, shift: float, guidance: float | None, label: str) -> EvalSampler:
+    steps = train.eval_num_steps or model.default_eval_num_steps
     sigmas = sigma_schedule(steps, shift, grid=model.default_sigma_grid, terminal=model.shift_terminal)
     return EvalSampler(sigmas, guidance, float(shift), label)
 
 
 def protocol_sampler(train, model: FlowModel, algorithm) -> EvalSampler:
     """The run's evaluation sampler under ``train.eval_sampler`` (module docstring)."""
-    steps = train.eval_num_steps or model.default_eval_num_steps
     if train.eval_sampler == "algorithm":
         return own_sampler(train, model, algorithm)
     shift = model.default_shift if train.eval_shift is None else train.eval_shift
-    return _sampler(model, steps, shift, train.eval_guidance, "pipeline")
+    return _sampler(train, model, shift, train.eval_guidance, "pipeline")
 
 
 def own_sampler(train, model: FlowModel, algorithm) -> EvalSampler:
     """The algorithm's own evaluation: its training shift and guidance on the model's grid."""
-    steps = train.eval_num_steps or model.default_eval_num_steps
-    return _sampler(model, steps, algorithm.shift, algorithm.config.guidance, "algorithm")
+    return _sampler(train, model, algorithm.shift, algorithm.config.guidance, "algorithm")
 
 
 def same_sampler(a: EvalSampler, b: EvalSampler, model: FlowModel) -> bool:
     """Whether two samplers draw the same samples (equal grids and effective CFG scales)."""
-    return (a.effective_guidance(model) == b.effective_guidance(model) and a.sigmas.shape == b.sigmas.shape
-            and bool(torch.equal(a.sigmas, b.sigmas)))
+    return a.effective_guidance(model) == b.effective_guidance(model) and torch.equal(a.sigmas, b.sigmas)
 
 
 def extra_sampler(train, model: FlowModel, algorithm, protocol: EvalSampler) -> EvalSampler | None:
