@@ -147,6 +147,14 @@ def class_metadata(c: int, classes: int = NUM_CLASSES, layout: str = DEFAULT_LAY
     }
 
 
+def mode_std_of(metadata: dict) -> float:
+    """The std of the Gaussian mode of the class whose prompt metadata this is: its layout's (many-condition
+    variant), or the 8-mode tier's ``MODE_STD``."""
+    if metadata.get("classes", NUM_CLASSES) == NUM_CLASSES:
+        return MODE_STD
+    return LAYOUTS[metadata.get("layout", DEFAULT_LAYOUT)].mode_std
+
+
 def prompt_set(classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT) -> list[tuple[str, dict]]:
     """The toy tier's prompts ("class 0" .. "class K-1") with their metadata. Training and evaluation share them;
     evaluation uses fixed noise seeds instead of held-out prompts."""

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flowzoo.benchmark.analysis import effects, study_answer, study_page
+from flowzoo.benchmark.analysis import costs, effects, study_answer, study_page
 from flowzoo.benchmark.analysis.loading import (
     SkippedRun,
     protocol_line,
@@ -132,6 +132,10 @@ def run_table(runs: pd.DataFrame, data: dict[str, effects.TaskRuns], baseline: s
     for column in (*DIAGNOSTICS, *step_columns):
         if column in runs and runs[column].notna().any():
             table[column] = table["run"].map(train_rows.groupby("run")[column].mean())
+    run_cost = costs.run_costs(runs, smooth)  # what the gain cost: spread kept, gold and unseen-prompt gains
+    for column in run_cost.columns:
+        if run_cost[column].notna().any():
+            table[column] = table["run"].map(run_cost[column])
     if "zero_std_frac" in runs:
         early = train_rows.sort_values("step").groupby("run").head(EARLY_STEPS).groupby("run")["zero_std_frac"].mean()
         table["zero_std_frac_early"] = table["run"].map(early)
@@ -249,7 +253,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            skipped: list[SkippedRun] | None = None, lead: list[str] | None = None,
            figure_lines: list[str] | None = None, pair: tuple[str, str] = REPLICATION_SETS,
            recipes: dict | None = None, claims_of: ClaimSet | None = None,
-           title: str = "Study", protocol: str = "") -> str:
+           title: str = "Study", protocol: str = "", cost_section: list[str] | None = None) -> str:
     """The study's README: ``title``, ``lead`` (a hand-written answer, the answer table, the claims' figures), the
     generated answer, ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by
     ``claims_of``)."""
@@ -269,6 +273,7 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
         lines += render_claims(claims, pair, claims_of)
     if gain_rows is not None and len(gain_rows):
         lines += _gain_lines(gain_rows, baseline)
+    lines += cost_section or []
     if wall is not None and len(wall):
         lines += ["## Wall-clock to target (estimated)", "",
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
@@ -443,7 +448,7 @@ def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tu
 
 
 #: metrics.csv columns a trimmed copy keeps (``--save-metrics``): what the study reads
-KEPT_COLUMNS = ("step", "nfe", "wall_s", "eval_reward", "reward_mean", "clip_frac", *DIAGNOSTICS)
+KEPT_COLUMNS = ("step", "nfe", "wall_s", "eval_reward", "reward_mean", "clip_frac", *DIAGNOSTICS, *costs.COLUMNS)
 
 
 def portable_config(text: str, relative: Path) -> str:
@@ -596,8 +601,11 @@ def write_study(request: StudyRequest) -> Path:
                           f"pairs with a cell of these runs and its baseline, so no wall-clock ratio can be made; "
                           f"the runs' cells: {', '.join(ran[:8])}{' ...' if len(ran) > 8 else ''}")
     gain_rows = gains(table, seed_sets)
+    cost_rows = costs.cost_table(table, seed_sets)
     curves = mean_curves(runs)
     frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
+    if not cost_rows.empty:
+        frames["costs.csv"] = cost_rows
     if claims is not None:
         frames["claims.csv"] = claims
         frames["claim_estimates.csv"] = estimates
@@ -615,10 +623,11 @@ def write_study(request: StudyRequest) -> Path:
         atomic_write(stage / "curves.csv", curves.to_csv)
         lead = answer + study_answer.answer_table(claims, estimates) + study_page.claim_figures(estimates, stage)
         figure_lines = study_page.curve_figures(runs, effect_rows, request.baseline, stage)
+        cost_section = study_page.cost_section(cost_rows, runs, stage)
         title = study_answer.page_title(suite.name if suite else None, suite.question if suite else "", out.name)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
                           gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of, title,
-                          protocol_line(protocols))
+                          protocol_line(protocols), cost_section)
         study_page.write_page(stage, markdown, title=title)
     return out / "README.md"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flowzoo.benchmark.analysis import study_figures
+from flowzoo.benchmark.analysis import costs, study_figures
 from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
 from flowzoo.benchmark.analysis.study_sets import ALL_SEEDS
 from flowzoo.io import atomic_write_text
@@ -76,6 +76,21 @@ def curve_figures(runs: pd.DataFrame, effect_rows: pd.DataFrame, baseline: str, 
             paths = study_figures.plot_cell_curves(task_curves, task, x, targets, baseline, palette, stem)
             lines += _figure(paths[0], stage, f"{task}: eval reward of every cell vs {x}")
     return lines
+
+
+def cost_section(cost_rows: pd.DataFrame, runs: pd.DataFrame, stage: Path) -> list[str]:
+    """What the gain cost (:mod:`benchmark.analysis.costs`): per task its panel into ``stage/figures`` and its table,
+    on all seeds (the designers' set where no ``all`` set was judged); nothing when no run logged a cost column."""
+    if cost_rows.empty:
+        return []
+    sets = list(dict.fromkeys(cost_rows["seed_set"]))
+    shown = ALL_SEEDS if ALL_SEEDS in sets else sets[0]
+    palette = study_figures.cell_styles(runs["algorithm"])
+    lines = []
+    for task in sorted(set(cost_rows["task"])):
+        paths = costs.plot_costs(cost_rows, task, shown, palette, stage / FIGURES / f"{_slug(task)}_costs")
+        lines += _figure(paths[0], stage, f"{task}: reward gain of every cell against what it cost")
+    return costs.cost_lines(cost_rows, lines, shown)
 
 
 def _targets(effect_rows: pd.DataFrame, task: str, baseline: str) -> dict[str, float]:

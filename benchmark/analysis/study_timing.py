@@ -38,7 +38,7 @@ def cell_configs(suite_name: str, cells: list[str], steps: int, runs_dir: Path) 
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     suite = first_seed_only(load_suite(suite_name))
     overrides = [f"train.steps={steps}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
-                 "train.eval_samples_per_prompt=1", "train.save_samples=false"]
+                 "train.eval_samples_per_prompt=1", "train.save_samples=false", "train.gold=null"]
     every = {f"{c.task}/{c.algorithm_name}": c for c in expand(suite, runs_dir, overrides)}
     configs = {cell: every[cell] for cell in cells if cell in every}
     missing = [cell for cell in cells if cell not in configs]

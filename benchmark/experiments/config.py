@@ -59,6 +59,9 @@ class TrainSection:
     eval_batch: int | None = None
     checkpoint_every: int = 10  # 0 = only at the end
     save_samples: bool = True  # write samples/step_N.png at evaluations
+    # a judge the method never trains on, read at every evaluation on the same samples as eval_gold: a gold measure
+    # (toy_w2) or a reward of the registry, as a name or {name: ..., <arguments>} (benchmark/experiments/gold.py)
+    gold: str | dict | None = None
     threads: int | None = None  # torch intra-op threads; None = the model's preferred number (or torch's default)
     trackers: list[str] = field(default_factory=list)  # accelerate trackers besides metrics.csv, e.g. [tensorboard]
     # which prompts each step trains on: a sampler name or {name: ..., <arguments>} (algorithms/prompt_samplers);

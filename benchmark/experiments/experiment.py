@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -30,8 +30,9 @@ from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.distributed import SINGLE_PROCESS, SingleProcess
 from flowzoo.benchmark.experiments.argument_ranges import check_ranges
 from flowzoo.benchmark.experiments.config import ExperimentConfig
+from flowzoo.benchmark.experiments import gold
 from flowzoo.benchmark.experiments.evaluation import EvalSampler, extra_sampler, protocol_sampler
-from flowzoo.benchmark.experiments.prompts import Prompts, load_prompts
+from flowzoo.benchmark.experiments.prompts import Prompts, load_prompts, load_unseen
 from flowzoo.errors import ConfigError
 from flowzoo.schema import check_arguments, to_mapping
 from flowzoo.streams import GROUP_OFFSET_LIMIT
@@ -44,7 +45,7 @@ def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mappi
     """Fail if ``kwargs`` are not parameters of ``target``'s constructor or their values do not fit its annotations
     (``kind``: "model" -> ``model.args``, "reward" -> ``reward_args.<name>``). Returns the numbers written as text
     (``check_arguments``): the caller sets them in the config, as the config's own fields are read."""
-    where = "model.args" if kind == "model" else f"reward_args.{name}"
+    where = {"model": "model.args", "gold": "train.gold"}.get(kind, f"reward_args.{name}")
     if not isinstance(kwargs, Mapping):
         raise ConfigError(f"{where}: expected a mapping of argument names to values, got {kwargs!r}")
     params = inspect.signature(target).parameters
@@ -54,7 +55,7 @@ def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mappi
             if key not in valid:
                 raise ConfigError(f"{kind} {name!r}: unknown argument {key!r}; valid: {', '.join(valid) or '(none)'}")
     read_as = check_arguments(where, target, kwargs)
-    check_ranges(kind, name, target, {**kwargs, **read_as}, where)
+    check_ranges("reward" if kind == "gold" else kind, name, target, {**kwargs, **read_as}, where)
     return read_as
 
 
@@ -245,6 +246,11 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
             kwargs.update(read_as)
     kinds = [set(cls.accepts) for cls in reward_classes.values()]
     check_sample_kind(config, sorted(set.intersection(*kinds)), model_cls.sample_kind)
+    gold_spec = gold.check(config.train.gold, reward_names(config), config.train.eval_samples_per_prompt,
+                           model_cls.sample_kind)
+    if gold_spec is not None and gold_spec["name"] not in gold.TOY_MEASURES:
+        gold_args = {k: v for k, v in gold_spec.items() if k != "name"}
+        check_constructor_arguments("gold", gold_spec["name"], rewards.get(gold_spec["name"]), gold_args)
     alg_config = config.algorithm_config()
     check_world_size(config, alg_config, world_size)
     check_update(config, alg_config)
@@ -271,6 +277,8 @@ class Experiment:
     dist: SingleProcess
     sharding: dict[str, Any] | None = None  # what FSDP sharded (models.sharding.shard_model), or None
     own_sampler: EvalSampler | None = None  # the algorithm's own evaluation beside it (train.eval_own), or None
+    gold: Any = None  # the gold measure read at every evaluation (train.gold, benchmark/experiments/gold.py), or None
+    unseen_prompts: Prompts = field(default_factory=list)  # prompts never trained on (prompts.unseen), or []
 
 
 def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experiment:
@@ -309,5 +317,8 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
     if config.train.eval_prompts:
         eval_prompts = eval_prompts[: config.train.eval_prompts]
     protocol = protocol_sampler(config.train, model, algorithm)  # one sampler for every cell (evaluation.py)
+    measure = gold.build(config.train.gold, reward_names(config), config.train.eval_samples_per_prompt,
+                         model.sample_kind)
     return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts, protocol, dist,
-                      sharding, extra_sampler(config.train, model, algorithm, protocol))
+                      sharding, extra_sampler(config.train, model, algorithm, protocol), measure,
+                      load_unseen(config.prompts, train_prompts))

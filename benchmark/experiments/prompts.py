@@ -4,7 +4,8 @@
   ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument;
   ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.experiments.prompt_files``): ``prompts.train`` and ``prompts.test``
-  are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names.
+  are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names;
+  ``prompts.unseen`` (optional) prompts never trained on, evaluated beside the test prompts (``eval_unseen_reward``).
 * ``dataset``: a Hugging Face dataset on local disk (``benchmark.experiments.prompt_datasets``): ``prompts.train`` and
   ``prompts.test`` each a ``save_to_disk`` folder or Parquet / Arrow / JSON / CSV files; ``prompts.dataset`` names the
   prompt column, the metadata columns and a DatasetDict's splits.
@@ -40,6 +41,9 @@ class PromptSection:
     # validation prompts, held out from ``test`` (the "files" source; the tiny sources draw their own): what
     # ``flowzoo tune``'s trials evaluate on when its design asks for held-out prompts
     validation: str | None = None
+    # prompts never trained on (the "files" source: a file disjoint from prompts.train), evaluated beside the test
+    # prompts at every evaluation with the same sampler and noise, logged as eval_unseen_reward
+    unseen: str | None = None
     # which prompts evaluations use: "test" (the reported evaluation set) or "validation" (a tune trial's)
     eval_split: str = "test"
 
@@ -57,6 +61,9 @@ def check_source(section: PromptSection) -> None:
     if section.validation is not None and section.source != "files":
         raise ConfigError(f"prompts.validation is a prompt file of the 'files' source; the {section.source!r} "
                           f"source {'draws its own' if section.source in VALIDATION_SOURCES else 'has none'}")
+    if section.unseen is not None and section.source != "files":
+        raise ConfigError(f"prompts.unseen is a prompt file of the 'files' source, not {section.source!r} (the toy "
+                          "tier's conditions are all trained on; the tiny sources' evaluation prompts are drawn apart)")
     if section.eval_split == "validation":
         if section.source not in VALIDATION_SOURCES:
             raise ConfigError(f"prompts.eval_split validation: the {section.source!r} source has no prompts held out "
@@ -79,6 +86,10 @@ def check_source(section: PromptSection) -> None:
                 from flowzoo.benchmark.experiments.prompt_files import resolve_prompt_file
 
                 resolve_prompt_file(path, split)
+        if section.unseen is not None:
+            from flowzoo.benchmark.experiments.prompt_files import resolve_prompt_file
+
+            resolve_prompt_file(section.unseen, "unseen")
         if section.source == "dataset":
             dataset_spec(section)
     else:
@@ -164,6 +175,23 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
                               f"evaluation set")
         return train, _evaluated(section, test, validation)
     return train, test
+
+
+def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
+    """``prompts.unseen``: prompts never trained on, or [] when unset. A one-line ConfigError for an empty file or a
+    prompt that is also a training prompt."""
+    if section.unseen is None:
+        return []
+    from flowzoo.benchmark.experiments.prompt_files import read_prompts
+
+    unseen = read_prompts(section.unseen, "unseen")
+    if not unseen:
+        raise ConfigError(f"prompts.unseen: {section.unseen} holds no prompts")
+    trained = sorted({p for p, _ in unseen} & {p for p, _ in train})
+    if trained:
+        raise ConfigError(f"prompts.unseen: {section.unseen} shares {len(trained)} prompt(s) with prompts.train (e.g. "
+                          f"{trained[0]!r}); unseen prompts are never trained on")
+    return unseen
 
 
 def _evaluated(section: PromptSection, test: Prompts, validation: Prompts) -> Prompts:

@@ -140,7 +140,7 @@ class Runner:
         self.run_dir = config.resolved_run_dir()
         self.progress = progress
         self.dist = from_environment() if dist is None else dist
-        self._eval_noise: torch.Tensor | None = None  # see _evaluation_noise
+        self._eval_noise: dict[int, torch.Tensor] = {}  # sample count -> kept noise (_evaluation_noise)
         self._metrics_written = -math.inf  # time.monotonic() of the last metrics.csv write (_write_metrics)
 
     # ---- building -------------------------------------------------------------------------------------------
@@ -151,6 +151,7 @@ class Runner:
         self.model, self.reward, self.algorithm = built.model, built.reward, built.algorithm
         self.train_prompts, self.eval_prompts = built.train_prompts, built.eval_prompts
         self.eval_sampler, self.own_sampler = built.eval_sampler, built.own_sampler
+        self.gold, self.unseen_prompts = built.gold, built.unseen_prompts
 
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -159,8 +160,12 @@ class Runner:
         the evaluation protocol's sampler (``train.eval_sampler``, benchmark/experiments/evaluation.py):
         ``{"eval_reward": mean score, "eval/<component>": mean of each of the reward's components}`` (for example
         ``eval/strict_accuracy`` of the GenEval rewards), ``eval_spread`` (with 2 or more samples per prompt: the mean
-        over prompts of the mean pairwise distance of each prompt's samples, benchmark/experiments/diversity.py), and
-        with ``train.eval_own`` the algorithm's own sampler's mean as ``eval_own_reward``.
+        over prompts of the mean pairwise distance of each prompt's samples, benchmark/experiments/diversity.py),
+        with ``train.gold`` the gold measure of the same samples as ``eval_gold`` (a judge, higher is better) or
+        ``eval_gold_distance`` (a distance, lower is better; benchmark/experiments/gold.py), with
+        ``prompts.unseen`` the mean reward of the prompts never trained on as ``eval_unseen_reward`` (same sampler,
+        same samples per prompt, noise from the same seed), and with ``train.eval_own`` the algorithm's own sampler's
+        mean as ``eval_own_reward``.
 
         Each process samples a contiguous shard of the evaluation samples; scores (and samples) are gathered.
         Samples go in chunks of ``train.eval_batch`` (default: the model's ``default_eval_batch``); each chunk is scored in a background thread while the next one
@@ -170,22 +175,33 @@ class Runner:
         prompts = [p for p, _ in self.eval_prompts for _ in range(n)]
         metadata = [m for _, m in self.eval_prompts for _ in range(n)]
         scores, outputs, samples = self._score_samples(prompts, metadata, self.eval_sampler)
+        local = torch.cat(samples) if samples else torch.zeros(0)
         result = {"eval_reward": float(scores.mean())}
-        local = [(name, float(v.float().sum()), len(v)) for o in outputs for name, v in o.components.items()]
-        totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # component -> [sum, count] over processes
-        for part in self.dist.all_gather_object(local):  # one collective, whatever each process holds
+        sums = [(f"eval/{name}", float(v.float().sum()), len(v)) for o in outputs for name, v in o.components.items()]
+        if self.gold is not None and not self.gold.needs_groups:  # a judge per sample: on this process's shard
+            shard = self.dist.shard(len(prompts), even=False)
+            gold = self.gold.scores(local, prompts[shard.start:shard.stop], metadata[shard.start:shard.stop])
+            sums.append((self.gold.column, float(gold.sum()), len(gold)))
+        totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # column -> [sum, count] over processes
+        for part in self.dist.all_gather_object(sums):  # one collective, whatever each process holds
             for name, total, count in part:
                 totals[name][0] += total
                 totals[name][1] += count
-        result.update({f"eval/{name}": total / count for name, (total, count) in totals.items() if count})
+        result.update({name: total / count for name, (total, count) in totals.items() if count})
         if cfg.train.save_samples or n >= 2:  # every process gathers (a collective either way)
-            samples = self.dist.cat(torch.cat(samples) if samples else torch.zeros(0))
+            samples = self.dist.cat(local)
         if n >= 2:  # the variety of each prompt's samples (benchmark/experiments/diversity.py): 0 when collapsed
             result["eval_spread"] = sum(per_prompt_spread(samples, n)) / len(self.eval_prompts)
+        if self.gold is not None and self.gold.needs_groups:  # every process holds every prompt's samples (n >= 2)
+            result[self.gold.column] = self.gold.measure(samples, metadata, n)
         if cfg.train.save_samples:
             if self.dist.is_main:
                 save_samples(samples, self.model.sample_kind, self.run_dir / "samples" / f"step_{step}.png", prompts,
                              rewards=scores.tolist())
+        if self.unseen_prompts:  # prompts never trained on: same sampler, samples per prompt and noise seed
+            unseen = [p for p, _ in self.unseen_prompts for _ in range(n)]
+            unseen_meta = [m for _, m in self.unseen_prompts for _ in range(n)]
+            result["eval_unseen_reward"] = float(self._score_samples(unseen, unseen_meta, self.eval_sampler)[0].mean())
         if self.own_sampler is not None:  # the algorithm's own evaluation: an extra column, same noise and prompts
             result["eval_own_reward"] = float(self._score_samples(prompts, metadata, self.own_sampler)[0].mean())
         self.algorithm.check_lockstep(f"the evaluation at step {step}")
@@ -227,15 +243,14 @@ class Runner:
         when it is small (EVAL_NOISE_CACHE_BYTES; the toy tier's 2048 points are 16 KiB), else the generators that
         draw it chunk by chunk. Either way each sample's noise comes from its own generator, so the samples are the
         same."""
-        cached = self._eval_noise
-        if cached is not None and len(cached) == count:
-            return cached
+        if count in self._eval_noise:
+            return self._eval_noise[count]
         generators = sample_generators(self.config.train.eval_seed, count=count)
         per_sample = math.prod(self.model.latent_shape) * torch.finfo(self.model.latent_dtype).bits // 8
         if count * per_sample > EVAL_NOISE_CACHE_BYTES:
             return generators
-        self._eval_noise = self.model.initial_noise(generators)
-        return self._eval_noise
+        self._eval_noise[count] = self.model.initial_noise(generators)
+        return self._eval_noise[count]
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, rows: list[dict], wall_s: float, nfe: int) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import fisher_exact
 
+from flowzoo.benchmark.analysis.cost_claims import gold_claim, narrowing_claim, unseen_claim
 from flowzoo.benchmark.analysis.stats import bootstrap_ci
 from flowzoo.benchmark.analysis.study_claims import (
     INF,
@@ -273,6 +274,27 @@ def _proportion_claim(effects: pd.DataFrame) -> dict:
     return claim_row(claim, rule, measured, "inconclusive (no proportion differs)")
 
 
+#: what a gain costs (benchmark/analysis/cost_claims.py), fixed before any run that logs spread or gold was looked at
+#: (2026-12-03): cell -> its name in a claim
+COST_CELLS = {"flow_grpo": "Flow-GRPO", "op_grpo": "OP-GRPO", "diffusion_nft": "DiffusionNFT", "awm": "AWM"}
+TOY_GOLD = "the 2-Wasserstein distance to the target's ideal density (train.gold toy_w2)"
+TINY_GOLD = "GenEval's partial credit beside the strict score"
+UNSEEN_CELLS = {"op_grpo": "OP-GRPO", "flow_grpo@dynamic": "Flow-GRPO with DAPO's dynamic sampling",
+                "diffusion_nft": "DiffusionNFT"}
+
+
+def cost_claims(table: pd.DataFrame, tasks, cells, gold: str, unseen: bool = False) -> list[dict]:
+    """The costs of the gain on ``tasks`` ((task, label) pairs): every cell of ``cells`` but Flow-GRPO against its
+    spread kept, every cell's gold gain, and with ``unseen`` the unseen-prompt gain of :data:`UNSEEN_CELLS`."""
+    rows = [narrowing_claim(table, task, cell, COST_CELLS[cell], label)
+            for task, label in tasks for cell in cells if cell != "flow_grpo"]
+    rows += [gold_claim(table, task, cell, COST_CELLS[cell], label, gold) for task, label in tasks for cell in cells]
+    if unseen:
+        rows += [unseen_claim(table, task, cell, name, label) for task, label in tasks
+                 for cell, name in UNSEEN_CELLS.items()]
+    return rows
+
+
 def toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """The toy study's claims (suite ``op-grpo-study``)."""
     return [
@@ -292,6 +314,7 @@ def toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
         *(_filter_cost_claim(effects, cell, task, label) for cell in FILTERING_CELLS for task, label in TASK_LABELS),
         *(_reuse_on_top_claim(effects, task, label) for task, label in TASK_LABELS),
         *(_reuse_alone_claim(effects, task, label) for task, label in TASK_LABELS),
+        *cost_claims(table, TASK_LABELS, tuple(COST_CELLS), TOY_GOLD),
     ]
 
 
@@ -307,6 +330,7 @@ def tiny_claims(task: str, label: str):
               for cell in ("flow_grpo@buffer_prompts", "flow_grpo@dynamic")),
             _filter_cost_claim(effects, "flow_grpo@dynamic", task, label),
             _decoupled_claim(effects, "diffusion_nft", task, label),
+            *cost_claims(table, ((task, label),), ("flow_grpo", "op_grpo", "diffusion_nft"), TINY_GOLD, unseen=True),
         ]
 
     return claims
