@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flowzoo.benchmark.analysis import figures, stats, targets
+from flowzoo.benchmark.analysis import costs, figures, stats, targets
 from flowzoo.benchmark.analysis.freshness import write_fingerprint
 from flowzoo.benchmark.analysis.loading import protocol_line, recipe_text
 from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
@@ -458,6 +458,25 @@ def cost_details_section(analysis: stats.Analysis) -> list[str]:
     return lines
 
 
+def gain_cost_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
+    """What each algorithm's gain cost (:mod:`benchmark.analysis.costs`): per task the panel of reward gain against
+    spread kept (and gold gain), and the table, over all seeds; nothing when no run logged a cost column."""
+    base = analysis.curves.sort_values(["run", "step"], kind="stable").groupby("run")["eval_reward"].first()
+    table = analysis.finals[["run", "task", "algorithm", "seed", "final_reward"]].copy()
+    table["base"] = table["run"].map(base)
+    run_cost = costs.run_costs(analysis.runs, analysis.smooth)
+    for column in run_cost.columns:
+        table[column] = table["run"].map(run_cost[column])
+    rows = costs.cost_table(table, {"all": None})
+    if rows.empty:
+        return []
+    lines = []
+    for task in sorted(set(rows["task"])):
+        paths = costs.plot_costs(rows, task, "all", _palette(analysis), out_dir / "figures" / f"{slug(task)}_costs")
+        lines += _figure_lines(paths, out_dir, f"{task}: reward gain of every algorithm against what it cost")
+    return costs.cost_lines(rows, lines, "all")
+
+
 def _algorithm_cell(row: pd.Series) -> str:
     return f"`{row['algorithm']}`" + (" †" if row["unfinished"] else "")
 
@@ -860,7 +879,8 @@ def write_report(runs_dir, out_dir, baseline: str = DEFAULT_BASELINE, target=Non
         # and runs last
         lines = (header_section(analysis) + answer_section(analysis) + headline_section(analysis, stage)
                  + aggregate_section(analysis, stage) + final_section(analysis, stage)
-                 + ablation_section(analysis, stage) + diagnostics_section(analysis, stage)
+                 + ablation_section(analysis, stage) + gain_cost_section(analysis, stage)
+                 + diagnostics_section(analysis, stage)
                  + samples_section(analysis, runs_dir, stage) + cost_details_section(analysis)
                  + definitions_section(analysis) + runs_section(analysis))
         markdown = "\n".join(lines).rstrip("\n") + "\n"
