@@ -178,3 +178,29 @@ def test_the_runner_logs_the_unseen_prompts_reward(tmp_path):
     assert calls[1][0] == ["class 2"] * 4 + ["class 3"] * 4
     assert result["eval_unseen_reward"] == pytest.approx(float(calls[1][1].mean()))
     assert result["eval_reward"] == pytest.approx(float(calls[0][1].mean()))
+
+
+def test_toy_conditions_held_out_from_training_are_the_unseen_prompts(tmp_path):
+    """prompts.unseen_every K: every K-th toy condition is in neither the training nor the test prompts and is
+    scored as eval_unseen_reward."""
+    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.prompts import PromptSection, check_source, load_prompts, load_unseen
+    from flowzoo.benchmark.experiments.runner import Runner
+
+    section = PromptSection(source="toy2d", classes=16, layout="separable", unseen_every=4)
+    check_source(section)
+    train, test = load_prompts(section)
+    unseen = load_unseen(section, train)
+    assert [m["class"] for _, m in unseen] == [3, 7, 11, 15]
+    assert [m["class"] for _, m in train] == [m["class"] for _, m in test] == [c for c in range(16) if c % 4 != 3]
+    for bad, message in ((PromptSection(source="toy2d", unseen_every=1), "int >= 2"),
+                         (PromptSection(source="files", train="a.txt", test="a.txt", unseen_every=2), "'toy2d' source")):
+        with pytest.raises(ConfigError, match=message):
+            check_source(bad)
+    with pytest.raises(ConfigError, match="holds out none of the 4 conditions"):
+        load_unseen(PromptSection(source="toy2d", unseen_every=9), train)
+    runner = Runner(load_config(TOY_CONFIG, SMALL + [f"run_dir={tmp_path}", "prompts.unseen_every=2",
+                                                     "train.eval_samples_per_prompt=4"]), progress=False)
+    runner.build()
+    assert [p for p, _ in runner.train_prompts] == ["class 0", "class 2"]
+    assert "eval_unseen_reward" in runner.evaluate(0)

@@ -47,7 +47,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
     without an unset ``train.prompt_sampler`` or ``train.gold``, ``prompts.tags``, ``prompts.dataset``,
-    ``prompts.validation`` or ``prompts.unseen``, or
+    ``prompts.validation``, ``prompts.unseen`` or ``prompts.unseen_every``, or
     ``prompts.eval_split`` at ``test``; without the evaluation protocol's keys where the pipeline's and the
     algorithm's evaluation samplers are one (:func:`_one_evaluation_sampler`); without the algorithm's
     ``EXECUTION_KEYS``, its ``ADDED_KEYS`` at their former value and the model's ``MODEL_EXECUTION_ARGS``; and without ``SWITCHED_KEYS`` whose switch is off."""
@@ -61,7 +61,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
                              if k != "threads" and not (k in ("prompt_sampler", "gold") and v is None)}
     if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
         resolved["prompts"] = {k: v for k, v in resolved["prompts"].items()
-                               if not (k in ("tags", "dataset", "validation", "unseen") and v is None)
+                               if not (k in ("tags", "dataset", "validation", "unseen", "unseen_every") and v is None)
                                and not (k == "eval_split" and v == "test")}
     model = resolved.get("model")
     if isinstance(model, dict) and isinstance(model.get("args"), dict):  # how the network runs, not what it computes

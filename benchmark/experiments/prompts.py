@@ -2,7 +2,8 @@
 
 * ``toy2d``: the toy tier's class prompts (``models.toy2d.prompt_set``), the same for training and evaluation;
   ``classes`` (default 4) selects the many-condition variant and must equal the model's ``classes`` argument;
-  ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument.
+  ``layout`` (default ``overlapping``) its mode layout, equal to the model's ``layout`` argument; ``unseen_every: K``
+  holds every K-th condition out of both and evaluates those as prompts never trained on.
 * ``files``: local files in Flow-GRPO's formats (``benchmark.experiments.prompt_files``): ``prompts.train`` and ``prompts.test``
   are each a ``.txt`` / ``_metadata.jsonl`` file or a folder holding ``train``/``test`` files of those names;
   ``prompts.unseen`` (optional) prompts never trained on, evaluated beside the test prompts (``eval_unseen_reward``).
@@ -44,6 +45,9 @@ class PromptSection:
     # prompts never trained on (the "files" source: a file disjoint from prompts.train), evaluated beside the test
     # prompts at every evaluation with the same sampler and noise, logged as eval_unseen_reward
     unseen: str | None = None
+    # the "toy2d" source's conditions never trained on: every class c with c % unseen_every == unseen_every - 1 is
+    # left out of training and of the test prompts and evaluated as the unseen prompts (eval_unseen_reward)
+    unseen_every: int | None = None
     # which prompts evaluations use: "test" (the reported evaluation set) or "validation" (a tune trial's)
     eval_split: str = "test"
 
@@ -61,6 +65,14 @@ def check_source(section: PromptSection) -> None:
     if section.validation is not None and section.source != "files":
         raise ConfigError(f"prompts.validation is a prompt file of the 'files' source; the {section.source!r} "
                           f"source {'draws its own' if section.source in VALIDATION_SOURCES else 'has none'}")
+    if section.unseen_every is not None:
+        every = section.unseen_every
+        if section.source != "toy2d":
+            raise ConfigError(f"prompts.unseen_every holds out conditions of the 'toy2d' source, not "
+                              f"{section.source!r} (the 'files' source: prompts.unseen)")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 2:
+            raise ConfigError(f"prompts.unseen_every must be an int >= 2 (every that many conditions, one is never "
+                              f"trained on), got {every!r}")
     if section.unseen is not None and section.source != "files":
         raise ConfigError(f"prompts.unseen is a prompt file of the 'files' source, not {section.source!r} (the toy "
                           "tier's conditions are all trained on; the tiny sources' evaluation prompts are drawn apart)")
@@ -138,7 +150,8 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
 
         classes = NUM_CLASSES if section.classes is None else section.classes
         layout = DEFAULT_LAYOUT if section.layout is None else section.layout
-        return prompt_set(classes, layout), prompt_set(classes, layout)
+        trained = [(p, m) for p, m in prompt_set(classes, layout) if not _toy_unseen(section, m)]
+        return trained, list(trained)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
         from flowzoo.models.tiny_data import (EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, VALIDATION_PROMPT_SEED,
                                                prompt_set as tiny_prompt_set)
@@ -180,6 +193,15 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
 def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
     """``prompts.unseen``: prompts never trained on, or [] when unset. A one-line ConfigError for an empty file or a
     prompt that is also a training prompt."""
+    if section.unseen_every is not None:
+        from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
+
+        classes = NUM_CLASSES if section.classes is None else section.classes
+        held_out = [(p, m) for p, m in prompt_set(classes, section.layout or DEFAULT_LAYOUT) if _toy_unseen(section, m)]
+        if not held_out:
+            raise ConfigError(f"prompts.unseen_every {section.unseen_every} holds out none of the {classes} "
+                              f"conditions; give at most {classes}")
+        return held_out
     if section.unseen is None:
         return []
     from flowzoo.benchmark.experiments.prompt_files import read_prompts
@@ -192,6 +214,12 @@ def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
         raise ConfigError(f"prompts.unseen: {section.unseen} shares {len(trained)} prompt(s) with prompts.train (e.g. "
                           f"{trained[0]!r}); unseen prompts are never trained on")
     return unseen
+
+
+def _toy_unseen(section: PromptSection, metadata: dict) -> bool:
+    """Whether a toy condition is held out from training (``prompts.unseen_every``)."""
+    every = section.unseen_every
+    return every is not None and metadata["class"] % every == every - 1
 
 
 def _evaluated(section: PromptSection, test: Prompts, validation: Prompts) -> Prompts:
