@@ -50,6 +50,10 @@ ALGORITHMS = {
     # buffer prompts: 1 or 2 of the 3 groups per step take a buffer prompt, with k = 2 replayed samples each
     "op_grpo_buffer": ["algorithm.name=op_grpo", "algorithm.t_off=4", "algorithm.replay_prompts=buffer",
                        "algorithm.off_policy_groups=0.5", "algorithm.replay_k=2"],
+    # what a gain cost: the toy W2 gold on every rank's gathered samples, and conditions never trained on; a reward
+    # as the judge, scored on each rank's shard and summed
+    "flow_grpo_costs": ["algorithm.name=flow_grpo", "train.gold=toy_w2", "prompts.unseen_every=2"],
+    "flow_grpo_judge": ["algorithm.name=flow_grpo", "train.gold={name: toy_target}"],
 }
 ACCELERATE = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
 #: the case run under ``accelerate launch``; the others fork their ranks
@@ -99,6 +103,9 @@ def test_two_processes_give_the_metrics_of_one(tmp_path, monkeypatch, name):
     assert list(one.columns) == list(two.columns) and len(one) == len(two) == 4
     if name.startswith("op_grpo"):
         assert (one["off_policy_frac"].fillna(0) > 0).any(), "no replayed samples: the test would not test the buffer"
+    expected = {"flow_grpo_costs": ("eval_gold_distance", "eval_unseen_reward"), "flow_grpo_judge": ("eval_gold",)}
+    for column in expected.get(name, ()):
+        assert one[column].notna().sum() == 3, f"{column}: the test would not test it"
     for column in one.columns:
         a, b = one[column].to_numpy(float), two[column].to_numpy(float)
         if column == ROUNDING_DIAGNOSTIC:
