@@ -69,7 +69,7 @@ def test_the_cost_table_has_intervals_over_seeds_and_marks_the_front():
     assert rows.loc[("two", "op_grpo"), "n"] == 2
     lines = costs.cost_lines(costs.cost_table(table, {"all": None}), [], "all")
     assert any(line.startswith("| op_grpo | 4 | +0.700") for line in lines)
-    assert "unseen-prompt gain" in lines[2] and "Not measured: unseen-prompt gain." in lines[2]
+    assert "unseen-prompt gain" in lines[2] and "Not measured: CLIP spread kept, unseen-prompt gain." in lines[2]
 
 
 def test_the_cost_claims_judge_narrowing_hacking_and_generalisation():

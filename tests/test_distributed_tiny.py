@@ -52,3 +52,22 @@ def test_decoupled_methods_on_two_processes_give_the_metrics_of_one(tmp_path, mo
     for column in one.columns:
         np.testing.assert_allclose(two[column].to_numpy(float), one[column].to_numpy(float), rtol=1e-5, atol=1e-6,
                                    equal_nan=True, err_msg=column)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_what_a_gain_cost_on_two_processes_is_what_one_process_measures(tmp_path, monkeypatch):
+    """The image tier's cost columns on 2 processes: the CLIP spread (each rank embeds its shard, the embeddings are
+    gathered) and a reward judge as the gold (each rank scores its shard) equal one process's."""
+    from tests.test_rewards_clip import write_tiny_clip
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    clip = write_tiny_clip(tmp_path / "clip")
+    args = [*BASE, "algorithm.name=diffusion_nft", "model.args.finetune=lora", "train.eval_samples_per_prompt=2",
+            f"train.spread_features={clip}", "train.gold={name: shapes_geneval, score: strict}"]
+    assert main(["train", str(CONFIG), *args, f"run_dir={tmp_path / 'one'}", "--quiet"]) == 0
+    assert _two_processes([*args, f"run_dir={tmp_path / 'two'}"]) == [0, 0]
+    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    for column in ("eval_spread", "eval_spread_features", "eval_gold"):
+        assert one[column].notna().sum() == 3, column
+        np.testing.assert_allclose(two[column].to_numpy(float), one[column].to_numpy(float), rtol=1e-5, atol=1e-6,
+                                   equal_nan=True, err_msg=column)

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from flowzoo.benchmark.experiments.diversity import (
+    feature_spread,
+    mean_cosine_distance,
     mean_pairwise_distance,
     per_prompt_spread,
     spread_ratio,
@@ -89,3 +91,48 @@ def test_every_evaluation_logs_the_spread_of_each_prompts_samples(tmp_path):
                  progress=False)
     one.build()
     assert "eval_spread" not in one.evaluate(0)
+
+
+def test_the_cosine_spread_of_embeddings_has_its_known_values():
+    same = torch.ones(5, 8)
+    assert mean_cosine_distance(same) == pytest.approx(0.0, abs=1e-12)
+    assert mean_cosine_distance(torch.eye(4) * 3.0) == pytest.approx(1.0)  # orthogonal, any norm
+    assert mean_cosine_distance(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == pytest.approx(2.0)
+    assert feature_spread(torch.cat([same[:2], torch.eye(8)[:2]]), 2) == pytest.approx(0.5)  # prompt by prompt
+    with pytest.raises(ValueError, match="at least 2"):
+        mean_cosine_distance(same[:1])
+
+
+def test_the_runner_logs_the_spread_of_clip_embeddings_of_its_images(tmp_path):
+    """train.spread_features: each prompt's CLIP image embeddings (a tiny random CLIPModel here), their mean cosine
+    distance averaged over prompts, from the same samples the reward reads; refused where it cannot be read."""
+    from pathlib import Path
+
+    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.errors import ConfigError
+    from tests.test_rewards_clip import write_tiny_clip
+
+    clip = write_tiny_clip(tmp_path / "clip")
+    root = Path(__file__).resolve().parents[1] / "benchmark" / "configs"
+    tiny = ["train.eval_prompts=2", "train.eval_samples_per_prompt=3", "train.eval_num_steps=2",
+            "train.save_samples=false", f"train.spread_features={clip}", f"run_dir={tmp_path / 'run'}"]
+    runner = Runner(load_config(root / "tiny_flow_grpo.yaml", tiny), progress=False)
+    runner.build()
+    seen = []
+    original = runner._score_samples
+
+    def keep(prompts, metadata, sampler):
+        scores, outputs, samples = original(prompts, metadata, sampler)
+        seen.append(torch.cat(samples))
+        return scores, outputs, samples
+
+    runner._score_samples = keep
+    result = runner.evaluate(0)
+    expected = feature_spread(runner.features.embed(seen[0]), 3)
+    assert result["eval_spread_features"] == pytest.approx(expected) and 0 < expected < 2
+    for extra, message in (("train.eval_samples_per_prompt=1", "eval_samples_per_prompt must be >= 2"),):
+        with pytest.raises(ConfigError, match=message):
+            load_config(root / "tiny_flow_grpo.yaml", [*tiny, extra])
+    with pytest.raises(ConfigError, match="embeds images; model 'toy2d' makes points"):
+        load_config(root / "toy_flow_grpo.yaml", [f"train.spread_features={clip}"])

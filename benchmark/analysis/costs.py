@@ -6,7 +6,8 @@ as the final reward is: the mean of the run's last ``smooth`` evaluations agains
 model, same prompts and noise):
 
 * ``spread_kept``: final ``eval_spread`` over the base's (benchmark/experiments/diversity.py): 1 keeps the base's
-  variety per prompt, 0 has collapsed to one sample per prompt;
+  variety per prompt, 0 has collapsed to one sample per prompt; ``feature_spread_kept`` the same on CLIP image
+  embeddings (``eval_spread_features``, the image tiers with ``train.spread_features``);
 * ``gold_gain``: the gold measure's change, signed so that positive is better by the gold: final - base of
   ``eval_gold`` (a judge), base - final of ``eval_gold_distance`` (a distance to the ideal density;
   benchmark/experiments/gold.py). A proxy gain with a gold loss is reward hacking;
@@ -29,14 +30,14 @@ from flowzoo.benchmark.analysis import figures
 from flowzoo.benchmark.analysis.stats import bootstrap_ci
 
 #: the per-run cost columns: name -> (metrics.csv column, how the change is read)
-SOURCES = {"spread_kept": ("eval_spread", "ratio"), "gold_gain": ("eval_gold", "gain"),
-           "unseen_gain": ("eval_unseen_reward", "gain")}
+SOURCES = {"spread_kept": ("eval_spread", "ratio"), "feature_spread_kept": ("eval_spread_features", "ratio"),
+           "gold_gain": ("eval_gold", "gain"), "unseen_gain": ("eval_unseen_reward", "gain")}
 GOLD_DISTANCE = "eval_gold_distance"  # a gold distance: its gain is base - final
 COSTS = ("reward_gain", *SOURCES)
-LABELS = {"reward_gain": "reward gain", "spread_kept": "spread kept", "gold_gain": "gold gain",
-          "unseen_gain": "unseen-prompt gain"}
+LABELS = {"reward_gain": "reward gain", "spread_kept": "spread kept", "feature_spread_kept": "CLIP spread kept",
+          "gold_gain": "gold gain", "unseen_gain": "unseen-prompt gain"}
 #: metrics.csv columns the costs read (a study's trimmed copy keeps them)
-COLUMNS = ("eval_spread", "eval_gold", GOLD_DISTANCE, "eval_unseen_reward")
+COLUMNS = ("eval_spread", "eval_spread_features", "eval_gold", GOLD_DISTANCE, "eval_unseen_reward")
 
 
 def _change(values: np.ndarray, smooth: int, how: str) -> float:
@@ -122,7 +123,7 @@ def cost_lines(costs: pd.DataFrame, figure_lines: list[str], seed_set: str) -> l
              "Per cell, mean over its seeds (`" + seed_set + "`) with 95% bootstrap CIs: the reward gain (final - "
              "base) beside what it cost (`benchmark/analysis/costs.py`, definitions in docs/harness.md): **spread "
              "kept**, each prompt's mean pairwise sample distance at the end over the base model's (1: the base's "
-             "variety, 0: one sample per prompt); **gold gain**, the change of a judge the method never trains on "
+             "variety, 0: one sample per prompt; **CLIP spread kept** the same on CLIP image embeddings); **gold gain**, the change of a judge the method never trains on "
              "(positive: better by the gold; a proxy gain with a gold loss is reward hacking); **unseen-prompt gain**, "
              "the reward's change on prompts never trained on. Pareto: no other cell has at least as much reward gain "
              "and spread kept and more of one. Not measured: " + (", ".join(LABELS[c] for c in SOURCES

@@ -46,7 +46,8 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     count (``train.threads``: how the run is executed, e.g. 1 per worker of a multi-worker bench, not what it
     computes), so a grid run with ``--workers 2`` is recognised as finished by a rerun with any ``--workers``, and
     with ``train.eval_batch`` as ``EVAL_BATCH_IDENTITY`` whatever its value;
-    without an unset ``train.prompt_sampler`` or ``train.gold``, ``prompts.tags``, ``prompts.dataset``,
+    without an unset ``train.prompt_sampler``, ``train.gold`` or ``train.spread_features``, ``prompts.tags``,
+    ``prompts.dataset``,
     ``prompts.validation``, ``prompts.unseen`` or ``prompts.unseen_every``, or
     ``prompts.eval_split`` at ``test``; without the evaluation protocol's keys where the pipeline's and the
     algorithm's evaluation samplers are one (:func:`_one_evaluation_sampler`); without the algorithm's
@@ -58,7 +59,7 @@ def run_identity(resolved: dict, declared_secrets: set[tuple]) -> dict:
     if isinstance(resolved.get("train"), dict):  # and an unset prompt sampler: the run it was before samplers existed
         resolved["train"] = {k: (EVAL_BATCH_IDENTITY if k == "eval_batch" else v)
                              for k, v in resolved["train"].items()
-                             if k != "threads" and not (k in ("prompt_sampler", "gold") and v is None)}
+                             if k != "threads" and not (k in ("prompt_sampler", "gold", "spread_features") and v is None)}
     if isinstance(resolved.get("prompts"), dict):  # unset prompt tags: the run it was before tags existed
         resolved["prompts"] = {k: v for k, v in resolved["prompts"].items()
                                if not (k in ("tags", "dataset", "validation", "unseen", "unseen_every") and v is None)

@@ -62,6 +62,9 @@ class TrainSection:
     # a judge the method never trains on, read at every evaluation on the same samples as eval_gold: a gold measure
     # (toy_w2) or a reward of the registry, as a name or {name: ..., <arguments>} (benchmark/experiments/gold.py)
     gold: str | dict | None = None
+    # the image tiers' spread on CLIP image embeddings as eval_spread_features (benchmark/experiments/diversity.py):
+    # a local CLIPModel directory, or "clip" for $FLOWZOO_CLIPSCORE_PATH; None: pixels only (eval_spread)
+    spread_features: str | None = None
     threads: int | None = None  # torch intra-op threads; None = the model's preferred number (or torch's default)
     trackers: list[str] = field(default_factory=list)  # accelerate trackers besides metrics.csv, e.g. [tensorboard]
     # which prompts each step trains on: a sampler name or {name: ..., <arguments>} (algorithms/prompt_samplers);

@@ -10,6 +10,13 @@
   spread of its target mode (``2 mode_std^2`` for an isotropic 2-D Gaussian of std ``mode_std``): 1 for samples of the
   true mode, 0 for a collapsed policy, above 1 for samples spread wider than the mode.
 
+* :func:`mean_cosine_distance` / :class:`ClipFeatures`: the image tiers' spread on a fixed feature extractor: the
+  mean cosine distance (1 - cos) between two different samples' CLIP image embeddings (``train.spread_features``,
+  the runner's ``eval_spread_features``). Pixels weigh every shift of a scene; a CLIP embedding reads what the image
+  shows, which is what "the fine-tune draws the same picture for every seed" is about. CLIP (a transformers
+  ``CLIPModel`` directory, e.g. openai/clip-vit-large-patch14, the CLIP score's weights) because the OCR, PickScore,
+  CLIP-score and aesthetic rewards already load it from local files, so every machine that trains on them has it.
+
 For two independent samples of an isotropic Gaussian with std ``s`` in ``d`` dimensions the difference has std
 ``sqrt(2) s`` per value, so the mean pairwise distance here is ``sqrt(2) s E[chi_d] / sqrt(d)``; in 2-D,
 ``E[chi_2] = sqrt(pi / 2)`` gives ``s sqrt(pi) / sqrt(2)`` (the tests check these).
@@ -58,3 +65,34 @@ def toy_spread(points: torch.Tensor, mode_std: float) -> float:
     centred = points.double() - points.double().mean(dim=0)
     trace = float((centred ** 2).sum() / (points.shape[0] - 1))
     return trace / (2 * mode_std * mode_std)
+
+
+def mean_cosine_distance(embeddings: torch.Tensor) -> float:
+    """The mean of 1 - cos between two different rows of ``embeddings`` [n >= 2, d] (rows of any norm): 0 when every
+    sample embeds alike, 1 for orthogonal embeddings."""
+    n = embeddings.shape[0]
+    if n < 2:
+        raise ValueError(f"the spread of a prompt's samples needs at least 2 samples, got {n}")
+    unit = torch.nn.functional.normalize(embeddings.double(), dim=-1)
+    cosine = unit @ unit.T
+    return float((n * n - cosine.sum()) / (n * (n - 1)))  # the diagonal's 1 - 1 = 0 adds nothing
+
+
+class ClipFeatures:
+    """``train.spread_features``: CLIP image embeddings of the evaluation samples (``rewards.clip_family``'s loader:
+    ``path`` a local CLIPModel directory, else ``$FLOWZOO_CLIPSCORE_PATH``)."""
+
+    def __init__(self, path: str | None = None, device: str = "cpu"):
+        from flowzoo.rewards.clip_family import ClipScore
+
+        self.encoder = ClipScore(path=path, device=device)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return self.encoder.image_embeddings(images).cpu()
+
+
+def feature_spread(embeddings: torch.Tensor, samples_per_prompt: int) -> float:
+    """The mean over prompts of :func:`mean_cosine_distance` of each prompt's ``samples_per_prompt`` consecutive
+    embeddings (the evaluation's order)."""
+    groups = embeddings.split(samples_per_prompt)
+    return sum(mean_cosine_distance(group) for group in groups) / len(groups)

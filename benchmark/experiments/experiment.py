@@ -248,6 +248,7 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
     check_sample_kind(config, sorted(set.intersection(*kinds)), model_cls.sample_kind)
     gold_spec = gold.check(config.train.gold, reward_names(config), config.train.eval_samples_per_prompt,
                            model_cls.sample_kind)
+    check_spread_features(config, model_cls.sample_kind)
     if gold_spec is not None and gold_spec["name"] not in gold.TOY_MEASURES:
         gold_args = {k: v for k, v in gold_spec.items() if k != "name"}
         check_constructor_arguments("gold", gold_spec["name"], rewards.get(gold_spec["name"]), gold_args)
@@ -260,6 +261,32 @@ def check(config: ExperimentConfig, world_size: int = 1) -> None:
         stand_in.make_plan(1)
     except NotImplementedError:  # it reads more of the model than the stand-in has (NotOnTheStandIn, or a FlowModel
         pass  # method): build() runs the same checks on the real objects
+
+
+def check_spread_features(config: ExperimentConfig, sample_kind: str) -> None:
+    """``train.spread_features`` embeds images, 2 or more per prompt."""
+    value = config.train.spread_features
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"train.spread_features: a local CLIPModel directory or 'clip' ($FLOWZOO_CLIPSCORE_PATH), "
+                          f"got {value!r}")
+    if sample_kind != "image":
+        raise ConfigError(f"train.spread_features embeds images; model {config.model.name!r} makes {sample_kind} "
+                          "samples (its spread on the samples themselves is eval_spread)")
+    if config.train.eval_samples_per_prompt < 2:
+        raise ConfigError(f"train.spread_features measures the spread of each prompt's samples: "
+                          f"train.eval_samples_per_prompt must be >= 2, got {config.train.eval_samples_per_prompt}")
+
+
+def spread_features(config: ExperimentConfig):
+    """The feature extractor of ``train.spread_features`` (diversity.ClipFeatures), or None."""
+    value = config.train.spread_features
+    if value is None:
+        return None
+    from flowzoo.benchmark.experiments.diversity import ClipFeatures
+
+    return ClipFeatures(path=None if value == "clip" else value)
 
 
 @dataclass
@@ -279,6 +306,7 @@ class Experiment:
     own_sampler: EvalSampler | None = None  # the algorithm's own evaluation beside it (train.eval_own), or None
     gold: Any = None  # the gold measure read at every evaluation (train.gold, benchmark/experiments/gold.py), or None
     unseen_prompts: Prompts = field(default_factory=list)  # prompts never trained on (prompts.unseen), or []
+    features: Any = None  # the spread's feature extractor (train.spread_features), or None
 
 
 def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experiment:
@@ -321,4 +349,4 @@ def build(config: ExperimentConfig, dist: SingleProcess | None = None) -> Experi
                          model.sample_kind)
     return Experiment(config, alg_config, model, reward, algorithm, train_prompts, eval_prompts, protocol, dist,
                       sharding, extra_sampler(config.train, model, algorithm, protocol), measure,
-                      load_unseen(config.prompts, train_prompts))
+                      load_unseen(config.prompts, train_prompts), spread_features(config))

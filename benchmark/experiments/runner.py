@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from flowzoo.algorithms.distributed import SingleProcess, from_environment
 from flowzoo.algorithms.rollout import sample_generators, sample_ode
 from flowzoo.benchmark.experiments import experiment
-from flowzoo.benchmark.experiments.diversity import per_prompt_spread
+from flowzoo.benchmark.experiments.diversity import feature_spread, per_prompt_spread
 from flowzoo.benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
 from flowzoo.benchmark.experiments.config import (
     OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
@@ -151,7 +151,7 @@ class Runner:
         self.model, self.reward, self.algorithm = built.model, built.reward, built.algorithm
         self.train_prompts, self.eval_prompts = built.train_prompts, built.eval_prompts
         self.eval_sampler, self.own_sampler = built.eval_sampler, built.own_sampler
-        self.gold, self.unseen_prompts = built.gold, built.unseen_prompts
+        self.gold, self.unseen_prompts, self.features = built.gold, built.unseen_prompts, built.features
 
     # ---- evaluation -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -161,6 +161,8 @@ class Runner:
         ``{"eval_reward": mean score, "eval/<component>": mean of each of the reward's components}`` (for example
         ``eval/strict_accuracy`` of the GenEval rewards), ``eval_spread`` (with 2 or more samples per prompt: the mean
         over prompts of the mean pairwise distance of each prompt's samples, benchmark/experiments/diversity.py),
+        with ``train.spread_features`` the same on CLIP image embeddings (mean cosine distance) as
+        ``eval_spread_features``,
         with ``train.gold`` the gold measure of the same samples as ``eval_gold`` (a judge, higher is better) or
         ``eval_gold_distance`` (a distance, lower is better; benchmark/experiments/gold.py), with
         ``prompts.unseen`` the mean reward of the prompts never trained on as ``eval_unseen_reward`` (same sampler,
@@ -192,6 +194,9 @@ class Runner:
             samples = self.dist.cat(local)
         if n >= 2:  # the variety of each prompt's samples (benchmark/experiments/diversity.py): 0 when collapsed
             result["eval_spread"] = sum(per_prompt_spread(samples, n)) / len(self.eval_prompts)
+        if self.features is not None:  # each process embeds its shard; every process reads every prompt's embeddings
+            embedded = self.features.embed(local) if len(local) else torch.zeros(0, 0)
+            result["eval_spread_features"] = feature_spread(self.dist.cat(embedded), n)
         if self.gold is not None and self.gold.needs_groups:  # every process holds every prompt's samples (n >= 2)
             result[self.gold.column] = self.gold.measure(samples, metadata, n)
         if cfg.train.save_samples:
