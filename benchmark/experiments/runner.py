@@ -195,7 +195,7 @@ class Runner:
         if n >= 2:  # the variety of each prompt's samples (benchmark/experiments/diversity.py): 0 when collapsed
             result["eval_spread"] = sum(per_prompt_spread(samples, n)) / len(self.eval_prompts)
         if self.features is not None:  # each process embeds its shard; every process reads every prompt's embeddings
-            embedded = self.features.embed(local) if len(local) else torch.zeros(0, 0)
+            embedded = self.features.embed(local) if len(local) else local.new_zeros(0, 0)
             result["eval_spread_features"] = feature_spread(self.dist.cat(embedded), n)
         if self.gold is not None and self.gold.needs_groups:  # every process holds every prompt's samples (n >= 2)
             result[self.gold.column] = self.gold.measure(samples, metadata, n)
