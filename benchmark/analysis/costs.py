@@ -168,3 +168,9 @@ def plot_costs(costs: pd.DataFrame, task: str, seed_set: str, palette: dict, ste
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{task}: what the gain cost (seeds {seed_set}, 95% CIs)")
     return figures.save_figure(fig, stem)
+
+
+
+def plot_panels(costs: pd.DataFrame, seed_set: str, palette: dict, stem_of) -> list[tuple[str, list[Path]]]:
+    """Every task's panel (:func:`plot_costs`) at ``stem_of(task)``: (task, paths) in task order."""
+    return [(task, plot_costs(costs, task, seed_set, palette, stem_of(task))) for task in sorted(set(costs["task"]))]

@@ -471,8 +471,8 @@ def gain_cost_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
     if rows.empty:
         return []
     lines = []
-    for task in sorted(set(rows["task"])):
-        paths = costs.plot_costs(rows, task, "all", _palette(analysis), out_dir / "figures" / f"{slug(task)}_costs")
+    for task, paths in costs.plot_panels(rows, "all", _palette(analysis),
+                                        lambda task: out_dir / "figures" / f"{slug(task)}_costs"):
         lines += _figure_lines(paths, out_dir, f"{task}: reward gain of every algorithm against what it cost")
     return costs.cost_lines(rows, lines, "all")
 

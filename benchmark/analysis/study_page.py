@@ -87,8 +87,8 @@ def cost_section(cost_rows: pd.DataFrame, runs: pd.DataFrame, stage: Path) -> li
     shown = ALL_SEEDS if ALL_SEEDS in sets else sets[0]
     palette = study_figures.cell_styles(runs["algorithm"])
     lines = []
-    for task in sorted(set(cost_rows["task"])):
-        paths = costs.plot_costs(cost_rows, task, shown, palette, stage / FIGURES / f"{_slug(task)}_costs")
+    for task, paths in costs.plot_panels(cost_rows, shown, palette,
+                                        lambda task: stage / FIGURES / f"{_slug(task)}_costs"):
         lines += _figure(paths[0], stage, f"{task}: reward gain of every cell against what it cost")
     return costs.cost_lines(cost_rows, lines, shown)
 

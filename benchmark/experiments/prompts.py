@@ -75,7 +75,8 @@ def check_source(section: PromptSection) -> None:
                               f"trained on), got {every!r}")
     if section.unseen is not None and section.source != "files":
         raise ConfigError(f"prompts.unseen is a prompt file of the 'files' source, not {section.source!r} (the toy "
-                          "tier's conditions are all trained on; the tiny sources' evaluation prompts are drawn apart)")
+                          "tier holds conditions out with prompts.unseen_every; the tiny sources' evaluation prompts "
+                          "are drawn apart)")
     if section.eval_split == "validation":
         if section.source not in VALIDATION_SOURCES:
             raise ConfigError(f"prompts.eval_split validation: the {section.source!r} source has no prompts held out "
@@ -146,11 +147,7 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     """(training prompts, evaluation prompts)."""
     check_source(section)
     if section.source == "toy2d":
-        from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
-
-        classes = NUM_CLASSES if section.classes is None else section.classes
-        layout = DEFAULT_LAYOUT if section.layout is None else section.layout
-        trained = [(p, m) for p, m in prompt_set(classes, layout) if not _toy_unseen(section, m)]
+        trained = [(p, m) for p, m in _toy_prompts(section) if not _toy_unseen(section, m)]
         return trained, list(trained)
     if section.source in ("tiny_shapes", "tiny_glyphs"):
         from flowzoo.models.tiny_data import (EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, VALIDATION_PROMPT_SEED,
@@ -194,13 +191,11 @@ def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
     """``prompts.unseen``: prompts never trained on, or [] when unset. A one-line ConfigError for an empty file or a
     prompt that is also a training prompt."""
     if section.unseen_every is not None:
-        from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
-
-        classes = NUM_CLASSES if section.classes is None else section.classes
-        held_out = [(p, m) for p, m in prompt_set(classes, section.layout or DEFAULT_LAYOUT) if _toy_unseen(section, m)]
+        conditions = _toy_prompts(section)
+        held_out = [(p, m) for p, m in conditions if _toy_unseen(section, m)]
         if not held_out:
-            raise ConfigError(f"prompts.unseen_every {section.unseen_every} holds out none of the {classes} "
-                              f"conditions; give at most {classes}")
+            raise ConfigError(f"prompts.unseen_every {section.unseen_every} holds out none of the {len(conditions)} "
+                              f"conditions; give at most {len(conditions)}")
         return held_out
     if section.unseen is None:
         return []
@@ -214,6 +209,14 @@ def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
         raise ConfigError(f"prompts.unseen: {section.unseen} shares {len(trained)} prompt(s) with prompts.train (e.g. "
                           f"{trained[0]!r}); unseen prompts are never trained on")
     return unseen
+
+
+def _toy_prompts(section: PromptSection) -> Prompts:
+    """Every condition of the ``toy2d`` source (its class count and layout, or their defaults)."""
+    from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
+
+    classes = NUM_CLASSES if section.classes is None else section.classes
+    return prompt_set(classes, DEFAULT_LAYOUT if section.layout is None else section.layout)
 
 
 def _toy_unseen(section: PromptSection, metadata: dict) -> bool:
