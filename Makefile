@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-test: setup  ## run the test suite (what .ci/run runs on a clean clone)
-	$(PY) -m pytest
+# the suite in TEST_WORKERS pytest-xdist processes; --dist loadfile keeps each file's tests in one process, in order
+# (tests/test_device_placement.py's contract check reads what the float64 tests of its file saw). TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
+
+test: setup  ## run the test suite (what .ci/run runs on a clean clone), in TEST_WORKERS processes (default 2)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup  ## run the quick CPU suite into runs/quick/ and its report into reports/quick/
 	$(VENV)/bin/flowzoo bench quick --runs runs --out reports/quick

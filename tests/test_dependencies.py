@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("algorithms", "models", "rewards", "benchmark", "flowzoo")
-#: declared for what they do without an import: the pytest plugin behind the ``benchmark`` fixture
-PLUGINS = {"pytest-benchmark"}
+#: declared for what they do without an import: the pytest plugins behind the ``benchmark`` fixture and ``-n``
+PLUGINS = {"pytest-benchmark", "pytest-xdist"}
 
 
 def _name(requirement: str) -> str:
