@@ -261,62 +261,61 @@ class AWM(Algorithm):
                 else None
             self.optimizer.zero_grad(set_to_none=True)
             for source, part, scale in self.update_parts(traj, minibatch, cfg.micro_batch):
-                nfe = self.model.nfe
-                if scale:
-                    rows, x0_source, (times, noise) = minibatch[part], x0_all, draws
-                else:  # a padding part: one row, any draw, weighted 0
-                    rows, x0_source = part, at_least_float32(source.final)
-                    times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-                n = len(rows)
-                # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
-                x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
-                t = times[part].T.reshape(-1).to(x0.device)
-                eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
-                s = t.reshape(-1, *([1] * (x0.dim() - 1)))
-                x_t = (1 - s) * x0 + s * eps
-                rep = rows.repeat(k)
-                with torch.no_grad():  # the frozen forwards first: swapping weights in must not meet a live graph
-                    v_old = None
-                    if index > 0:
-                        with rollout_weights.swapped_in():
-                            v_old = self._velocity(x_t, t, source, rep)
-                    v_ref = v_copy = None
-                    if cfg.kl_beta > 0:
-                        with self.model.reference():
-                            v_ref = self._velocity(x_t, t, source, rep)
-                    if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
-                        with self.kl_copy.swapped_in():
-                            v_copy = self._velocity(x_t, t, source, rep)
-                v = self._velocity(x_t, t, source, rep)
-                log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
-                if v_old is None:
-                    old = log_prob.detach()
-                else:
-                    old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
-                adv = scaled[rows] if scale else scaled.new_zeros(n)  # a padding row has none
-                if cfg.loss_type == "exp_first":
-                    terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
-                    policy = terms.loss.sum()
-                else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
-                    terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), adv.double(), cfg.clip_range)
-                    policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
-                none = log_prob.new_zeros(k * n)  # a KL term that is off
-                kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
-                kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
-                total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
-                (total * scale / (count * k)).backward()
-                if not scale:  # evaluations that train nothing are not counted
-                    self.model.nfe = nfe
-                    continue
-                with torch.no_grad():
-                    sums["loss"] += float(total)
-                    sums["kl"] += float(kl.sum())
-                    sums["kl_copy"] += float(kl_copy.sum())
-                    weight = k if cfg.loss_type == "sum_first" else 1
-                    sums["clipped"] += float(terms.clipped.sum()) * weight
-                    sums["ratio"] += float(terms.ratio.sum()) * weight
-                    sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
-                    sums["pairs"] += k * n
+                with self.model.uncounted(not scale):  # a padding part's calls train nothing: not counted
+                    if scale:
+                        rows, x0_source, (times, noise) = minibatch[part], x0_all, draws
+                    else:  # a padding part: one row, any draw, weighted 0
+                        rows, x0_source = part, at_least_float32(source.final)
+                        times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+                    n = len(rows)
+                    # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
+                    x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
+                    t = times[part].T.reshape(-1).to(x0.device)
+                    eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
+                    s = t.reshape(-1, *([1] * (x0.dim() - 1)))
+                    x_t = (1 - s) * x0 + s * eps
+                    rep = rows.repeat(k)
+                    with torch.no_grad():  # the frozen forwards first: swapping weights in must not meet a live graph
+                        v_old = None
+                        if index > 0:
+                            with rollout_weights.swapped_in():
+                                v_old = self._velocity(x_t, t, source, rep)
+                        v_ref = v_copy = None
+                        if cfg.kl_beta > 0:
+                            with self.model.reference():
+                                v_ref = self._velocity(x_t, t, source, rep)
+                        if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
+                            with self.kl_copy.swapped_in():
+                                v_copy = self._velocity(x_t, t, source, rep)
+                    v = self._velocity(x_t, t, source, rep)
+                    log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+                    if v_old is None:
+                        old = log_prob.detach()
+                    else:
+                        old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+                    adv = scaled[rows] if scale else scaled.new_zeros(n)  # a padding row has none
+                    if cfg.loss_type == "exp_first":
+                        terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
+                        policy = terms.loss.sum()
+                    else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
+                        terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), adv.double(), cfg.clip_range)
+                        policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
+                    none = log_prob.new_zeros(k * n)  # a KL term that is off
+                    kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
+                    kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
+                    total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
+                    (total * scale / (count * k)).backward()
+                    if not scale:  # a padding part: nothing to record
+                        continue
+                    with torch.no_grad():
+                        sums["loss"] += float(total)
+                        sums["kl"] += float(kl.sum())
+                        sums["kl_copy"] += float(kl_copy.sum())
+                        weight = k if cfg.loss_type == "sum_first" else 1
+                        sums["clipped"] += float(terms.clipped.sum()) * weight
+                        sums["ratio"] += float(terms.ratio.sum()) * weight
+                        sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
+                        sums["pairs"] += k * n
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

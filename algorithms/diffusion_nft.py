@@ -206,43 +206,42 @@ class DiffusionNFT(Algorithm):
             # timestep-major: the same loss terms, one forward and backward
             for js in ([list(range(k))] if self.model.fused_update else [[j] for j in range(k)]):
                 for source, part, scale in parts:
-                    nfe = self.model.nfe
-                    if scale:
-                        rows, x0_source, (steps, noise) = minibatch[part].repeat(len(js)), x0_all, draws
-                    else:  # a padding part: one row, any draw, weighted 0
-                        rows, x0_source = part.repeat(len(js)), at_least_float32(source.final)
-                        steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-                        part = torch.zeros(1, dtype=torch.long, device=minibatch.device)
-                    x0 = x0_source[rows]
-                    sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
-                    s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
-                    x_t = (1 - s) * x0 + s * noise[part][:, js].transpose(0, 1).reshape(x0.shape)
-                    # the old and reference forwards run before the trained one: swapping the old weights in
-                    # writes the parameters in place, which must not happen under a live graph
-                    with torch.no_grad():
-                        with self.old_policy.swapped_in():
-                            v_old = self._velocity(x_t, sigma, source, rows)
-                        v_ref = None
-                        if cfg.kl_beta > 0:
-                            with self.model.reference():
-                                v_ref = self._velocity(x_t, sigma, source, rows)
-                    v = self._velocity(x_t, sigma, source, rows)
-                    v, v_old = at_least_float32(v), at_least_float32(v_old)
-                    adv = advantages[rows] if scale else advantages.new_zeros(len(rows))  # padding: none
-                    terms = nft_loss(v, v_old, None if v_ref is None else at_least_float32(v_ref), x_t,
-                                     x0, sigma, adv.to(x0.device), cfg.nft_beta, cfg.adv_clip,
-                                     cfg.kl_beta)
-                    (terms.loss.sum() * scale / pairs).backward()
-                    if not scale:  # evaluations that train nothing are not counted
-                        self.model.nfe = nfe
-                        continue
-                    with torch.no_grad():
-                        sums["loss"] += float(terms.loss.sum())
-                        sums["kl"] += float(terms.kl.sum())
-                        dims = tuple(range(1, x0.dim()))
-                        sums["old_deviation"] += float(((v - v_old) ** 2).mean(dim=dims).sum())
-                        sums["r"] += float(terms.r.sum())
-                        sums["pairs"] += len(rows)
+                    with self.model.uncounted(not scale):  # a padding part's calls train nothing: not counted
+                        if scale:
+                            rows, x0_source, (steps, noise) = minibatch[part].repeat(len(js)), x0_all, draws
+                        else:  # a padding part: one row, any draw, weighted 0
+                            rows, x0_source = part.repeat(len(js)), at_least_float32(source.final)
+                            steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+                            part = torch.zeros(1, dtype=torch.long, device=minibatch.device)
+                        x0 = x0_source[rows]
+                        sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
+                        s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
+                        x_t = (1 - s) * x0 + s * noise[part][:, js].transpose(0, 1).reshape(x0.shape)
+                        # the old and reference forwards run before the trained one: swapping the old weights in
+                        # writes the parameters in place, which must not happen under a live graph
+                        with torch.no_grad():
+                            with self.old_policy.swapped_in():
+                                v_old = self._velocity(x_t, sigma, source, rows)
+                            v_ref = None
+                            if cfg.kl_beta > 0:
+                                with self.model.reference():
+                                    v_ref = self._velocity(x_t, sigma, source, rows)
+                        v = self._velocity(x_t, sigma, source, rows)
+                        v, v_old = at_least_float32(v), at_least_float32(v_old)
+                        adv = advantages[rows] if scale else advantages.new_zeros(len(rows))  # padding: none
+                        terms = nft_loss(v, v_old, None if v_ref is None else at_least_float32(v_ref), x_t,
+                                         x0, sigma, adv.to(x0.device), cfg.nft_beta, cfg.adv_clip,
+                                         cfg.kl_beta)
+                        (terms.loss.sum() * scale / pairs).backward()
+                        if not scale:  # a padding part: nothing to record
+                            continue
+                        with torch.no_grad():
+                            sums["loss"] += float(terms.loss.sum())
+                            sums["kl"] += float(terms.kl.sum())
+                            dims = tuple(range(1, x0.dim()))
+                            sums["old_deviation"] += float(((v - v_old) ** 2).mean(dim=dims).sum())
+                            sums["r"] += float(terms.r.sum())
+                            sums["pairs"] += len(rows)
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)

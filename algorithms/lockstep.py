@@ -153,10 +153,10 @@ class LockstepPadding:
         a process's share of calls that only some processes make, counted beforehand with ``lockstep_padding``
         (forwards without autograd are the same collectives whatever their input and order)."""
         if count:
-            source, nfe = self.padding_rows(traj), self.model.nfe  # evaluations that train nothing are not counted
-            for _ in range(count):
-                self.score_transition(source, torch.zeros(1, dtype=torch.long, device=source.train.device), 0)
-            self.model.nfe = nfe
+            source = self.padding_rows(traj)
+            with self.model.uncounted():
+                for _ in range(count):
+                    self.score_transition(source, torch.zeros(1, dtype=torch.long, device=source.train.device), 0)
 
     def update_parts(self, traj: Trajectory, minibatch: torch.Tensor, micro_batch: int | None
                      ) -> list[tuple[Trajectory, torch.Tensor, float]]:
@@ -189,9 +189,8 @@ class LockstepPadding:
         live = traj.live if step is not None and traj.live and step in traj.live else None
         source = traj if live else self.padding_rows(traj)  # a kept graph implies rows: the rollout's
         rows = torch.zeros(1, dtype=torch.long, device=source.train.device)
-        nfe = self.model.nfe  # evaluations that train nothing are not counted
-        out, kl = self._step_terms(source, rows, 0 if step is None else step, live)
-        self.model.nfe = nfe
+        with self.model.uncounted():
+            out, kl = self._step_terms(source, rows, 0 if step is None else step, live)
         loss = (out.log_prob.sum() + kl.sum()) * 0.0
         if self.model.fused_update:
             fused.append(loss)

@@ -139,6 +139,17 @@ class FlowModel:
         raise NotImplementedError
 
     @contextlib.contextmanager
+    def uncounted(self, active: bool = True) -> Iterator[None]:
+        """Network evaluations inside this context are not counted in ``nfe`` when ``active``: the calls that train
+        nothing (a sharded process's lockstep padding), which a run's NFE must not include."""
+        nfe = self.nfe
+        try:
+            yield
+        finally:
+            if active:
+                self.nfe = nfe
+
+    @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
         """Within this context ``predict`` uses the frozen reference policy (e.g. the LoRA adapter disabled)."""
         raise NotImplementedError

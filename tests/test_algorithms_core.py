@@ -168,6 +168,22 @@ def test_nfe_counts_sampling_and_training(toy_model, toy_prompts):
     assert _flow_grpo(toy_model, kl_beta=0.04).step(prompts, meta).nfe_training == batch * 9
 
 
+def test_calls_inside_uncounted_leave_the_nfe_as_it_was_even_when_they_raise(toy_model):
+    x, sigma = torch.zeros(3, 2), torch.full((3,), 0.5)
+    cond = toy_model.encode(["class 0"] * 3)
+    toy_model.nfe = 5
+    with toy_model.uncounted():
+        toy_model.velocity(x, sigma, cond, 1.0)
+    assert toy_model.nfe == 5
+    with toy_model.uncounted(False):  # a real part: counted
+        toy_model.velocity(x, sigma, cond, 1.0)
+    assert toy_model.nfe == 8
+    with pytest.raises(RuntimeError), toy_model.uncounted():
+        toy_model.velocity(x, sigma, cond, 1.0)
+        raise RuntimeError("a failed padding call")
+    assert toy_model.nfe == 8
+
+
 def test_kl_grows_after_updates(toy_model, toy_prompts):
     alg = _flow_grpo(toy_model, kl_beta=0.04, lr=1e-2)
     first = alg.step(*toy_prompts)
