@@ -9,7 +9,6 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -19,6 +18,7 @@ from flowzoo.benchmark.analysis.study import analyze_study
 from flowzoo.benchmark.cli import main
 from flowzoo.benchmark.experiments.suite import expand, load_suite, suite_names
 from flowzoo.errors import ConfigError
+from tests.synthetic_runs import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "example_claim_set.py"
@@ -44,12 +44,7 @@ def example():
 
 
 def _write(root, task, algorithm, seed, rewards):
-    run = root / task / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": task, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
-    pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
-                  "eval_reward": rewards}).to_csv(run / "metrics.csv", index=False)
+    write_run(root, task, algorithm, seed, STEPS, rewards)
 
 
 def _runs(root):

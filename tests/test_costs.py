@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from flowzoo.benchmark.analysis import costs
 from flowzoo.benchmark.analysis.cost_claims import gold_claim, narrowing_claim, unseen_claim
+from tests.synthetic_runs import write_run
 
 TASK = "toy2d_sep64_sparse"
 STEPS = [0, 10, 20, 30, 40, 50]
@@ -93,15 +93,10 @@ def test_the_cost_claims_judge_narrowing_hacking_and_generalisation():
 
 
 def _write(root, algorithm, seed, spread_end: float, distance_end: float):
-    run = root / TASK / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": TASK, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
     noise = 0.01 * (seed % 3)
-    pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
-                  "eval_reward": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5],
-                  "eval_spread": [0.2] + [0.2 * spread_end + noise] * 5,
-                  "eval_gold_distance": [0.24] + [distance_end + noise] * 5}).to_csv(run / "metrics.csv", index=False)
+    write_run(root, TASK, algorithm, seed, STEPS, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5],
+              {"eval_spread": [0.2] + [0.2 * spread_end + noise] * 5,
+               "eval_gold_distance": [0.24] + [distance_end + noise] * 5})
 
 
 def test_a_study_page_shows_the_cost_panel_table_and_judged_claims(tmp_path):

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from flowzoo.benchmark.cli import main
+from tests.synthetic_runs import write_run
 
 TINY_ARCH = {"layers": 1, "heads": 1, "head_dim": 8, "text_width": 16, "text_layers": 1, "text_heads": 1}
 
@@ -86,13 +87,7 @@ STEPS = [0, 10, 20, 30, 40]
 
 
 def _write_run(root, algorithm, seed, rewards) -> Path:
-    run = root / "t" / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": "t", "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
-    pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
-                  "eval_reward": rewards, "clip_frac": 0.1}).to_csv(run / "metrics.csv", index=False)
-    return run / "metrics.csv"
+    return write_run(root, "t", algorithm, seed, STEPS, rewards, {"clip_frac": 0.1})
 
 
 def _cut_inside_eval_reward(path: Path) -> None:

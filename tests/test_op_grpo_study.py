@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 import yaml
@@ -19,6 +18,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
 from flowzoo.rewards.toy import ToyTargetReward
+from tests.synthetic_runs import write_run
 
 
 def test_default_four_class_prompts_are_unchanged():
@@ -99,13 +99,7 @@ def test_minimum_detectable_effect_has_80_percent_power(n):
 
 
 def _write_run(root, algorithm, seed, steps, rewards, extra=None, task="t"):
-    run = root / task / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": task, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": int(steps[-1])}}))
-    frame = pd.DataFrame({"step": steps, "nfe": np.asarray(steps) * 10, "wall_s": np.asarray(steps) * 0.5,
-                          "eval_reward": rewards, **(extra or {})})
-    frame.to_csv(run / "metrics.csv", index=False)
+    write_run(root, task, algorithm, seed, steps, rewards, extra)
 
 
 def test_paired_effects_on_synthetic_runs(tmp_path):

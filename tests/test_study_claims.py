@@ -12,18 +12,13 @@ from flowzoo.benchmark.analysis.study import analyze_study, main as study_main, 
 from flowzoo.benchmark.analysis.study_claims import claims_table
 from flowzoo.benchmark.analysis.study_timing import cell_configs, main as timing_main, measure
 from flowzoo.errors import ConfigError
+from tests.synthetic_runs import write_run
 
 STEPS = [0, 10, 20, 30, 40, 50]
 
 
 def _write(root, task, algorithm, seed, rewards, extra=None):
-    run = root / task / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": task, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
-    frame = pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
-                          "eval_reward": rewards, **(extra or {})})
-    frame.to_csv(run / "metrics.csv", index=False)
+    write_run(root, task, algorithm, seed, STEPS, rewards, extra)
 
 
 def _study(tmp_path, op_rewards, no_reuse_rewards, naive_clip, late_ratio):

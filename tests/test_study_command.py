@@ -4,7 +4,6 @@ serves every test: flow_grpo and op_grpo on the toy study's sparse task, three s
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -14,6 +13,7 @@ from flowzoo.benchmark.analysis.study_sets import parse_seed_sets, seed_sets_of
 from flowzoo.benchmark.cli import main
 from flowzoo.benchmark.experiments.suite import SUITES_DIR, load_suite
 from flowzoo.errors import ConfigError
+from tests.synthetic_runs import write_run
 
 TASK = "toy2d_sep64_sparse"
 STEPS = [0, 10, 20, 30, 40, 50]
@@ -22,12 +22,7 @@ FAST = ["--smooth", "1", "--resamples", "300"]
 
 
 def _write(root, algorithm, seed, rewards):
-    run = root / TASK / algorithm / f"s{seed}"
-    run.mkdir(parents=True)
-    run.joinpath("config.yaml").write_text(yaml.safe_dump(
-        {"task": TASK, "seed": seed, "algorithm": {"name": algorithm}, "train": {"steps": STEPS[-1]}}))
-    pd.DataFrame({"step": STEPS, "nfe": np.asarray(STEPS) * 10, "wall_s": np.asarray(STEPS) * 0.5,
-                  "eval_reward": rewards}).to_csv(run / "metrics.csv", index=False)
+    write_run(root, TASK, algorithm, seed, STEPS, rewards)
 
 
 @pytest.fixture(scope="module")
