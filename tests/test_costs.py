@@ -121,3 +121,38 @@ def test_a_study_page_shows_the_cost_panel_table_and_judged_claims(tmp_path):
     hacking = claims[claims["claim"].str.startswith("OP-GRPO's reward gain is confirmed")
                      & claims["claim"].str.contains("sparse")]
     assert hacking.iloc[0]["verdict mine"].startswith("contradicted")
+
+
+def test_a_claim_whose_measure_only_the_held_out_runs_logged_is_held_out_only():
+    from flowzoo.benchmark.analysis.study_claims import replication
+
+    pair = ["exploration", "replication"]
+    assert replication(["not tested", "reproduced (x)"], pair) == "held-out only: reproduced"
+    assert replication(["reproduced (x)", "not tested"], pair) == "not replicated"  # a designers' verdict alone
+    assert replication(["not tested", "not tested"], pair) == "not tested"
+    assert replication(["contradicted", "contradicted (y)"], pair) == "replicated: contradicted"
+    assert replication(["reproduced", "inconclusive"], pair) == "not replicated"
+    # --replicate-on unseen: the held-out set comes first, and only the other one was tested
+    assert replication(["not tested", "inconclusive"], ["replication", "unseen"]) == "not replicated"
+
+
+def test_cost_columns_on_the_held_out_seeds_only_give_held_out_only_verdicts(tmp_path):
+    """The committed tiny study's case: its exploration runs predate the cost columns, its replication runs log them."""
+    from flowzoo.benchmark.cli import main
+
+    runs = tmp_path / "runs"
+    for seed in range(4):
+        write_run(runs, TASK, "flow_grpo", seed, STEPS, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+        write_run(runs, TASK, "op_grpo", seed, STEPS, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    for seed in range(100, 104):
+        _write(runs, "flow_grpo", seed, 0.9, 0.1)
+        _write(runs, "op_grpo", seed, 0.5, 0.3)
+    out = tmp_path / "page"
+    assert main(["study", str(runs), "--suite", "op-grpo-study", "--out", str(out), "--smooth", "1", "--resamples",
+                 "300", "--seed-sets", "exploration=0-3", "--seed-sets", "replication=100-103"]) == 0
+    claims = pd.read_csv(out / "claims.csv")
+    narrowing = claims[claims["claim"].str.startswith("OP-GRPO's gain narrows") & claims["claim"].str.contains("sparse")]
+    row = narrowing.iloc[0]
+    assert row["verdict exploration"] == "not tested" and row["verdict replication"].startswith("reproduced")
+    assert row["replication"] == "held-out only: reproduced"
+    assert "**held-out only** when the held-out seeds' runs alone logged" in (out / "README.md").read_text()

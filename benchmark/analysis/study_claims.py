@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flowzoo.benchmark.analysis.study_sets import REPLICATION_SETS
+from flowzoo.benchmark.analysis.study_sets import HELD_OUT, REPLICATION_SETS
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
 
@@ -245,11 +245,18 @@ def _rules(claims) -> Callable[[pd.DataFrame, pd.DataFrame], list[dict]]:
     return claims.claims if isinstance(claims, ClaimSet) else claims
 
 
-def replication(verdicts: list[str]) -> str:
-    """'replicated: V' when every seed set's verdict has the same first word V, else 'not replicated'."""
-    heads = {v.split(" ")[0] for v in verdicts}
-    if heads == {"not"}:
+def replication(verdicts: list[str], names: list[str] | None = None) -> str:
+    """'replicated: V' when every seed set's verdict has the same first word V; 'not tested' when no set was tested;
+    'held-out only: V' when the held-out set (named ``HELD_OUT`` in ``names``) is the only one tested (its runs alone
+    logged the claim's measure: a verdict on seeds nobody designed on, with nothing to replicate it); else 'not
+    replicated'."""
+    names = names or [""] * len(verdicts)
+    tested = [(name, v.split(" ")[0]) for name, v in zip(names, verdicts) if v.split(" ")[0] != "not"]
+    if not tested:
         return "not tested"
+    if len(tested) < len(verdicts):
+        return f"held-out only: {tested[0][1]}" if [name for name, _ in tested] == [HELD_OUT] else "not replicated"
+    heads = {head for _, head in tested}
     return f"replicated: {heads.pop()}" if len(heads) == 1 else "not replicated"
 
 
@@ -277,7 +284,7 @@ def judge(table: pd.DataFrame, effects: pd.DataFrame, seed_sets: dict[str, list[
         for name in judged:
             row[f"measured {name}"], row[f"verdict {name}"] = per_set[name][i]["measured"], per_set[name][i]["verdict"]
         if all(name in per_set for name in pair):
-            row["replication"] = replication([per_set[name][i]["verdict"] for name in pair])
+            row["replication"] = replication([per_set[name][i]["verdict"] for name in pair], list(pair))
         rows.append(row)
     return pd.DataFrame(rows), _figures(per_set)
 
@@ -315,7 +322,8 @@ def render_claims(claims: pd.DataFrame, pair: tuple[str, str] = REPLICATION_SETS
     note = f" {claims_of.note}" if claims_of and claims_of.note else ""
     lines = [f"## {CLAIMS_HEADING}", "",
              f"Each verdict follows the rule in its row, applied mechanically by {source} on each seed set apart (each "
-             f"with its own target from its own baseline runs); **replicated** only when the {agree}.{note}", ""]
+             f"with its own target from its own baseline runs); **replicated** only when the {agree}; **held-out only** "
+             f"when the held-out seeds' runs alone logged the claim's measure.{note}", ""]
     if not sets:
         lines += ["| claim | rule | measured (95% CI) | verdict |", "|---|---|---|---|"]
         for _, row in claims.iterrows():
