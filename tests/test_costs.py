@@ -155,4 +155,4 @@ def test_cost_columns_on_the_held_out_seeds_only_give_held_out_only_verdicts(tmp
     row = narrowing.iloc[0]
     assert row["verdict exploration"] == "not tested" and row["verdict replication"].startswith("reproduced")
     assert row["replication"] == "held-out only: reproduced"
-    assert "**held-out only** when the held-out seeds' runs alone logged" in (out / "README.md").read_text()
+    assert "**held-out only** when only the held-out seeds could be judged" in (out / "README.md").read_text()

@@ -247,9 +247,9 @@ def _rules(claims) -> Callable[[pd.DataFrame, pd.DataFrame], list[dict]]:
 
 def replication(verdicts: list[str], names: list[str] | None = None) -> str:
     """'replicated: V' when every seed set's verdict has the same first word V; 'not tested' when no set was tested;
-    'held-out only: V' when the held-out set (named ``HELD_OUT`` in ``names``) is the only one tested (its runs alone
-    logged the claim's measure: a verdict on seeds nobody designed on, with nothing to replicate it); else 'not
-    replicated'."""
+    'held-out only: V' when the held-out set (named ``HELD_OUT`` in ``names``) is the only one tested (the other's runs
+    did not log the claim's measure, or gave no target: a verdict on seeds nobody designed on, with nothing to
+    replicate it); else 'not replicated'."""
     names = names or [""] * len(verdicts)
     tested = [(name, v.split(" ")[0]) for name, v in zip(names, verdicts) if v.split(" ")[0] != "not"]
     if not tested:
@@ -323,7 +323,8 @@ def render_claims(claims: pd.DataFrame, pair: tuple[str, str] = REPLICATION_SETS
     lines = [f"## {CLAIMS_HEADING}", "",
              f"Each verdict follows the rule in its row, applied mechanically by {source} on each seed set apart (each "
              f"with its own target from its own baseline runs); **replicated** only when the {agree}; **held-out only** "
-             f"when the held-out seeds' runs alone logged the claim's measure.{note}", ""]
+             f"when only the held-out seeds could be judged (the other set's runs did not log the claim's measure, or "
+             f"gave no target).{note}", ""]
     if not sets:
         lines += ["| claim | rule | measured (95% CI) | verdict |", "|---|---|---|---|"]
         for _, row in claims.iterrows():
