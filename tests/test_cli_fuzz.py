@@ -46,12 +46,13 @@ def sandbox(tmp_path_factory):
 def guarded(sandbox, monkeypatch):
     import flowzoo.models.tiny as tiny
     import flowzoo.models.tiny_pretrain as tiny_pretrain
-    from flowzoo.benchmark.perf import measure as perf, gpu as perf_gpu
+    from flowzoo.benchmark.perf import command as perf_command, measure as perf, gpu as perf_gpu
     from flowzoo.benchmark.experiments.runner import Runner
 
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", sandbox / "weights")
     monkeypatch.setattr(tiny_pretrain, "build_networks", _stop)
     monkeypatch.setattr(perf, "load_model", _stop)
+    monkeypatch.setattr(perf_command, "load_model", _stop)  # `flowzoo perf` calls the name command.py bound at import
     monkeypatch.setattr(perf_gpu, "main", _stop)
     monkeypatch.setattr(Runner, "build", _stop)
     return sandbox

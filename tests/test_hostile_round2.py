@@ -217,7 +217,9 @@ def test_pretrain_into_a_train_runs_directory_is_one_line(tmp_path, capsys):
 def test_perf_arguments_are_one_line_before_any_model_is_built(capsys, monkeypatch, args, message):
     import torch
 
-    from flowzoo.benchmark.perf import measure as perf
+    # patched where `flowzoo perf` calls it: command.py binds the name at its import, so patching measure.load_model
+    # while command.py is first imported would leave the stand-in there for every later test of the process
+    from flowzoo.benchmark.perf import command as perf
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(perf, "load_model", lambda *a: pytest.fail("built a model for a bad argument"))
