@@ -42,7 +42,7 @@ from flowzoo.algorithms.lockstep import CallLedger, LockstepPadding, requested a
 from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
 from flowzoo.algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from flowzoo.algorithms.rollout import initial_noise, rollout, sample_generators
-from flowzoo.algorithms.sde import Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
+from flowzoo.algorithms.sde import MAX_SAMPLING_STEPS, Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
 from flowzoo.algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.schema import from_mapping
@@ -148,8 +148,9 @@ class AlgorithmConfig:
         if self.minibatch_order not in MINIBATCH_ORDERS:
             raise ConfigError(f"algorithm.minibatch_order must be one of {', '.join(MINIBATCH_ORDERS)}, got "
                               f"{self.minibatch_order!r}")
-        if self.num_steps is not None and self.num_steps < 1:
-            raise ConfigError(f"algorithm.num_steps must be >= 1, got {self.num_steps}")
+        if self.num_steps is not None and not 1 <= self.num_steps <= MAX_SAMPLING_STEPS:
+            raise ConfigError(f"algorithm.num_steps must be in [1, {MAX_SAMPLING_STEPS}] or null (the model's default), "
+                              f"got {self.num_steps}")
         if self.reuse_rollout_graph is True and (self.inner_epochs, self.minibatches) != (1, 1):
             raise ConfigError(
                 "algorithm.reuse_rollout_graph needs inner_epochs 1 and minibatches 1 (one optimizer step per rollout); "

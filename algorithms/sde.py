@@ -208,6 +208,12 @@ def inverse_time_shift(s: torch.Tensor | float, shift: float) -> torch.Tensor | 
     return time_shift(s, 1.0 / shift)
 
 
+#: the most sampling steps a rollout or an evaluation may take (ours): released recipes use 10-50 (SD3.5 and FLUX
+#: evaluate with 40 and 28-50, benchmark/hyperparams/*.yaml); a larger count is refused by the config check instead of
+#: being allocated (2**31 steps asked 16 GiB for the sigma grid alone)
+MAX_SAMPLING_STEPS = 1000
+
+
 def sigma_schedule(
     num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, grid: str = "diffusers",
     terminal: float | None = None,
@@ -228,8 +234,8 @@ def sigma_schedule(
     ``terminal``: diffusers' ``shift_terminal`` (Qwen-Image's scheduler: 0.02): the shifted sigmas before the final 0
     are stretched so that the last one equals it, ``1 - (1 - s) (1 - terminal) / (1 - s_last)``.
     """
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if not 1 <= num_steps <= MAX_SAMPLING_STEPS:
+        raise ValueError(f"num_steps must be in [1, {MAX_SAMPLING_STEPS}], got {num_steps}")
     if shift <= 0:
         raise ValueError(f"shift must be > 0, got {shift}")
     if grid not in SIGMA_GRIDS:

@@ -9,7 +9,7 @@ The velocity field is an MLP on (x, sigma features, class embedding); class drop
 unconditional model for CFG. "Fine-tuning" is full fine-tuning of the MLP; the reference policy is a frozen copy of
 the pretrained weights. Pretraining is deterministic given its seed and memoised per process.
 
-Many-condition variant (model arg ``classes: K`` with K >= 8, prompt source ``toy2d`` with ``prompts.classes: K``):
+Many-condition variant (model arg ``classes: K`` with 8 <= K <= 1024, prompt source ``toy2d`` with ``prompts.classes: K``):
 class c has one Gaussian mode (std 0.25) at angle 2 pi c / K on the circle of radius 2, and its own small target disc
 (radius 0.2) 0.6 away from that mode in a direction of its own (angle 2 pi frac(c phi), phi the golden-ratio
 conjugate, so neighbouring classes point in unrelated directions and each class has to be learned from its own
@@ -64,6 +64,9 @@ MAJORITY_WEIGHT = 0.8
 HARD_TARGET_RADIUS = 2.4  # the sparse target sits 0.4 (1.6 std) outside the minority mode
 HARD_TARGET_SIZE = 0.3
 MIN_MANY_CLASSES = 8  # ``classes`` other than NUM_CLASSES selects the many-condition layout, from this many classes
+# the most classes (ours): the studies use 64; at 1024 neighbouring modes of the separable layout sit 0.025 apart, a
+# third of a mode std, so more classes only cost memory (a class embedding and a prompt each; 2**31 never ended)
+MAX_MANY_CLASSES = 1024
 DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the network's dtype (model arg ``dtype``)
 GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -101,9 +104,9 @@ def check_layout(layout) -> str:
 
 def check_classes(classes) -> int:
     valid = isinstance(classes, int) and not isinstance(classes, bool)
-    if not valid or (classes != NUM_CLASSES and classes < MIN_MANY_CLASSES):
-        raise ConfigError(f"toy2d: classes must be {NUM_CLASSES} (the 8-mode tier) or an int >= {MIN_MANY_CLASSES} "
-                          f"(the many-condition layout), got {classes!r}")
+    if not valid or (classes != NUM_CLASSES and not MIN_MANY_CLASSES <= classes <= MAX_MANY_CLASSES):
+        raise ConfigError(f"toy2d: classes must be {NUM_CLASSES} (the 8-mode tier) or an int in [{MIN_MANY_CLASSES}, "
+                          f"{MAX_MANY_CLASSES}] (the many-condition layout), got {classes!r}")
     return classes
 
 

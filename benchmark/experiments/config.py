@@ -17,6 +17,7 @@ from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
 from flowzoo.algorithms.base import AlgorithmConfig
+from flowzoo.algorithms.sde import MAX_SAMPLING_STEPS
 from flowzoo.benchmark.experiments.prompts import PromptSection
 from flowzoo import strict_yaml
 from flowzoo.errors import ConfigError
@@ -82,6 +83,9 @@ class TrainSection:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{name} must be a positive integer or null, got {value}")
+        if self.eval_num_steps is not None and self.eval_num_steps > MAX_SAMPLING_STEPS:
+            raise ConfigError(f"train.eval_num_steps must be at most {MAX_SAMPLING_STEPS} or null (the model's default), "
+                              f"got {self.eval_num_steps}")
         if self.eval_sampler not in EVAL_SAMPLERS:
             raise ConfigError(f"train.eval_sampler must be one of {', '.join(EVAL_SAMPLERS)}, got {self.eval_sampler!r}")
         if self.eval_guidance is not None and not (math.isfinite(self.eval_guidance) and self.eval_guidance >= 0):
