@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -253,3 +254,39 @@ def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
     path.write_text(yaml.safe_dump({"name": "../elsewhere", "tasks": {"t": {}}}))
     with pytest.raises(ConfigError, match="suite name: '../elsewhere' would leave its directory"):
         load_suite(str(path))
+
+
+def test_unseen_conditions_task_trains_on_56_conditions_and_evaluates_the_8_it_never_saw(tmp_path):
+    """The held-out-conditions task (issue 57): every 8th condition is out of training and of the test prompts, and is
+    the unseen set; its claims are part of the study's claim set (not tested until its runs exist)."""
+    from flowzoo.benchmark.analysis.claim_sets.op_grpo_paper import UNSEEN_LABEL, UNSEEN_TASK, toy_claims
+    from flowzoo.benchmark.experiments.prompts import load_unseen
+    from flowzoo.benchmark.experiments.suite import expand, load_suite, select
+
+    cut = select(load_suite("op-grpo-study"), tasks_csv=f"{UNSEEN_TASK},{UNSEEN_TASK}@dynamic", seed_set="replication")
+    configs = expand(cut, tmp_path)
+    assert sorted({(c.task, c.algorithm_name) for c in configs}) == [
+        (UNSEEN_TASK, "diffusion_nft"), (UNSEEN_TASK, "flow_grpo"), (UNSEEN_TASK, "op_grpo"),
+        (f"{UNSEEN_TASK}@dynamic", "flow_grpo")]
+    config = configs[0]
+    assert config.algorithm["lr"] == pytest.approx(1e-4) and config.prompts.unseen_every == 8
+    train, test = load_prompts(config.prompts)
+    unseen = load_unseen(config.prompts, train)
+    assert len(train) == len(test) == 56 and [m["class"] for _, m in unseen] == list(range(7, 64, 8))
+    assert not {p for p, _ in unseen} & {p for p, _ in train}
+
+    # the claim set judges them on the task's runs: synthetic ones where OP-GRPO loses 0.2 of the unseen reward that
+    # Flow-GRPO keeps, DiffusionNFT keeps it and dynamic sampling's runs are missing
+    steps = [0, 10, 20, 30, 40]
+    unseen_curves = {"flow_grpo": [0.03] * 5, "op_grpo": [0.03, 0.0, 0.0, 0.0, -0.17], "diffusion_nft": [0.03] * 5}
+    for algorithm, unseen_curve in unseen_curves.items():
+        for seed in range(4):
+            write_run(tmp_path, UNSEEN_TASK, algorithm, seed, steps, [0.03, 0.1, 0.2, 0.3, 0.4 + 0.01 * seed],
+                      {"eval_unseen_reward": [u + 0.001 * seed for u in unseen_curve]})
+    table, effects, _, _ = analyze_study(tmp_path, smooth=1, also_vs=("op_grpo",), resamples=500)
+    verdicts = {row["claim"]: row["verdict"] for row in toy_claims(table, effects) if UNSEEN_LABEL in row["claim"]}
+    unseen = {claim.split(" generalises")[0]: verdict for claim, verdict in verdicts.items()
+              if "never trained on as Flow-GRPO does" in claim}
+    assert unseen == {"OP-GRPO": "contradicted", "DiffusionNFT": "reproduced",
+                      "Flow-GRPO with DAPO's dynamic sampling": "not tested"}
+    assert any("spread" in claim or "gold" in claim for claim in verdicts)  # its narrowing and gold claims too

@@ -295,6 +295,11 @@ def cost_claims(table: pd.DataFrame, tasks, cells, gold: str, unseen: bool = Fal
     return rows
 
 
+#: the sparse task with every 8th condition never trained on (suite op-grpo-study; fixed 2026-12-04 before its runs)
+UNSEEN_TASK = "toy2d_sep64_sparse_unseen"
+UNSEEN_LABEL = "sparse, 8 of the 64 conditions never trained on"
+
+
 def toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """The toy study's claims (suite ``op-grpo-study``)."""
     return [
@@ -315,6 +320,8 @@ def toy_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
         *(_reuse_on_top_claim(effects, task, label) for task, label in TASK_LABELS),
         *(_reuse_alone_claim(effects, task, label) for task, label in TASK_LABELS),
         *cost_claims(table, TASK_LABELS, tuple(COST_CELLS), TOY_GOLD),
+        *cost_claims(table, ((UNSEEN_TASK, UNSEEN_LABEL),), ("flow_grpo", "op_grpo", "diffusion_nft"), TOY_GOLD,
+                     unseen=True),
     ]
 
 
