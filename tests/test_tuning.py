@@ -611,3 +611,27 @@ def test_kill_9_of_a_tune_with_two_workers_ends_its_workers(tmp_path):
     while time.monotonic() < end and any(_alive(w) for w in workers):
         time.sleep(0.5)
     assert not any(_alive(w) for w in workers)
+
+
+def test_a_trial_measures_only_what_its_objective_reads_and_trains_as_the_reported_run(tmp_path):
+    """Trials of the tiny rare-counting cells leave out the gold judge and the unseen prompts (2/3 of each evaluation's
+    samples there), keep the task's training prompts; a short run trains to the same numbers either way."""
+    suite, design = tuning.load_tuning("tiny-rare-counting-study")
+    cell = tuning.tuning_cells(suite, design, "tiny_counting_rare", "flow_grpo")[0]
+    trial = tuning.trial_configs(suite, design, cell, {"lr": 1e-3}, tmp_path / "trial0")[0]
+    reported = next(c for c in expand(suite, tmp_path / "runs") if c.task == "tiny_counting_rare")
+    assert reported.train.gold is not None and reported.prompts.unseen is not None  # what the study measures
+    assert trial.train.gold is None and trial.prompts.unseen is None and trial.train.eval_own is False
+    assert trial.prompts.train == reported.prompts.train and trial.train.eval_seed == design.validation.eval_seed
+
+    short = ["train.steps=2", "train.eval_every=1", "train.prompts_per_step=2", "train.eval_samples_per_prompt=2",
+             "train.checkpoint_every=0", "algorithm.group_size=4"]
+    frames = {}
+    for name, extra in (("measured", []), ("trial", list(tuning.UNREAD_BY_OBJECTIVES))):
+        runs = tmp_path / name
+        assert main(["bench", "tiny-rare-counting-study", "--tasks", "tiny_counting_rare", "--algorithms", "flow_grpo",
+                     "--seeds", "3", "--runs", str(runs), *short, *extra]) == 0
+        frames[name] = pd.read_csv(next(runs.rglob("metrics.csv")))
+    assert "eval_unseen_reward" in frames["measured"] and "eval_unseen_reward" not in frames["trial"]
+    columns = ["step", "reward_mean", "loss", "grad_norm", "eval_reward", "eval_spread"]
+    pd.testing.assert_frame_equal(frames["measured"][columns], frames["trial"][columns])

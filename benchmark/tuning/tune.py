@@ -141,9 +141,18 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
     return cells
 
 
+#: what an evaluation measures beside ``eval_reward`` that no objective reads (what a gain cost: the gold judge, the
+#: prompts never trained on, the image-feature spread; the algorithm sampler's extra column): a trial leaves them out.
+#: They read the evaluation's samples and draw no training randomness, so a trial trains as the reported run would
+#: (tests/test_tuning.py); on the tiny rare-counting task they were 2/3 of the evaluations' samples. Held-out
+#: *training* conditions (``prompts.unseen_every``) change what trains and are kept
+UNREAD_BY_OBJECTIVES = ("train.gold=null", "prompts.unseen=null", "train.spread_features=null", "train.eval_own=false")
+
+
 def validation_overrides(design: TuningDesign) -> list[str]:
-    """What makes a trial's evaluations validation ones: the design's evaluation noise, and its held-out prompts."""
-    overrides = [f"train.eval_seed={design.validation.eval_seed}"]
+    """What makes a trial's evaluations validation ones: the design's evaluation noise, its held-out prompts, and
+    nothing measured that the objective does not read (:data:`UNREAD_BY_OBJECTIVES`)."""
+    overrides = [f"train.eval_seed={design.validation.eval_seed}", *UNREAD_BY_OBJECTIVES]
     if design.validation.prompts == "held_out":
         overrides.append("prompts.eval_split=validation")
     return overrides
