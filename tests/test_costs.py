@@ -89,7 +89,11 @@ def test_the_cost_claims_judge_narrowing_hacking_and_generalisation():
     for row in (narrowing_claim(bare, TASK, "op_grpo", "OP-GRPO", "sparse"),
                 gold_claim(bare, TASK, "op_grpo", "OP-GRPO", "sparse", "W2"),
                 unseen_claim(bare, TASK, "op_grpo", "OP-GRPO", "sparse")):
-        assert row["verdict"] == "not tested"
+        assert row["verdict"] == "not tested" and row["measured"] != "no runs"  # the runs lack the column
+    for row in (narrowing_claim(table, "other_task", "op_grpo", "OP-GRPO", "sparse"),  # a task without runs
+                gold_claim(table, TASK, "diffusion_nft", "DiffusionNFT", "sparse", "W2"),  # a cell without runs
+                unseen_claim(table, TASK, "flow_grpo@dynamic", "dynamic sampling", "sparse")):
+        assert (row["measured"], row["verdict"]) == ("no runs", "not tested")
 
 
 def _write(root, algorithm, seed, spread_end: float, distance_end: float):

@@ -23,6 +23,12 @@ SPREAD_MARGIN = 0.05
 UNSEEN_MARGIN = 0.05
 
 
+def _no_runs(table: pd.DataFrame, task: str, *cells: str) -> bool:
+    """Whether a cell the claim reads ran no run of ``task`` (a study of other tasks, a cell not re-run): such a
+    claim reads "no runs", as the step claims do, not that its runs lack a column."""
+    return any(cell_runs(table, task, cell).empty for cell in cells)
+
+
 def narrowing_claim(table: pd.DataFrame, task: str, cell: str, name: str, label: str,
                     reference: str = "flow_grpo") -> dict:
     """"``name``'s gain narrows each prompt's samples more than the reference's": paired (cell - reference) spread
@@ -31,6 +37,8 @@ def narrowing_claim(table: pd.DataFrame, task: str, cell: str, name: str, label:
     rule = (f"spread kept (final / base mean pairwise distance of a prompt's samples), paired {cell} - {reference}: "
             f"reproduced if its CI lies below 0; contradicted if it lies above -{SPREAD_MARGIN} (less than 5% of the "
             "base's spread: no practical difference); else inconclusive")
+    if _no_runs(table, task, cell, reference):
+        return claim_row(claim, rule, "no runs", "not tested")
     diff, reference_mean = paired(table, task, cell, reference, "spread_kept")
     diff = diff[np.isfinite(diff)]
     if diff.size < 2:
@@ -54,7 +62,9 @@ def gold_claim(table: pd.DataFrame, task: str, cell: str, name: str, label: str,
     rule = ("gold gain (final - base of the gold judge, signed so that positive is better by it) over seeds: "
             "reproduced if its CI lies above 0; contradicted if it lies below 0 (hacking); else inconclusive")
     runs = cell_runs(table, task, cell)
-    if runs.empty or "gold_gain" not in runs or runs["gold_gain"].notna().sum() < 2:
+    if runs.empty:
+        return claim_row(claim, rule, "no runs", "not tested")
+    if "gold_gain" not in runs or runs["gold_gain"].notna().sum() < 2:
         return claim_row(claim, rule, "no gold measure logged (runs before train.gold)", "not tested")
     gain = runs["gold_gain"].dropna().to_numpy(float)
     proxy = (runs["final_reward"] - runs["base"]).to_numpy(float)
@@ -78,10 +88,13 @@ def unseen_claim(table: pd.DataFrame, task: str, cell: str, name: str, label: st
     rule = (f"unseen-prompt gain (final - base reward on prompts never trained on), paired {cell} - {reference}: "
             f"reproduced if its CI lies above -{UNSEEN_MARGIN}; contradicted if it lies below -{UNSEEN_MARGIN}; "
             "else inconclusive")
+    if _no_runs(table, task, cell, reference):
+        return claim_row(claim, rule, "no runs", "not tested")
     diff, reference_mean = paired(table, task, cell, reference, "unseen_gain")
     diff = diff[np.isfinite(diff)]
     if diff.size < 2:
-        return claim_row(claim, rule, "no unseen prompts evaluated (prompts.unseen unset)", "not tested")
+        return claim_row(claim, rule, "no unseen prompts evaluated (prompts.unseen and unseen_every unset)",
+                         "not tested")
     low, high = bootstrap_ci(diff)
     measured = (f"unseen-prompt gain: {reference} {reference_mean:+.3f}, {cell} {reference_mean + diff.mean():+.3f}; "
                 f"difference {diff.mean():+.3f} {ci_text(low, high)} (n {diff.size})")
