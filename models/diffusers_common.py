@@ -448,6 +448,18 @@ class DiffusersFlowModel(FlowModel):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
+    #: the scaled-dot-product-attention backends the transformer may use (``torch.nn.attention.SDPBackend`` names), or
+    #: None for torch's own choice; an adapter narrows it where a backend was seen to fail on its shapes
+    attention_backends: ClassVar[tuple[str, ...] | None] = None
+
+    def _attention(self):
+        if self.attention_backends is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # the backward pass runs the kernel the forward picked, so the forward's choice holds for the update too
+        return sdpa_kernel([getattr(SDPBackend, name) for name in self.attention_backends])
+
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
         """One transformer call as the adapter's pipeline makes it (argument names differ between SD3 and Wan)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _transformer_forward")
@@ -464,7 +476,7 @@ class DiffusersFlowModel(FlowModel):
         x = x.to(device=self.device, dtype=self.transformer.dtype)
         cond = Condition({k: v.to(device=self.device, dtype=self.transformer.dtype) if v.is_floating_point() else v
                           for k, v in cond.tensors.items()})
-        with self._autocast():
+        with self._autocast(), self._attention():
             out = self._transformer_forward(x, timestep, cond)
         return at_least_float32(out)  # a half-precision output upcast for the sampler; float64 stays float64
 

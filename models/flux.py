@@ -91,6 +91,11 @@ class FluxModel(DiffusersFlowModel):
     #: e^mu at 512 x 512 on FLUX.1-dev's scheduler (1024 tokens: mu = 0.63); an instance computes its own resolution's
     default_shift = math.exp(0.5 + (1.15 - 0.5) / (4096 - 256) * (1024 - 256))
     default_sigma_grid = "flux"
+    #: no cuDNN attention: its backward failed at FLUX.1-dev's 720 px shapes (4 x 2537 tokens, 24 heads x 128, bf16) on
+    #: an H200 with torch 2.11.0+cu130 ("mha_graph.execute(...).is_good()", an illegal memory access without
+    #: CUDA_LAUNCH_BLOCKING); flash attention ran the same DanceGRPO and MixGRPO iterations (docs/perf.md, the GPU
+    #: check of 2026-12-04)
+    attention_backends = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
     default_num_steps = 12  # DanceGRPO's FLUX LoRA recipe (finetune_flux_grpo_8gpus_lora.sh:42); suites set their own
     default_eval_num_steps = 28  # FluxPipeline's num_inference_steps default; Flow-GRPO config/grpo.py:408 at 27b6ef8
     pipeline_class = "FluxPipeline"

@@ -175,6 +175,26 @@ def test_integer_timesteps_feed_the_releases_truncated_thousandths(flux_dir, mod
         FluxModel(path=flux_dir, **ARGS, integer_timesteps="yes")
 
 
+def test_the_transformer_runs_without_cudnn_attention_and_the_flags_come_back(model, monkeypatch):
+    """FLUX's transformer call leaves cuDNN's attention out (its backward failed at FLUX.1-dev's 720 px shapes on an
+    H200: docs/perf.md), and only for that call: the process's backend flags are as before afterwards."""
+    seen = []
+    original = type(model.transformer).forward
+
+    def spy(self, *args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                     torch.backends.cuda.math_sdp_enabled()))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.transformer), "forward", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    x = model.initial_noise([torch.Generator().manual_seed(3)] * 2)
+    with torch.no_grad():
+        model.predict(x, torch.tensor([0.9, 0.5]), model.encode(PROMPTS))
+    assert seen == [(False, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_dance_grpo_targets_skip_the_text_stream(flux_dir):
     dance = FluxModel(path=flux_dir, lora_targets=list(FLUX_DANCE_GRPO_LORA_TARGETS), **ARGS)
     wrapped = {n.split(".lora_")[0] for n, _ in dance.transformer.named_parameters() if "lora_" in n}

@@ -67,7 +67,9 @@ def released_cps_step(v, x, prev, sigma, sigma_next, a):
 def released_pair_loss(model, traj, adv, rows, t, cfg, detach_uncond=True):
     """The per-sample loss of transition t for ``rows`` (policy surrogate + beta KL) and its ratio."""
     x, prev = traj.latents[rows, t].float(), traj.latents[rows, t + 1].float()
-    sigma, sigma_next = traj.sigmas[t], traj.sigmas[t + 1]
+    # the step plan lives on the host (docs/perf.md, "Device placement"): its sigmas join the latents' device here, as
+    # the adapters' kernels move them, so the transformer's timestep is not a host tensor on a GPU run
+    sigma, sigma_next = traj.sigmas[t].to(x.device), traj.sigmas[t + 1].to(x.device)
     cond = {k: v[rows] for k, v in traj.cond.tensors.items()}
     null = model.null_condition(len(rows)).tensors
     sigma_b = sigma.expand(len(rows))
