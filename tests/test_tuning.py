@@ -224,6 +224,37 @@ def test_two_workers_on_one_study_never_run_the_same_trial(tmp_path, capsys):
     assert trial_dirs == [f"trial{t.number}" for t in sorted(counted, key=lambda t: t.number)]
 
 
+def test_two_workers_resuming_queued_trials_run_each_once(tmp_path, monkeypatch, capsys):
+    """A resumed tune with two workers and two queued re-runs (what a Ctrl-C of a 2-worker tune leaves). SQLite's
+    pop of a queued trial reads, then writes, without a lock: two workers could both pop the first re-run, race for
+    its run directory, and the loser's told state broke the winner ("Cannot tell a PRUNED trial"). The moment between
+    reading the queued trial and writing its claim is slowed here, so that both workers always read before either
+    writes."""
+    import optuna
+
+    suite_file = write_suite(tmp_path, **{"tuning.pruner.name": "none"})
+    runs = tmp_path / "runs"
+    assert main(_tune_args(suite_file, runs, "--trials", "1")) == 0
+    study = studies(runs)["mini/toy2d_mode/flow_grpo"]
+    queued = [{"lr": 2.0e-4}, {"lr": 3.0e-4}]
+    for number, params in enumerate(queued, start=5):
+        study.enqueue_trial(params, user_attrs={"retry_of": number, "retries": 1})
+    check = optuna.storages.RDBStorage.check_trial_is_updatable
+
+    def slow_claim(self, trial_id, trial_state):
+        if trial_state == optuna.trial.TrialState.WAITING:  # read a queued trial; its RUNNING not yet written
+            time.sleep(1.0)
+        return check(self, trial_id, trial_state)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "check_trial_is_updatable", slow_claim)  # forked into the workers
+    assert main(_tune_args(suite_file, runs, "--trials", "3", "--workers", "2")) == 0, capsys.readouterr().err[-2000:]
+    trials = studies(runs)["mini/toy2d_mode/flow_grpo"].get_trials(deepcopy=False)
+    ran = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sorted(t.user_attrs.get("retry_of", t.number) for t in ran) == [0, 5, 6]  # each queued re-run once
+    assert not [t.user_attrs["stopped"] for t in ran if "stopped" in t.user_attrs]  # no run lost its directory
+    assert "RUNNING" not in states(studies(runs)["mini/toy2d_mode/flow_grpo"])
+
+
 # ----------------------------------------------------------------------------------------------- tuned recipes
 
 def test_a_tuned_file_is_picked_up_by_a_suite_cell(tmp_path):

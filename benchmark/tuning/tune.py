@@ -342,17 +342,37 @@ def counted(study, before: int | None = None) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=states) if before is None or t.number < before)
 
 
+def claim_lock(storage_url: str):
+    """A lock file beside a SQLite storage, held from Optuna's ``ask`` until the objective has claimed its trial, or
+    None for a database server.
+
+    Optuna pops a queued trial by reading its state and then writing RUNNING; SQLite gives no row lock between the two
+    (PostgreSQL and MySQL do: ``SELECT ... FOR UPDATE``), so two workers that ask at the same moment can both pop one
+    queued trial, both train into its run directory, and the loser's told state breaks the winner's trial ("Cannot
+    tell a PRUNED trial", seen resuming a 2-worker tune). A SQLite file is one host's, so a host lock orders the pops.
+    """
+    from filelock import FileLock
+
+    if not storage_url.startswith("sqlite:///"):
+        return None
+    return FileLock(storage_url[len("sqlite:///"):] + ".claim.lock")
+
+
 class Objective:
     """One trial of a cell: check the budget, draw the values, train every tuning seed, return the objective."""
 
-    def __init__(self, suite: Suite, design: TuningDesign, cell: Cell, budget: int, trials_dir: Path, threads: int | None):
+    def __init__(self, suite: Suite, design: TuningDesign, cell: Cell, budget: int, trials_dir: Path, threads: int | None,
+                 claimed=None):
         self.suite, self.design, self.cell, self.budget = suite, design, cell, budget
         self.trials_dir, self.threads = trials_dir, threads
+        self.claimed = claimed  # called once the trial is this process's (releases the claim lock)
 
     def __call__(self, trial) -> float:
         import optuna
 
         trial.set_user_attr("worker", _process_id())
+        if self.claimed is not None:
+            self.claimed()
         if counted(trial.study, before=trial.number) >= self.budget:
             trial.set_user_attr("over_budget", True)
             raise OverBudget(trial.number)
@@ -604,7 +624,9 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its "trial failed" traceback on Ctrl-C: our one line instead
     storage = open_storage(storage_url)
     study = open_study(storage, suite, design, cell)
-    objective = Objective(suite, design, cell, budget, trials_dir / cell.task / cell.algorithm, threads)
+    lock = claim_lock(storage_url)
+    release = (lambda: lock.release(force=True)) if lock is not None else None
+    objective = Objective(suite, design, cell, budget, trials_dir / cell.task / cell.algorithm, threads, release)
     while True:
         fail_dead_trials(study)
         if counted(study) >= budget:
@@ -613,7 +635,13 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
         # draw the same values (worker 0 alone: a serial tune is reproducible)
         study.sampler = make_sampler(design, drawn(study) + WORKER_SEED_STRIDE * worker_index)
         started = time.perf_counter()
-        study.optimize(objective, n_trials=1, catch=(OverBudget,))
+        if lock is not None:
+            lock.acquire()  # released by the objective once its trial is claimed (claim_lock)
+        try:
+            study.optimize(objective, n_trials=1, catch=(OverBudget,))
+        finally:
+            if lock is not None:
+                lock.release(force=True)  # no-op when the objective released it
         last = max((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == _process_id()),
                    key=lambda t: t.number, default=None)
         if last is None or last.user_attrs.get("over_budget"):
