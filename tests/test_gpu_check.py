@@ -13,10 +13,13 @@ from flowzoo.errors import ConfigError  # noqa: E402
 
 def test_dry_run_of_the_gpu_check(capsys):
     results = dict(perf_gpu.dry_run())
-    assert list(results) == ["flow_grpo, recompute", "flow_grpo, defaults", "op_grpo"]
+    assert list(results) == ["flow_grpo, recompute", "flow_grpo, recompute, batched CFG", "flow_grpo, defaults",
+                             "op_grpo"]
     recompute, defaults = results["flow_grpo, recompute"], results["flow_grpo, defaults"]
+    batched = results["flow_grpo, recompute, batched CFG"]
     assert not recompute["keeps_rollout_graph"] and defaults["keeps_rollout_graph"]
-    for result in (recompute, defaults):
+    assert not batched["keeps_rollout_graph"] and not batched["split_cfg"] and batched["config"]["cfg_batch"] == "batched"
+    for result in (recompute, batched, defaults):
         assert result["grad_rel_diff"] < 1e-5
         assert result["ours"]["total"] > 0 and result["reference"]["total"] > 0
     assert defaults["activations_gib"]["ours"] > recompute["activations_gib"]["ours"]  # the kept graphs

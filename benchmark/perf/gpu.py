@@ -118,7 +118,11 @@ def check(model, overrides: dict, repeats: int, device: str) -> list[tuple[str, 
     """(label, measure.run result or an out-of-memory line) per Flow-GRPO variant, then ("op_grpo", its timing)."""
     overrides = {"group_size": 4, **overrides}
     out = []
-    for label, extra in (("flow_grpo, recompute", {"reuse_rollout_graph": False}), ("flow_grpo, defaults", {})):
+    # the recompute update with the CFG pair split (cfg_batch auto at this size) and in one batched call as the released
+    # loop makes it: on the first GPU run (docs/perf.md) the split one was 1.38x the reference loop
+    for label, extra in (("flow_grpo, recompute", {"reuse_rollout_graph": False}),
+                         ("flow_grpo, recompute, batched CFG", {"reuse_rollout_graph": False, "cfg_batch": "batched"}),
+                         ("flow_grpo, defaults", {})):
         try:
             out.append((label, measure.run(model, {**overrides, **extra}, repeats=repeats, device=device)))
         except torch.cuda.OutOfMemoryError as error:
