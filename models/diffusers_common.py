@@ -281,7 +281,7 @@ class DiffusersFlowModel(FlowModel):
 
         self._setup_training(finetune, int(lora_rank), float(lora_alpha), lora_targets or self.default_lora_targets)
         if gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
+            self.transformer.enable_gradient_checkpointing(self._checkpointing_func())
         # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
@@ -459,6 +459,20 @@ class DiffusersFlowModel(FlowModel):
 
         # the backward pass runs the kernel the forward picked, so the forward's choice holds for the update too
         return sdpa_kernel([getattr(SDPBackend, name) for name in self.attention_backends])
+
+    def _checkpointing_func(self):
+        """diffusers' gradient-checkpointing function (None: its own), or, when the adapter narrows the attention
+        backends, the same non-reentrant checkpoint whose recomputation in the backward pass runs under them too
+        (the forward's context has ended by then, and a recomputed forward would pick torch's backend again)."""
+        if self.attention_backends is None:
+            return None
+        from torch.utils.checkpoint import checkpoint
+
+        def func(module, *args):
+            return checkpoint(module.__call__, *args, use_reentrant=False,
+                              context_fn=lambda: (contextlib.nullcontext(), self._attention()))
+
+        return func
 
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
         """One transformer call as the adapter's pipeline makes it (argument names differ between SD3 and Wan)."""

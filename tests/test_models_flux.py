@@ -195,6 +195,21 @@ def test_the_transformer_runs_without_cudnn_attention_and_the_flags_come_back(mo
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
+def test_gradient_checkpointing_recomputes_without_cudnn_attention_too(flux_dir, monkeypatch):
+    """With gradient checkpointing (paper-flux-hpsv2 sets it) the blocks' forward runs again inside the backward pass,
+    after predict's context has ended: the recomputation leaves cuDNN attention out as well."""
+    checkpointed = FluxModel(path=flux_dir, **ARGS, gradient_checkpointing=True)
+    checkpointed.transformer.train()  # diffusers checkpoints only in training mode
+    seen = []
+    block = checkpointed.transformer.transformer_blocks[0]
+    block.register_forward_pre_hook(lambda module, args: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    x = checkpointed.initial_noise([torch.Generator().manual_seed(3)] * 2)
+    out = checkpointed.predict(x, torch.tensor([0.9, 0.5]), checkpointed.encode(PROMPTS))
+    assert seen == [False]
+    out.square().mean().backward()
+    assert seen == [False, False]  # the forward, then its recomputation in the backward pass
+
+
 def test_dance_grpo_targets_skip_the_text_stream(flux_dir):
     dance = FluxModel(path=flux_dir, lora_targets=list(FLUX_DANCE_GRPO_LORA_TARGETS), **ARGS)
     wrapped = {n.split(".lora_")[0] for n, _ in dance.transformer.named_parameters() if "lora_" in n}
