@@ -33,8 +33,8 @@ PROMPTS = ("a cat walks", "two red dogs run")
 #: Qwen-Image rehearses with its text padding masked: paper-qwen-image-pickscore's ``text_padding: attended`` (as the
 #: Flow-GRPO release ran) lets a prompt attend to the padding up to the longest prompt of its transformer call, so a
 #: sample's velocity depends on which prompts share its call, and with them on the number of processes and on the
-#: micro-batches (tests/test_models_qwen_image.py, test_attended_padding_...); the contract "results do not depend on the number of
-#: processes" holds for the masked padding only
+#: micro-batches (tests/test_models_qwen_image.py, test_attended_padding_...); the contract "results do not depend on
+#: the number of processes" holds for the masked padding only
 QWEN_PADDING = ("model.args.text_padding=masked",)
 
 
