@@ -40,6 +40,7 @@ from flowzoo.benchmark.experiments.config import (
     OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
 )
 from flowzoo.benchmark.experiments.inert import check_trains_something
+from flowzoo.benchmark.experiments.machine import machine_record
 from flowzoo.benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
 from flowzoo.benchmark.experiments.samples import save_samples
 from flowzoo.benchmark.experiments.tracking import Trackers, check_tracker_environment
@@ -432,6 +433,7 @@ class Runner:
             "nfe": nfe,
             "wall_s": wall_s,
             "config_digest": config_digest(cfg),  # binds done.json to the config (is_finished)
+            "machine": machine_record(),  # float results differ across CPUs: a page names each run's machine
         }
         if self.dist.is_main:
             atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
