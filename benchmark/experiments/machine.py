@@ -5,6 +5,7 @@ made in several places can say which machine made each."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from pathlib import Path
 
@@ -12,13 +13,11 @@ from pathlib import Path
 def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """The CPU's model name (Linux: the first ``model name`` of /proc/cpuinfo; elsewhere the platform's processor
     string, or the architecture)."""
-    try:
+    with contextlib.suppress(OSError):  # no /proc (macOS, Windows) or unreadable: the platform's string below
         for line in Path(cpuinfo).read_text(errors="replace").splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name" and value.strip():
                 return value.strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown"
 
 
