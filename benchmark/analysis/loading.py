@@ -143,6 +143,43 @@ def protocol_line(protocols: Mapping[str, str]) -> str:
             "different samplers and are not comparable (set train.eval_sampler alike for every cell).")
 
 
+def run_machine(run_dir: str | Path) -> str | None:
+    """The machine a finished run names in its done.json (``machine``, benchmark/experiments/machine.py): its CPU
+    model, with its accelerator after `` + `` when it had one; None for a run that names none (unfinished, or made
+    before runs recorded their machine)."""
+    try:
+        summary = json.loads((Path(run_dir) / "done.json").read_text())
+    except (OSError, ValueError):
+        return None
+    machine = summary.get("machine") if isinstance(summary, dict) else None
+    if not isinstance(machine, dict) or not machine.get("cpu"):
+        return None
+    return str(machine["cpu"]) + (f" + {machine['accelerator']}" if machine.get("accelerator") else "")
+
+
+def machine_line(machines: Mapping[str, str | None]) -> str:
+    """One line for a page: the machines its runs were made on (``machines``: run -> :func:`run_machine`), each with
+    its run count, and how many runs name none; "" when no run names one (a page of runs made before runs recorded
+    their machine reads as before)."""
+    counts: dict[str, int] = {}
+    unnamed = 0
+    for machine in machines.values():
+        if machine is None:
+            unnamed += 1
+        else:
+            counts[machine] = counts.get(machine, 0) + 1
+    if not counts:
+        return ""
+    listed = ", ".join(f"`{machine}` ({n} runs)" for machine, n in sorted(counts.items()))
+    text = f"Machines (each run's done.json `machine`): {listed}"
+    if unnamed:
+        text += f"; {unnamed} runs name none (made before runs recorded their machine)"
+    if len(counts) + bool(unnamed) > 1:
+        text += ("; float results of the same code differ between CPUs, so a run repeats bit for bit only on its "
+                 "own kind of machine")
+    return text + "."
+
+
 def tuned_recipe(config: Mapping) -> str | None:
     """The ``tuned:`` directory a run's recipe came from (its config.yaml's ``recipe`` note), or None: a run at its
     suite's own recipe, or one made before runs recorded their recipe."""

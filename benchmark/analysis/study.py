@@ -44,12 +44,14 @@ import pandas as pd
 from flowzoo.benchmark.analysis import costs, effects, study_answer, study_page
 from flowzoo.benchmark.analysis.loading import (
     SkippedRun,
+    machine_line,
     protocol_line,
     find_run_dirs,
     load_runs,
     read_metrics,
     read_run_keys,
     recipe_text,
+    run_machine,
 )
 from flowzoo.benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
 from flowzoo.benchmark.analysis.study_claims import (
@@ -459,8 +461,9 @@ def portable_config(text: str, relative: Path) -> str:
 
 def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int = 6,
                          merged_into: str | Path | None = None) -> int:
-    """Copies each run's config.yaml and its metrics.csv cut to ``KEPT_COLUMNS`` plus the per-step log-ratio columns
-    (floats at ``digits`` significant digits) into ``out_dir``, keeping the relative layout; returns the run count.
+    """Copies each run's config.yaml, its done.json (as is: the machine it names is on the page) and its metrics.csv
+    cut to ``KEPT_COLUMNS`` plus the per-step log-ratio columns (floats at ``digits`` significant digits) into
+    ``out_dir``, keeping the relative layout; returns the run count.
     The study's tables computed from the copy match the full runs' to that precision.
 
     ``merged_into``: the folder the copies will be moved into (``out_dir`` is its stage). A run directory there at a
@@ -487,6 +490,8 @@ def save_trimmed_metrics(runs_dir: str | Path, out_dir: str | Path, digits: int 
         keep = [c for c in frame.columns if c in KEPT_COLUMNS or c.startswith(STEP_LOG_RATIO_PREFIX)]
         atomic_write(target / "metrics.csv", lambda f: frame[keep].to_csv(f, index=False, float_format=f"%.{digits}g"))
         atomic_write(target / "config.yaml", lambda f: f.write(config), mode="wb")
+        if (run / "done.json").is_file():  # the run's summary: its steps, config digest and machine (run_machine)
+            atomic_write(target / "done.json", lambda f: f.write((run / "done.json").read_bytes()), mode="wb")
         count += 1
     return count
 
@@ -603,7 +608,9 @@ def write_study(request: StudyRequest) -> Path:
     gain_rows = gains(table, seed_sets)
     cost_rows = costs.cost_table(table, seed_sets)
     curves = mean_curves(runs)
-    frames = {"runs.csv": table, "effects.csv": effect_rows, "gains.csv": gain_rows}
+    machines = {run: run_machine(Path(request.runs_dir) / run) for run in table["run"]}
+    named = table.assign(machine=table["run"].map(machines)) if any(machines.values()) else table
+    frames = {"runs.csv": named, "effects.csv": effect_rows, "gains.csv": gain_rows}
     if not cost_rows.empty:
         frames["costs.csv"] = cost_rows
     if claims is not None:
@@ -627,7 +634,8 @@ def write_study(request: StudyRequest) -> Path:
         title = study_answer.page_title(suite.name if suite else None, suite.question if suite else "", out.name)
         markdown = render(table, effect_rows, seed_sets, request.baseline, request.smooth, curves, claims, wall,
                           gain_rows, skipped, lead, figure_lines, pair, recipes, claims_of, title,
-                          protocol_line(protocols), cost_section)
+                          " ".join(filter(None, (protocol_line(protocols), machine_line(machines)))),
+                          cost_section)
         study_page.write_page(stage, markdown, title=title)
     return out / "README.md"
 
