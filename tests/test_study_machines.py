@@ -44,7 +44,7 @@ def test_machine_line_counts_each_machine_and_the_runs_that_name_none():
     one = machine_line({"a": "AMD EPYC", "b": "AMD EPYC"})
     assert one == "Machines (each run's done.json `machine`): `AMD EPYC` (2 runs)."
     mixed = machine_line({"a": "AMD EPYC", "b": "Intel Xeon", "c": "AMD EPYC", "d": None})
-    assert "`AMD EPYC` (2 runs), `Intel Xeon` (1 runs); 1 runs name none" in mixed
+    assert "`AMD EPYC` (2 runs), `Intel Xeon` (1 run); 1 run names none" in mixed
     assert "differ between CPUs" in mixed and "differ between CPUs" not in one
 
 

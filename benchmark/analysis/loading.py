@@ -170,14 +170,18 @@ def machine_line(machines: Mapping[str, str | None]) -> str:
             counts[machine] = counts.get(machine, 0) + 1
     if not counts:
         return ""
-    listed = ", ".join(f"`{machine}` ({n} runs)" for machine, n in sorted(counts.items()))
+    listed = ", ".join(f"`{machine}` ({_runs(n)})" for machine, n in sorted(counts.items()))
     text = f"Machines (each run's done.json `machine`): {listed}"
     if unnamed:
-        text += f"; {unnamed} runs name none (made before runs recorded their machine)"
+        text += f"; {_runs(unnamed)} name{'s' if unnamed == 1 else ''} none (made before runs recorded their machine)"
     if len(counts) + bool(unnamed) > 1:
         text += ("; float results of the same code differ between CPUs, so a run repeats bit for bit only on its "
                  "own kind of machine")
     return text + "."
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" + ("" if count == 1 else "s")
 
 
 def tuned_recipe(config: Mapping) -> str | None:
