@@ -104,7 +104,8 @@ class AlgorithmConfig:
     cfg_grad: Literal["cond", "both"] = "cond"
     # How ``cfg_grad: cond`` runs with autograd on (models.base.FlowModel.velocity): ``batched`` one call on
     # [cond; uncond] with the unconditional half detached after it (the released form), ``split`` the unconditional
-    # half as its own no_grad call, ``auto`` the model's choice (split from 1M transformer parameters). Same math.
+    # half as its own no_grad call, ``auto`` the model's choice (on a GPU batched, as released; on the CPU split from
+    # 1M transformer parameters: models.diffusers_common.cfg_split_pays). Same math.
     cfg_batch: Literal["auto", "batched", "split"] = "auto"
     lr: float = 3e-4
     weight_decay: float = 1e-4
@@ -246,32 +247,40 @@ RESERVED_COLUMNS = frozenset(f.name for f in dataclasses.fields(StepStats) if f.
 
 class UpdateTally:
     """The PPO update's bookkeeping: sums over the trained (sample, step) pairs, the clipped pairs of named subsets of
-    the samples (``Algorithm.clip_subsets``) and the gradient norms; ``finish`` sums them over processes."""
+    the samples (``Algorithm.clip_subsets``) and the gradient norms; ``finish`` sums them over processes.
 
-    def __init__(self, subsets: dict[str, torch.Tensor]):
+    The sums accumulate on the device, in float64 (each chunk's float32 sums widened, as Python floats held them
+    before), and reach the host once, in ``finish``: a chunk adds no host read (on a GPU each would wait for it)."""
+
+    FIELDS = ("clipped", "approx_kl", "kl", "ratio", "loss")
+
+    def __init__(self, subsets: dict[str, torch.Tensor], device: torch.device | str = "cpu"):
         self.subsets = subsets
-        self.sums = {"clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "ratio": 0.0, "loss": 0.0, "pairs": 0}
-        self.subset_pairs = {name: torch.zeros(2, dtype=torch.float64) for name in subsets}  # [clipped, total]
+        #: the subsets' masks on the device, moved once (they index the device's rows)
+        self._masks = {name: mask.to(device) for name, mask in subsets.items()}
+        #: [clipped, approx_kl x rows, kl, ratio, loss, then (clipped, total) per subset], float64 on the device
+        self._acc = torch.zeros(len(self.FIELDS) + 2 * len(subsets), dtype=torch.float64, device=device)
+        self.pairs = 0
         self.grad_norms: list[float] = []
 
     @torch.no_grad()
     def add(self, rows: torch.Tensor, terms, log_prob: torch.Tensor, old: torch.Tensor, kl: torch.Tensor,
             per_sample: torch.Tensor) -> None:
-        self.sums["clipped"] += float(terms.clipped.sum())
-        self.sums["approx_kl"] += float(approx_kl(log_prob, old)) * len(rows)
-        self.sums["kl"] += float(kl.sum())
-        self.sums["ratio"] += float(terms.ratio.sum())
-        self.sums["loss"] += float(per_sample.sum())
-        self.sums["pairs"] += len(rows)
-        for name, mask in self.subsets.items():
+        wide = torch.float64
+        values = [terms.clipped.sum().to(wide), approx_kl(log_prob, old).to(wide) * len(rows), kl.sum().to(wide),
+                  terms.ratio.sum().to(wide), per_sample.sum().to(wide)]
+        for mask in self._masks.values():
             member = mask[rows]
-            self.subset_pairs[name] += torch.tensor([float(terms.clipped[member].sum()), float(member.sum())],
-                                                    dtype=torch.float64)
+            values += [(terms.clipped & member).sum().to(wide), member.sum().to(wide)]
+        self._acc += torch.stack(values)
+        self.pairs += len(rows)
 
     def finish(self, dist: SingleProcess) -> tuple[dict[str, float], dict[str, float]]:
         """(the StepStats fields of the update, {subset column: its clip fraction}) over all processes; the subsets'
         fractions only when every subset holds trained pairs."""
-        sums = dist.sum(self.sums)
+        acc = self._acc.tolist()  # the update's one read of its sums
+        local = dict(zip(self.FIELDS, acc[: len(self.FIELDS)]), pairs=self.pairs)
+        sums = dist.sum(local)
         n = max(sums["pairs"], 1)
         result = {
             "clip_frac": sums["clipped"] / n,
@@ -281,10 +290,24 @@ class UpdateTally:
             "loss": sums["loss"] / n,
             "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
         }
-        pairs = {name: dist.sum(counts) for name, counts in self.subset_pairs.items()}
-        if not pairs or any(counts[1] == 0 for counts in pairs.values()):
+        counts = acc[len(self.FIELDS):]
+        pairs = {name: dist.sum(torch.tensor(counts[2 * i: 2 * i + 2], dtype=torch.float64))
+                 for i, name in enumerate(self.subsets)}
+        if not pairs or any(c[1] == 0 for c in pairs.values()):
             return result, {}
-        return result, {name: float(counts[0] / counts[1]) for name, counts in pairs.items()}
+        return result, {name: float(c[0] / c[1]) for name, c in pairs.items()}
+
+
+def rows_on_device(chunks: list[tuple[torch.Tensor | None, Any]], device: torch.device
+                   ) -> list[tuple[torch.Tensor | None, Any]]:
+    """The update's chunks (host row indices, step) with their rows on ``device``: the rows of every chunk of a
+    minibatch go there in one copy, not one per chunk (each would wait for the device: a pageable host-to-device
+    copy synchronises)."""
+    host = [rows for rows, _ in chunks if rows is not None]
+    if not host:
+        return chunks
+    moved = iter(torch.cat(host).to(device).split([len(rows) for rows in host]))
+    return [(rows if rows is None else next(moved), t) for rows, t in chunks]
 
 
 class Algorithm(LockstepPadding):
@@ -642,13 +665,22 @@ class Algorithm(LockstepPadding):
         """The recorded transition t -> t+1 of samples ``rows`` scored under the model's current policy (gradients
         flow unless the caller disables them). ``t``: one step for every row, or a tensor of one step per row."""
         x = traj.latents[rows, t]
-        steps = torch.as_tensor(t, device=traj.sigmas.device)
-        sigma = traj.sigmas[steps].expand(len(rows))
-        sigma_next = traj.sigmas[steps + 1].expand(len(rows))
+        sigma, sigma_next = self._step_sigmas(traj, t, len(rows))
+        quiet = traj.quiet_steps()[t]  # host-side: whether the step has zero noise, without reading the device
         v = self.model.velocity(x, sigma, traj.cond.index(rows), traj.guidance, cfg_grad=self.config.cfg_grad,
                                 cfg_batch=self.config.cfg_batch)
         return sde_step(x, v, sigma, sigma_next, kind=traj.kind, noise_level=traj.noise_level,
-                        prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction)
+                        prev_sample=traj.latents[rows, t + 1], reduction=traj.reduction,
+                        deterministic=bool(quiet.all()))
+
+    @staticmethod
+    def _step_sigmas(traj: Trajectory, t: int | torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sigma, sigma_next) [n] of transition ``t`` (one step, or a host tensor of one step per row) from the
+        trajectory's grid on its device: a view for one step, no host-to-device copy per call."""
+        sigmas = traj.device_sigmas()
+        if isinstance(t, torch.Tensor):  # the fused update's per-row steps (a host tensor)
+            t = t.to(sigmas.device)
+        return sigmas[t].expand(n), sigmas[t + 1].expand(n)
 
     def _step_terms(
         self, traj: Trajectory, rows: torch.Tensor, t: int, live: dict | None = None
@@ -663,7 +695,7 @@ class Algorithm(LockstepPadding):
         if self.config.kl_beta > 0:
             with torch.no_grad(), self.model.reference():
                 ref = self.score_transition(traj, rows, t)
-            sigma, sigma_next = traj.sigmas[t].expand(len(rows)), traj.sigmas[t + 1].expand(len(rows))
+            sigma, sigma_next = self._step_sigmas(traj, t, len(rows))
             std = kl_std(out.std, sigma, sigma_next, self.config.kl_variance, traj.kind)
             kl = gaussian_mean_kl(out.mean, ref.mean, std, traj.reduction)
         return out, kl
@@ -743,8 +775,10 @@ class Algorithm(LockstepPadding):
         summed and normalised by the minibatch's number of trained (sample, step) pairs over all processes."""
         cfg = self.config
         offset, batch = self.dist.local_span(len(traj))  # minibatches are drawn over the global batch
+        device = traj.log_probs.device
         weight = torch.exp(traj.log_weight).float()
-        tally = UpdateTally(self.clip_subsets(traj))
+        tally = UpdateTally(self.clip_subsets(traj), device)
+        on_policy = ~traj.off_policy.to(device)  # once: the drift check reads it at every chunk
         first_drift = None  # max |log pi_theta - log pi_old| of the first optimizer step's on-policy pairs
         padded = 0  # network calls this process made only to keep a sharded model's processes in lockstep
         for minibatch in self.minibatch_rows(batch, self.trained_rows(advantages), offset, len(traj)):
@@ -754,13 +788,13 @@ class Algorithm(LockstepPadding):
             drift = [] if first_drift is None else None
             self.optimizer.zero_grad(set_to_none=True)
             fused = []  # a fused update's chunk losses, back-propagated once (a kept graph's steps included)
-            for rows, t in self.padded_chunks(traj, minibatch):
+            for rows, t in rows_on_device(self.padded_chunks(traj, minibatch), device):
                 if rows is None:
                     self._padding_call(traj, fused, t)
                     padded += 1
                     continue
                 out, kl = self._step_terms(traj, rows, t, traj.live)
-                old = traj.log_probs[rows, t]
+                old = traj.log_probs[rows, t.to(device) if isinstance(t, torch.Tensor) else t]
                 terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
                 per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
                 loss = per_sample.sum() / pairs
@@ -770,9 +804,8 @@ class Algorithm(LockstepPadding):
                     loss.backward()
                 tally.add(rows, terms, out.log_prob, old, kl, per_sample)
                 if drift is not None:  # before any optimizer step: 0 unless sampling and training disagree
-                    on_policy = ~traj.off_policy[rows.to(traj.off_policy.device)].to(old.device)
-                    drift.append((out.log_prob.detach() - old)[on_policy].abs().max(dim=0, keepdim=True).values
-                                 if bool(on_policy.any()) else old.new_zeros(1))
+                    gap = (out.log_prob.detach() - old).abs()
+                    drift.append(torch.where(on_policy[rows], gap, torch.zeros_like(gap)).amax().reshape(1))
             if fused:
                 torch.stack(fused).sum().backward()
             if drift is not None:  # every process sets it at the same minibatch (this rank may hold none of it)

@@ -8,7 +8,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from flowzoo.algorithms.sde import NoiseStreams, StepOutput, dpm_solver_pp_2m_step, euler_step, sde_step
+from flowzoo.algorithms.sde import (NoiseStreams, StepOutput, deterministic_steps, dpm_solver_pp_2m_step, euler_step,
+                                   sde_step)
 from flowzoo.algorithms.trajectory import StepPlan
 from flowzoo.models.base import Condition, FlowModel
 
@@ -71,24 +72,29 @@ def rollout(
     latents = torch.zeros((batch, num_steps + 1, *x.shape[1:]), dtype=x.dtype, device=x.device)
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
-    noise = NoiseStreams(generators, x.shape[1:])  # each sample's own generator, as drawn step by step
+    stop = num_steps if stop_step is None else stop_step
+    quiet = deterministic_steps(plan.kind, plan.sigmas, plan.noise_level)  # host-side: no device read per step
+    noisy = int((plan.sde[start_step:stop] & ~quiet[start_step:stop]).sum())
+    noise = NoiseStreams(generators, x.shape[1:], steps=noisy)  # each sample's own generator, as drawn step by step
     try:
         _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-                   num_steps if stop_step is None else stop_step, prediction)
+                   stop, prediction, quiet)
     finally:
         noise.close()
     return latents, log_probs
 
 
 def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-               stop_step, prediction) -> None:
-    """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams), filling ``latents``
-    and ``log_probs`` in place."""
+               stop_step, prediction, quiet) -> None:
+    """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams, ``quiet`` the host-side
+    mask of the grid's zero-noise steps), filling ``latents`` and ``log_probs`` in place. Nothing in it reads a device
+    tensor on the host: the grid goes onto the latents' device once, the masks are the plan's host tensors."""
     batch, num_steps = x.shape[0], plan.num_steps
+    sigmas = plan.sigmas.to(device=x.device, dtype=torch.float32)  # once per rollout, not once per call
     prev_x0 = prev_sigma = None
     for t in range(start_step, stop_step):
-        sigma = plan.sigmas[t].expand(batch)
-        sigma_next = plan.sigmas[t + 1].expand(batch)
+        sigma = sigmas[t].expand(batch)
+        sigma_next = sigmas[t + 1].expand(batch)
         trained = plan.train[:, t].any() if getattr(plan, "graph_steps", None) is None else plan.graph_steps[t]
         keep_graph = live is not None and bool(plan.sde[t]) and bool(trained)
         with torch.set_grad_enabled(keep_graph):
@@ -96,7 +102,7 @@ def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_
             if plan.sde[t]:
                 out = sde_step(
                     x, v, sigma, sigma_next, kind=plan.kind, noise_level=plan.noise_level, generator=noise,
-                    reduction=plan.reduction,
+                    reduction=plan.reduction, deterministic=bool(quiet[t]),
                 )
         v = v.detach()
         # the data prediction is the DPM-Solver++ history; plans without solver steps need not compute it

@@ -73,11 +73,19 @@ class NoiseStreams:
     cost on the toy tier). :meth:`close` rewinds every generator to just after the draws that were used, so the
     generators end where per-step draws leave them. Larger latents draw step by step, as ``_noise`` does."""
 
-    def __init__(self, generators: Sequence[torch.Generator], shape: Sequence[int]):
+    def __init__(self, generators: Sequence[torch.Generator], shape: Sequence[int], steps: int | None = None):
         self.generators = list(generators)
         self.shape = tuple(shape)
         self.numel = math.prod(self.shape)
-        self.block = (SERIAL_NORMAL_LIMIT - 1) // self.numel if self.numel < SERIAL_NORMAL_LIMIT else 1
+        if self.numel < SERIAL_NORMAL_LIMIT:
+            self.block = (SERIAL_NORMAL_LIMIT - 1) // self.numel
+        elif steps is not None and SERIAL_NORMAL_LIMIT and self.numel % SERIAL_NORMAL_LIMIT == 0:
+            # the sampler fills whole blocks of 16 values in order, so one draw of k * numel values is the k draws of
+            # numel values one after another (values and generator state: tests/test_noise_streams.py); drawing all
+            # of a rollout's noisy steps at once moves the noise onto the device once instead of once per step
+            self.block = max(int(steps), 1)
+        else:
+            self.block = 1
         self._buffer: torch.Tensor | None = None
         self._states: list[torch.Tensor] = []
         self._used = 0
@@ -95,6 +103,8 @@ class NoiseStreams:
             size = (self.block * self.numel,)
             self._buffer = torch.stack([torch.randn(size, generator=g, dtype=torch.float32) for g in self.generators])
             self._used = 0
+            if self.numel >= SERIAL_NORMAL_LIMIT:  # a rollout's whole block onto the device in one copy
+                self._buffer = self._buffer.to(like.device)
         part = self._buffer[:, self._used * self.numel: (self._used + 1) * self.numel]
         self._used += 1
         return part.reshape(like.shape).to(like.device)
@@ -139,11 +149,14 @@ def sde_step(
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | NoiseStreams | None = None,
     reduction: str = "mean",
+    deterministic: bool | None = None,
 ) -> StepOutput:
     """One stochastic denoising step from ``sigma`` to ``sigma_next`` (both [B], ``sigma_next < sigma``).
 
     With ``prev_sample`` given, it is scored instead of sampled (used to recompute log-probs in the update).
-    A step with zero noise is deterministic: ``prev_sample = mean`` and ``log_prob`` is 0.
+    A step with zero noise is deterministic: ``prev_sample = mean`` and ``log_prob`` is 0. ``deterministic``: whether
+    it is, known from the host-side plan (:func:`deterministic_steps`); None reads it from the step's std, which on
+    an accelerator waits for the device (the rollout and the update pass it).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown SDE kind {kind!r}; known: {', '.join(KINDS)}")
@@ -172,7 +185,8 @@ def sde_step(
         mean = (1 - s_next) * x0 + torch.sqrt(s_next**2 - std_b**2) * x1
         std = std_b.reshape(-1)
 
-    deterministic = bool((std == 0).all())
+    if deterministic is None:
+        deterministic = bool((std == 0).all())
     if prev_sample is None:
         prev_sample = mean if deterministic else mean + _bcast(std, x) * _noise(x, generator)
     prev_sample = prev_sample.float()
@@ -184,6 +198,25 @@ def sde_step(
     else:
         log_prob = gaussian_log_prob(prev_sample.detach(), mean, std, reduction)
     return StepOutput(prev_sample.to(out_dtype), log_prob, mean, std)
+
+
+def deterministic_steps(kind: str, sigmas: torch.Tensor, noise_level: float) -> torch.Tensor:
+    """[T] bool: which transitions of the grid ``sigmas`` [T+1] have zero noise under ``kind`` (then ``sde_step`` is
+    deterministic), computed on the host with :func:`sde_step`'s own float32 formulas for the std, so that the
+    sampler and the update know it without reading a device tensor (tests/test_host_syncs.py checks it against
+    ``sde_step``'s std on every kind's grid)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown SDE kind {kind!r}; known: {', '.join(KINDS)}")
+    grid = sigmas.detach().to(device="cpu", dtype=torch.float32)
+    sigma, sigma_next = grid[:-1], grid[1:]
+    dt = sigma_next - sigma
+    if kind == "flow_grpo":
+        std = flow_grpo_std(sigma, sigma_next, noise_level) * torch.sqrt(-dt)
+    elif kind == "dance_grpo":
+        std = noise_level * torch.sqrt(-dt)
+    else:  # cps
+        std = sigma_next * math.sin(noise_level * math.pi / 2)
+    return std == 0
 
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from flowzoo.algorithms.sde import deterministic_steps
 from flowzoo.models.base import Condition
 
 
@@ -173,6 +174,23 @@ class Trajectory:
     @property
     def decode(self) -> str:
         return self.plan.decode
+
+    def device_sigmas(self) -> torch.Tensor:
+        """The plan's sigmas on the latents' device in float32, copied there once per trajectory (the update reads
+        them at every call; a host grid would be copied to the device at each of them)."""
+        cached = self.__dict__.get("_device_sigmas")
+        if cached is None or cached.device != self.latents.device:
+            cached = self.plan.sigmas.to(device=self.latents.device, dtype=torch.float32)
+            self.__dict__["_device_sigmas"] = cached
+        return cached
+
+    def quiet_steps(self) -> torch.Tensor:
+        """[T] host bool: the grid's zero-noise transitions (``algorithms.sde.deterministic_steps``), once."""
+        cached = self.__dict__.get("_quiet_steps")
+        if cached is None:
+            cached = deterministic_steps(self.kind, self.sigmas, self.noise_level)
+            self.__dict__["_quiet_steps"] = cached
+        return cached
 
     def __post_init__(self) -> None:
         b = len(self.prompts)

@@ -126,6 +126,13 @@ def check_pipeline_dir(path: str | os.PathLike | None, env_var: str, model: str,
     return root
 
 
+def cfg_split_pays(device_type: str, transformer_parameters: int) -> bool:
+    """``cfg_batch: auto``'s rule (``DiffusersFlowModel.split_cfg_pays``): split the detached unconditional branch
+    into its own call only on the CPU and from ``DiffusersFlowModel.cfg_split_min_params`` parameters; a function of
+    the device and the size alone, so the paper models' choice is stated without building them."""
+    return device_type == "cpu" and transformer_parameters >= DiffusersFlowModel.cfg_split_min_params
+
+
 class PlainTransformer:
     """A peft-free copy of a LoRA-adapted diffusers transformer, for calls made without autograd.
 
@@ -432,16 +439,24 @@ class DiffusersFlowModel(FlowModel):
         return self.encode([self.negative_prompt]).repeat_interleave(n)
 
     # ---- network evaluation -------------------------------------------------------------------------------
-    #: ``cfg_batch: auto`` splits the detached unconditional CFG branch into its own no_grad call from this many
-    #: transformer parameters on: there the backward of B rows it saves outweighs one call's overhead. Measured on
-    #: the CPU (docs/perf.md): the tiny tier (1.7 M) trains 2.3x faster split, the perf pipeline (0.02 M) is faster
-    #: batched; SD3.5-Medium (2.5 B) and Wan2.1 (1.3 B) split.
+    #: ``cfg_batch: auto`` splits the detached unconditional CFG branch into its own no_grad call on the CPU from this
+    #: many transformer parameters on: there a call's arithmetic is its cost, and the backward of B rows it saves
+    #: outweighs the extra call. Measured on the CPU (docs/perf.md): the tiny tier (1.7 M) trains 2.3x faster split,
+    #: the perf pipeline (0.02 M) is faster batched.
     cfg_split_min_params: ClassVar[int] = 1_000_000
 
     def split_cfg_pays(self) -> bool:
+        """On an accelerator never: the released loops' one batched call on 2 B rows (unconditional half detached) is
+        what a GPU runs fastest at the recipes' 4-9 samples per call, where its time follows the number of calls (the
+        first GPU run, docs/perf.md: the split update was 1.38x the released loop on an H200 at 4 samples); no GPU
+        measurement has shown the split form paying at any rows per call. On the CPU: from ``cfg_split_min_params``."""
+        return cfg_split_pays(self.device.type, self.transformer_parameters())
+
+    def transformer_parameters(self) -> int:
+        """The transformer's parameter count (counted once)."""
         if not hasattr(self, "_transformer_params"):
             self._transformer_params = sum(p.numel() for p in self.transformer.parameters())
-        return self._transformer_params >= self.cfg_split_min_params
+        return self._transformer_params
 
     def _autocast(self):
         if self.dtype not in AUTOCAST_DTYPES:

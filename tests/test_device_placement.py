@@ -178,6 +178,8 @@ GENERATOR = ("drawn from a CPU torch.Generator (the zoo's noise and orders are p
              "sample index, the same on every device): a host draw")
 HOST_PLAN = ("the step plan is host-side control data (algorithms/trajectory.py StepPlan): reading its masks needs no "
              "device sync; the kernels move the sigmas they use onto the latents' device")
+HOST_GRID = ("the plan's zero-noise steps computed on the host from its host grid (a no-op move: plans are host-side), "
+             "so that neither the rollout nor the update reads a device tensor to know them")
 HOST_INDEX = ("host-side index or group ids: CPU integer tensors index device tensors as they are (Trajectory's "
               "placement)")
 LOGGING = "logging only: a host value that is reduced and written to metrics.csv, never met by device math"
@@ -191,11 +193,10 @@ PLAN_VS_BUFFER = "the plan compared with the buffer's host entries (a no-op: pla
 #: appears in that file; a call of the same file whose source differs is a new finding.
 ALLOWED: dict[tuple[str, str], str] = {
     # ---- the template (algorithms/base.py; docs/perf.md "Device placement" lists what is still to change there)
-    ("algorithms/base.py", "torch.zeros(2, dtype=torch.float64)"): LOGGING + " (UpdateTally's clip counts)",
-    ("algorithms/base.py",
-     "torch.tensor([float(terms.clipped[member].sum()), float(member.sum())], dtype=torch.float64)"):
-        LOGGING + " (UpdateTally's clip counts, built from Python floats)",
+    ("algorithms/base.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
+        LOGGING + " (UpdateTally's clip counts, built from the host copy of its sums for the collective)",
     ("algorithms/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/sde.py", "sigmas.detach().to(device='cpu', dtype=torch.float32)"): HOST_GRID,
     ("algorithms/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/base.py", "batch.rewards.detach().cpu()"):
         "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per step",
