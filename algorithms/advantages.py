@@ -22,8 +22,11 @@ STD_MODES, AGGREGATIONS = get_args(StdMode), get_args(Aggregation)
 
 
 def _group_moments(rewards: torch.Tensor, group: torch.Tensor, unbiased: bool):
-    """Per-sample group mean and group std of ``rewards`` (float) by ``group`` id."""
-    ids, inverse, counts = torch.unique(group.to(rewards.device), return_inverse=True, return_counts=True)
+    """Per-sample group mean and group std of ``rewards`` (float) by ``group`` id. The groups are found where the ids
+    are (host-side, Trajectory's placement) and their index goes to the rewards' device: ``unique`` on a device tensor
+    would wait for the device (its output size depends on the values)."""
+    ids, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
+    inverse, counts = inverse.to(rewards.device), counts.to(rewards.device)
     means = rewards.new_zeros(len(ids)).index_add_(0, inverse, rewards) / counts
     centered = rewards - means[inverse]
     squares = rewards.new_zeros(len(ids)).index_add_(0, inverse, centered**2)
@@ -48,7 +51,8 @@ def group_advantages(
 def zero_std_fraction(rewards: torch.Tensor, group: torch.Tensor) -> float:
     """The fraction of groups whose rewards are all equal (zero std): their advantages are all 0, so they teach
     nothing (Flow-GRPO logs it as ``zero_std_ratio``, scripts/train_sd3.py:132-166)."""
-    ids, inverse = torch.unique(group.to(rewards.device), return_inverse=True)
+    ids, inverse = torch.unique(group, return_inverse=True)
+    inverse = inverse.to(rewards.device)
     rewards = rewards.double()
     lo = rewards.new_full((len(ids),), math.inf).scatter_reduce(0, inverse, rewards, "amin")
     hi = rewards.new_full((len(ids),), -math.inf).scatter_reduce(0, inverse, rewards, "amax")
