@@ -83,16 +83,17 @@ def _iterations(case: str, rollout_batch: int | None):
         return result
 
     alg.update = recorded
-    rows, collecting = [], []  # rows of every transformer call made while the batch is collected
+    rows, collecting = [], []  # per iteration, the rows of every transformer call made while its batch is collected
     predict, collect = model.predict, alg.collect
 
     def counted_predict(x, sigma, cond):
         if collecting:
-            rows.append(x.shape[0])
+            rows[-1].append(x.shape[0])
         return predict(x, sigma, cond)
 
     def counted_collect(*args):
         collecting.append(True)
+        rows.append([])
         try:
             return collect(*args)
         finally:
@@ -101,16 +102,17 @@ def _iterations(case: str, rollout_batch: int | None):
     model.predict, alg.collect = counted_predict, counted_collect
     for _ in range(iterations):
         alg.step(PROMPTS, [{} for _ in PROMPTS])
-    return seen, reward.calls, rows
+    return seen, reward.calls, rows, alg
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_chunked_iteration_is_the_one_call_iteration(case):
-    whole, whole_calls, whole_rows = _iterations(case, None)
-    chunked, chunked_calls, chunked_rows = _iterations(case, CHUNK)
+    whole, whole_calls, whole_rows, _ = _iterations(case, None)
+    chunked, chunked_calls, chunked_rows, _ = _iterations(case, CHUNK)
     assert whole_calls == [8] * len(whole)  # one reward call of all 8 samples per iteration
     assert chunked_calls == [3, 3, 2] * len(chunked)
     # the rollout's transformer calls (CFG: [cond; uncond]) hold at most a chunk's pair, where one call held them all
+    whole_rows, chunked_rows = sum(whole_rows, []), sum(chunked_rows, [])
     assert max(whole_rows) == 16 and max(chunked_rows) == 2 * CHUNK and sum(chunked_rows) == sum(whole_rows)
     if case.startswith("op_grpo"):
         assert bool(chunked[-1]["off_policy"].any()), "the second iteration replays buffer samples"
@@ -125,6 +127,47 @@ def test_a_chunked_iteration_is_the_one_call_iteration(case):
         assert any(g.abs().sum() > 0 for g in one["grads"])
         for g_chunked, g_whole in zip(other["grads"], one["grads"]):
             torch.testing.assert_close(g_chunked, g_whole, rtol=1e-5, atol=1e-9, msg=f"{case}: gradient")
+
+
+@pytest.mark.parametrize("rollout_batch", [None, 1, CHUNK])
+def test_op_grpo_counts_the_calls_its_rows_decide_for_lockstep_padding(rollout_batch):
+    """``_uneven_calls`` (what a sharded process pads to) is the collect's calls beyond the ones every process makes
+    (the regenerated steps t_off .. T-1 of its equal share of the batch), chunked or not."""
+    seen, _, rows, alg = _iterations("op_grpo", rollout_batch)
+    off_policy = seen[-1]["off_policy"]
+    n_replayed = int(off_policy.sum())
+    n_fresh = len(off_policy) - n_replayed
+    assert n_replayed and n_fresh
+    shared = (alg.num_steps - alg.t_off) * len(chunk_spans(len(off_policy), rollout_batch))
+    assert len(rows[-1]) == shared + alg._uneven_calls(n_fresh, n_replayed)
+    assert max(rows[-1]) == 2 * min(rollout_batch or len(off_policy), len(off_policy))
+
+
+def test_branched_prefix_padding_runs_uncounted_calls_that_change_nothing():
+    """A sharded Flow-GRPO-Fast process with fewer prefix chunks than another pads with one-row prefix runs, right
+    after its own prefix: the same samples, the NFE of the real calls only."""
+    from flowzoo.algorithms.rollout import branched_rollout
+
+    model = _tiny()
+    alg = algorithms.get("flow_grpo_fast")(model, Brightness(), {"group_size": 4, "num_steps": 4, "sde_window_size": 1,
+                                                                "sde_window_range": 3, "sde_window_start": 2,
+                                                                "shared_prefix": True}, seed=0)
+    calls = []
+    predict = model.predict
+    model.predict = lambda x, sigma, cond: calls.append(x.shape[0]) or predict(x, sigma, cond)
+    out = {}
+    for padding in (0, 2):
+        inputs = alg.fresh_inputs(PROMPTS, [{}, {}], shared_noise=True)  # fresh generators, the same noise
+        calls.clear()
+        model.nfe = 0
+        out[padding] = branched_rollout(model, inputs.cond, inputs.plan, inputs.x, inputs.generators, inputs.group, 2,
+                                        chunk=1, prefix_padding=padding)
+        out[padding] += (list(calls), model.nfe)
+    # 2 groups, chunk 1: 2 prefix steps x 2 head chunks, (2 padding runs x 2 steps), then 2 steps x 8 samples; every
+    # call one sample's CFG pair
+    assert out[0][2] == [2] * (4 + 16) and out[2][2] == [2] * (4 + 4 + 16)
+    assert out[0][3] == out[2][3]
+    assert torch.equal(out[0][0], out[2][0]) and torch.equal(out[0][1], out[2][1])
 
 
 def test_chunk_spans_cover_the_batch_in_order():
@@ -234,3 +277,15 @@ def test_the_paper_sd3_ocr_flow_grpo_cell_rolls_out_far_below_its_share_of_the_b
                                      model=models.get(cell.model.name))
     chunk = algorithms.Algorithm.rollout_chunk(resolved)
     assert chunk == 9 and per_gpu // chunk == 16
+
+
+def test_rollout_batch_is_no_part_of_a_runs_identity():
+    """A run made before the key existed, or with another chunk, is the same run (its results differ by rounding)."""
+    from flowzoo.benchmark.experiments.checkpoints import run_identity
+
+    before = {"algorithm": {"name": "flow_grpo", "lr": 1e-3}, "train": {}}
+    chunked = {"algorithm": {"name": "flow_grpo", "lr": 1e-3, "rollout_batch": 4}, "train": {}}
+    unset = {"algorithm": {"name": "flow_grpo", "lr": 1e-3, "rollout_batch": None}, "train": {}}
+    assert run_identity(before, set()) == run_identity(chunked, set()) == run_identity(unset, set())
+    assert run_identity(before, set()) != run_identity({**chunked, "algorithm": {**chunked["algorithm"], "lr": 2e-3}},
+                                                       set())
