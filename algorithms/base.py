@@ -41,7 +41,7 @@ from flowzoo.algorithms.ema import WeightEMA
 from flowzoo.algorithms.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
 from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
 from flowzoo.algorithms.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
-from flowzoo.algorithms.rollout import initial_noise, rollout, sample_generators
+from flowzoo.algorithms.rollout import chunk_spans, initial_noise, rollout, sample_generators
 from flowzoo.algorithms.sde import MAX_SAMPLING_STEPS, Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
 from flowzoo.algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
@@ -120,6 +120,11 @@ class AlgorithmConfig:
     # trainers step every gradient_accumulation_steps samples of each GPU's in-order sample list
     minibatch_order: str = "shuffled"
     micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once
+    # samples per network call of the training rollout (the CFG pair makes 2x rows), per VAE decode call and per
+    # reward call (memory: a GPU's whole share of the batch in one decode does not fit at the paper recipes); None =
+    # the model's ``default_rollout_batch`` (the released trainer's sampling batch; toy2d and tiny: all at once).
+    # The same samples and rewards to float rounding; not part of a run's identity
+    rollout_batch: int | None = None
     # How a step's Gaussian log-density is reduced over latent dims: "mean" as the released Flow-GRPO/DanceGRPO
     # code (a per-dimension average), or "sum", the true joint density the OP-GRPO trajectory ratio is written
     # with. Applied alike to behaviour log-probs, the PPO ratio, the KL and the sequence weight.
@@ -163,6 +168,9 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.ema_every must be a positive integer, got {self.ema_every}")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
+        if self.rollout_batch is not None and self.rollout_batch < 1:
+            raise ConfigError(f"algorithm.rollout_batch must be >= 1 or null (the model's default), got "
+                              f"{self.rollout_batch}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.guidance is not None and not (math.isfinite(self.guidance) and self.guidance >= 0):  # NaN fails
@@ -587,7 +595,8 @@ class Algorithm(LockstepPadding):
         prediction: dict[str, torch.Tensor] = {}  # the last step's data prediction, where the plan decodes it
         latents, log_probs = rollout(self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators,
                                      self.config.guidance, live=live, cfg_grad=self.config.cfg_grad,
-                                     cfg_batch=self.config.cfg_batch, prediction=prediction)
+                                     cfg_batch=self.config.cfg_batch, prediction=prediction,
+                                     chunk=self.rollout_chunk())
         return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
                                        inputs.group, self.config.guidance, live=live,
                                        prediction=prediction.get("x0"))
@@ -621,6 +630,12 @@ class Algorithm(LockstepPadding):
             group=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(g)[rows.start: rows.stop],
         )
 
+    def rollout_chunk(self) -> int | None:
+        """Samples per network call of a training rollout and per decode and reward call (``rollout_batch``, else
+        the model's ``default_rollout_batch``); None: all of a process's samples at once."""
+        chunk = self.config.rollout_batch
+        return self.model.default_rollout_batch if chunk is None else chunk
+
     def keeps_rollout_graph(self) -> bool:
         """``reuse_rollout_graph`` resolved (``auto``: see ``AlgorithmConfig``)."""
         cfg = self.config
@@ -635,17 +650,27 @@ class Algorithm(LockstepPadding):
     @torch.no_grad()
     def score(self, traj: Trajectory) -> None:
         """Decode the rewarded latents (``traj.rewarded``: the final sample, or the last step's data prediction where
-        the plan says so) and score them; fills ``samples``, ``rewards`` and ``reward_components``."""
-        traj.samples = self.model.decode(traj.rewarded)
-        try:
-            out = self.reward(traj.samples, traj.prompts, traj.metadata)
-        except FlowZooError:  # already one line (a RewardError, non-finite samples, a bad prompt, ...)
-            raise
-        except Exception as error:  # as the evaluation's reward pool says it: one line naming the reward
-            name = self.reward.name
-            raise RewardError(f"reward {name!r} failed in training: {type(error).__name__}: {error}") from error
-        traj.rewards = out.score
-        traj.reward_components = dict(out.components)
+        the plan says so) and score them; fills ``samples``, ``rewards`` and ``reward_components``. Decoded and
+        scored in chunks of :meth:`rollout_chunk` samples (one decode call and one reward call each)."""
+        rewarded = traj.rewarded
+        samples, scores, components = [], [], []
+        for span in chunk_spans(len(rewarded), self.rollout_chunk()):
+            samples.append(self.model.decode(rewarded[span]))
+            try:
+                out = self.reward(samples[-1], traj.prompts[span], traj.metadata[span])
+            except FlowZooError:  # already one line (a RewardError, non-finite samples, a bad prompt, ...)
+                raise
+            except Exception as error:  # as the evaluation's reward pool says it: one line naming the reward
+                name = self.reward.name
+                raise RewardError(f"reward {name!r} failed in training: {type(error).__name__}: {error}") from error
+            scores.append(out.score)
+            components.append(dict(out.components))
+        if len(samples) == 1:  # the one call's tensors as they are
+            traj.samples, traj.rewards, traj.reward_components = samples[0], scores[0], components[0]
+            return
+        traj.samples = torch.cat(samples)
+        traj.rewards = torch.cat(scores)
+        traj.reward_components = {name: torch.cat([part[name] for part in components]) for name in components[0]}
 
     def advantages(self, traj: Trajectory) -> torch.Tensor:
         weights = self.reward.weights if isinstance(self.reward, MultiReward) else None

@@ -49,7 +49,7 @@ from flowzoo.algorithms import register
 from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.distributed import GatheredBatch
 from flowzoo.algorithms.plans import iteration_generator, window_plan
-from flowzoo.algorithms.rollout import branched_rollout
+from flowzoo.algorithms.rollout import branched_rollout, chunk_spans
 from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import PURPOSE_WINDOW
@@ -133,9 +133,14 @@ class FlowGRPOFast(Algorithm):
         two processes computes its prefix on each, from the same noise."""
         inputs = self.fresh_inputs(prompts, metadata, shared_noise=True)  # one noise per group: one prefix
         live = {} if self.keeps_rollout_graph() else None
+        chunk = self.rollout_chunk()
+        # a process's prefix runs on its groups' first members, whose count may differ between processes: under a
+        # sharded model the one with fewer prefix chunks pads (algorithms/lockstep.py)
+        padding = self.lockstep_padding(len(chunk_spans(len(inputs.group.unique()), chunk))) if chunk else 0
         latents, log_probs = branched_rollout(
             self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators, inputs.group, self.sde_window_start(),
-            self.config.guidance, live, cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch,
+            self.config.guidance, live, cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch, chunk=chunk,
+            prefix_padding=padding,
         )
         return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
                                        inputs.group, self.config.guidance, live=live)

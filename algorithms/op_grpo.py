@@ -60,7 +60,7 @@ from flowzoo.algorithms.distributed import GatheredBatch
 from flowzoo.algorithms.losses import sequence_log_weight
 from flowzoo.algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
 from flowzoo.algorithms.plans import iteration_generator
-from flowzoo.algorithms.rollout import rollout, sample_generators
+from flowzoo.algorithms.rollout import chunk_spans, rollout, sample_generators
 from flowzoo.algorithms.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
@@ -243,23 +243,30 @@ class OPGRPO(Algorithm):
     def _recompute_old(self, traj: Trajectory, reused: torch.Tensor, first: int) -> torch.Tensor:
         """log pi_old [n, T] of the recorded transitions of rows ``first .. first + n - 1`` of ``traj`` marked
         ``reused`` [n, T], under the current parameters (0 elsewhere). They are scored together in chunks of at most
-        ``len(traj)`` transitions (the rollout's batch, so the peak memory stays the rollout's), not one model call per
-        step."""
+        as many transitions as the rollout's calls hold (:meth:`recompute_chunk`, so the peak memory stays the
+        rollout's), not one model call per step."""
         old = traj.log_probs.new_zeros(reused.shape)
         rows, steps = reused.nonzero(as_tuple=True)  # sample by sample, step by step
-        for lo in range(0, len(rows), len(traj)):
-            r, t = rows[lo: lo + len(traj)], steps[lo: lo + len(traj)]
+        size = self.recompute_chunk(len(traj))
+        for lo in range(0, len(rows), size):
+            r, t = rows[lo: lo + size], steps[lo: lo + size]
             old[r, t] = self.score_transition(traj, first + r, t).log_prob
         return old
+
+    def recompute_chunk(self, rows: int) -> int:
+        """Transitions per call of ``_recompute_old`` on a batch of ``rows`` samples: as many as a rollout call of
+        that batch holds (``rows``, at most the rollout chunk)."""
+        chunk = self.rollout_chunk()
+        return max(1, rows if chunk is None else min(rows, chunk))
 
     def _uneven_calls(self, n_fresh: int, n_replayed: int) -> int:
         """The transformer calls of ``_hybrid_rollout`` and ``_recompute_old`` that depend on this process's rows:
         one per step before t_off for the fresh rows' head, and the chunks of the replayed rows' recomputed pi_old."""
-        head = self.t_off if n_fresh and self.t_off > 0 else 0
+        head = self.t_off * len(chunk_spans(n_fresh, self.rollout_chunk())) if n_fresh and self.t_off > 0 else 0
         if not n_replayed or self.config.correction == "naive":
             return head
         reused_steps = int(self.step_plan(1).sde[: self.t_off].sum())
-        return head + -(-n_replayed * reused_steps // (n_fresh + n_replayed))
+        return head + -(-n_replayed * reused_steps // self.recompute_chunk(n_fresh + n_replayed))
 
     def _replay_inputs(self, groups: dict[int, list[ReplayEntry]], prompts, metadata, rows: range
                        ) -> tuple[RolloutInputs, torch.Tensor, torch.Tensor]:
@@ -286,7 +293,7 @@ class OPGRPO(Algorithm):
         regenerated steps' model calls in the same batched passes as the fresh ones (not a rollout of its own).
         Each row's noise is its own generator's, so the samples are those of separate rollouts."""
         guidance, t_off = self.config.guidance, self.t_off
-        rollout_args = dict(cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch)
+        rollout_args = dict(cfg_grad=self.config.cfg_grad, cfg_batch=self.config.cfg_batch, chunk=self.rollout_chunk())
         head = None
         if fresh is not None and t_off > 0:
             head = rollout(self.model, fresh.cond, fresh.plan, fresh.x, fresh.generators, guidance, stop_step=t_off,

@@ -50,6 +50,7 @@ def rollout(
     cfg_batch: str = "auto",
     stop_step: int | None = None,
     prediction: dict[str, torch.Tensor] | None = None,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. stop_step - 1`` (default: to the last, T - 1) from state ``x`` (the
     latent at ``plan.sigmas[start_step]``).
@@ -66,22 +67,68 @@ def rollout(
     With ``prediction`` a dict and a plan that decodes the prediction (``plan.decode == "prediction"``), the last
     step's data prediction ``x_{T-1} - sigma_{T-1} v`` (float32, as DanceGRPO's ``pred_original``) is stored in
     ``prediction["x0"]`` when the run reaches that step: the state the reward decodes (``Trajectory.rewarded``).
+    ``chunk`` (None: all rows at once) bounds the samples per network call (``AlgorithmConfig.rollout_batch``): the
+    step loop runs on each consecutive chunk of rows in turn. Each sample draws from its own generator, so the
+    samples are those of one call (to the float rounding of a smaller batch); the chunks' kept graphs (``live``) and
+    data predictions are concatenated, so autograd reaches every chunk's graph.
     """
     batch = x.shape[0]
     num_steps = plan.num_steps
+    stop = num_steps if stop_step is None else stop_step
     latents = torch.zeros((batch, num_steps + 1, *x.shape[1:]), dtype=x.dtype, device=x.device)
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
-    stop = num_steps if stop_step is None else stop_step
+    spans = chunk_spans(batch, chunk)
+    if len(spans) == 1:  # one call per step on every row, as before chunking existed
+        _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
+                     cfg_batch, stop, prediction)
+        return latents, log_probs
+    # every chunk keeps graphs at the steps the whole batch trains, so that the chunks' graphs line up
+    chunk_plan = plan if plan.graph_steps is not None else dataclasses.replace(plan, graph_steps=plan.train.any(0))
+    lives: list[dict[int, StepOutput]] = []
+    predictions: list[dict[str, torch.Tensor]] = []
+    for span in spans:
+        part_live = None if live is None else {}
+        part_prediction = None if prediction is None else {}
+        # basic slices: views, which the step loop fills in place
+        gens = generators[span] if len(generators) == batch else generators
+        _noisy_steps(model, cond.index(span), chunk_plan, x[span], gens, latents[span], log_probs[span], guidance,
+                     start_step, part_live, cfg_grad, cfg_batch, stop, part_prediction)
+        if part_live is not None:
+            lives.append(part_live)
+        if part_prediction is not None:
+            predictions.append(part_prediction)
+    if live is not None:
+        for t in lives[0]:
+            live[t] = StepOutput(*(torch.cat(fields) for fields in zip(*(part[t] for part in lives))))
+    if prediction is not None and "x0" in predictions[0]:
+        prediction["x0"] = torch.cat([part["x0"] for part in predictions])
+    return latents, log_probs
+
+
+def chunk_spans(batch: int, chunk: int | None) -> list[slice]:
+    """The consecutive row slices of a batch of ``batch`` rows cut into chunks of at most ``chunk`` (None: one
+    slice of all of them; an empty batch is one empty slice, so that callers still run their loop once)."""
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"a chunk holds at least one row, got {chunk}")
+    if batch == 0:
+        return [slice(0, 0)]
+    size = batch if chunk is None else chunk
+    return [slice(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
+
+
+def _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
+                 cfg_batch, stop_step, prediction) -> None:
+    """:func:`_run_steps` on rows ``x`` with their own noise streams (closed after, however the loop ends): each
+    sample's noise for the run's noisy steps drawn at once where that gives the same values (``NoiseStreams``)."""
     quiet = deterministic_steps(plan.kind, plan.sigmas, plan.noise_level)  # host-side: no device read per step
-    noisy = int((plan.sde[start_step:stop] & ~quiet[start_step:stop]).sum())
+    noisy = int((plan.sde[start_step:stop_step] & ~quiet[start_step:stop_step]).sum())
     noise = NoiseStreams(generators, x.shape[1:], steps=noisy)  # each sample's own generator, as drawn step by step
     try:
         _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-                   stop, prediction, quiet)
+                   stop_step, prediction, quiet)
     finally:
         noise.close()
-    return latents, log_probs
 
 
 def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
@@ -140,6 +187,8 @@ def branched_rollout(
     cfg_grad: str = "cond",
     cfg_batch: str = "auto",
     prediction: dict[str, torch.Tensor] | None = None,
+    chunk: int | None = None,
+    prefix_padding: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rollout` for groups that share one deterministic prefix (Flow-GRPO-Fast's branching).
 
@@ -147,7 +196,11 @@ def branched_rollout(
     the plan's steps before ``branch_step`` must be deterministic: those steps are then the same for every member, so
     they run once per group, on the group's first member, and every member continues from the group's latent at
     ``branch_step``. Same results as :func:`rollout` on the whole batch (to the float rounding of a smaller batch),
-    with ``branch_step`` forward passes per group instead of per sample.
+    with ``branch_step`` forward passes per group instead of per sample. ``chunk``: :func:`rollout`'s, for the
+    prefix (on the groups' first members) and the continuation alike. ``prefix_padding``: that many more prefix runs
+    on one row, discarded and not counted in the NFE, right after the prefix (a sharded model's process with fewer
+    prefix chunks than another makes them, so that every process makes the same calls in the same order:
+    ``algorithms/lockstep.py``).
     """
     if bool(plan.sde[:branch_step].any()):
         raise ValueError(f"a shared prefix must be deterministic, but the plan has SDE steps before {branch_step}")
@@ -158,11 +211,16 @@ def branched_rollout(
     if not torch.equal(x[first[inverse]], x):
         raise ValueError("the samples of a group do not share their initial latent; a shared prefix needs them to")
     heads = dataclasses.replace(plan, train=plan.train[first])
-    prefix, _ = rollout(model, cond.index(first), heads, x[first], [], guidance, stop_step=branch_step)
+    prefix, _ = rollout(model, cond.index(first), heads, x[first], [], guidance, stop_step=branch_step, chunk=chunk)
+    with model.uncounted():
+        for _ in range(prefix_padding):
+            one = first[:1]
+            rollout(model, cond.index(one), dataclasses.replace(heads, train=heads.train[:1]), x[one], [], guidance,
+                    stop_step=branch_step)
     prefix = prefix[inverse]
     latents, log_probs = rollout(
         model, cond, plan, prefix[:, branch_step], generators, guidance, start_step=branch_step, live=live,
-        cfg_grad=cfg_grad, cfg_batch=cfg_batch, prediction=prediction,
+        cfg_grad=cfg_grad, cfg_batch=cfg_batch, prediction=prediction, chunk=chunk,
     )
     latents[:, :branch_step] = prefix[:, :branch_step]
     return latents, log_probs

@@ -76,6 +76,10 @@ class FlowModel:
     default_eval_num_steps: int = 20
     #: samples per evaluation chunk when ``train.eval_batch`` is unset (memory against per-call overhead)
     default_eval_batch: int = 64
+    #: samples per network call of a training rollout, and per decode and reward call, when
+    #: ``algorithm.rollout_batch`` is unset (None: all of a process's samples at once). Adapters of large models set
+    #: their released trainer's sampling batch, so that a GPU's share of a paper-scale batch fits its memory
+    default_rollout_batch: int | None = None
     #: torch intra-op threads the runner uses when the config does not say (None: torch's default)
     preferred_threads: int | None = None
     #: whether an update evaluates all of a minibatch's trained (sample, step) pairs in one network call and one

@@ -98,6 +98,11 @@ class FluxModel(DiffusersFlowModel):
     attention_backends = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
     default_num_steps = 12  # DanceGRPO's FLUX LoRA recipe (finetune_flux_grpo_8gpus_lora.sh:42); suites set their own
     default_eval_num_steps = 28  # FluxPipeline's num_inference_steps default; Flow-GRPO config/grpo.py:408 at 27b6ef8
+    # samples per training-rollout call, decode and reward call: one, as the released FLUX trainers of the algorithms
+    # the FLUX suite runs sample (XueZeyue/DanceGRPO fastvideo/train_grpo_flux_lora.py:264 and train_grpo_flux.py:326
+    # at 15cc71d, Tencent-Hunyuan/MixGRPO fastvideo/train_grpo_flux.py:202 at e5cdd6a: batch_size = 1 per sampling
+    # call; Flow-GRPO's FLUX configs sample 3, config/grpo.py pickscore_flux at 31c71b9)
+    default_rollout_batch = 1
     pipeline_class = "FluxPipeline"
     transformer_class = "FluxTransformer2DModel"
     env_var = "FLOWZOO_FLUX_PATH"

@@ -65,6 +65,10 @@ class QwenImageModel(DiffusersFlowModel):
     shift_terminal = 0.02  # Qwen-Image's scheduler; an instance reads its own scheduler's
     default_num_steps = 10  # Flow-GRPO config/grpo.py:526 at 27b6ef8 (pickscore_qwenimage)
     default_eval_num_steps = 50  # config/grpo.py:527
+    # samples per training-rollout call, decode and reward call: Flow-GRPO's Qwen-Image sampling batch,
+    # sample.train_batch_size 4 (config/grpo.py:531 at 27b6ef8, pickscore_qwenimage; DanceGRPO's Qwen-Image trainer
+    # samples one at a time, XueZeyue/DanceGRPO fastvideo/train_grpo_qwenimage.py:306 at 15cc71d)
+    default_rollout_batch = 4
     pipeline_class = "QwenImagePipeline"
     transformer_class = "QwenImageTransformer2DModel"
     env_var = "FLOWZOO_QWEN_IMAGE_PATH"

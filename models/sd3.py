@@ -29,6 +29,10 @@ class SD3Model(DiffusersFlowModel):
     default_shift = 3.0
     default_num_steps = 10
     default_eval_num_steps = 40
+    # samples per training-rollout call, decode and reward call: Flow-GRPO's SD3 sampling batch,
+    # sample.train_batch_size 9 (yifan123/flow_grpo config/grpo.py:41 at ac4c86e, general_ocr_sd3; geneval_sd3 :81 and
+    # pickscore_sd3 :118 alike), whatever a GPU's share of the global batch
+    default_rollout_batch = 9
     pipeline_class = "StableDiffusion3Pipeline"
     transformer_class = "SD3Transformer2DModel"
     env_var = "FLOWZOO_SD3_PATH"

@@ -30,6 +30,10 @@ class WanModel(DiffusersFlowModel):
     default_shift = 3.0
     default_num_steps = 20
     default_eval_num_steps = 50
+    # samples per training-rollout call, decode and reward call: Flow-GRPO's Wan2.1 sampling batch,
+    # sample.train_batch_size 8 (yifan123/flow_grpo config/grpo.py:43 at 31c71b9, general_ocr_wan2_1; DanceGRPO's Wan
+    # trainer samples one at a time, fastvideo/train_grpo_wan_2_1.py:294 at 15cc71d)
+    default_rollout_batch = 8
     pipeline_class = "WanPipeline"
     transformer_class = "WanTransformer3DModel"
     env_var = "FLOWZOO_WAN_PATH"

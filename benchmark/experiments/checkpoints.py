@@ -22,8 +22,10 @@ from flowzoo.secrets import without_secrets
 
 
 #: algorithm keys that choose how an iteration is computed, not what it computes (gradients equal to float rounding,
-#: tests/test_perf_gradient.py): a run made with other values, or before they existed, is the same run
-EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph")
+#: tests/test_perf_gradient.py; ``rollout_batch``, samples per rollout, decode and reward call: the same samples,
+#: rewards and update to float rounding, tests/test_sample_batches.py): a run made with other values, or before they
+#: existed, is the same run
+EXECUTION_KEYS = ("cfg_batch", "reuse_rollout_graph", "rollout_batch")
 #: model args that choose how the network is evaluated, not what it computes (the tiny tier's ``no_grad_path``: the
 #: same samples to float rounding, tests/test_tiny_fast_path.py; ``fsdp``: FSDP2 sharding, tests/test_fsdp.py): a run
 #: made with another value is the same run
