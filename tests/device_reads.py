@@ -9,8 +9,8 @@ every operation that would move data between the two:
   copy from the device to the host (``.cpu()``, ``.tolist()``);
 * a **host-to-device copy** (``_to_copy`` from the CPU onto the device): from pageable memory each one also waits.
 
-A meta tensor has no values, so a read is answered with a placeholder (``True``, ``1``, ones; ``nonzero`` with no
-rows): the count is what matters, not where the placeholder values lead.
+A meta tensor has no values, so a read is answered with a placeholder (``True``, ``1``, ones; ``nonzero``: every
+position, so a mask keeps every row): the count is what matters, not where the placeholder values lead.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class DeviceReads(TorchDispatchMode):
             return True if tensor.dtype == torch.bool else (1.0 if tensor.is_floating_point() else 1)
         if func is aten.nonzero.default and metas:
             self._note("nonzero")
-            return torch.zeros(0, metas[0].dim(), dtype=torch.long, device="meta")
+            return torch.nonzero(torch.ones(metas[0].shape, dtype=torch.bool)).to("meta")  # every position
         if func is aten._to_copy.default and isinstance(args[0], torch.Tensor) and kwargs.get("device") is not None:
             source, target = args[0].device.type, torch.device(kwargs["device"]).type
             if source == "meta" and target == "cpu":
