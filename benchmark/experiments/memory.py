@@ -437,8 +437,10 @@ def device_budget(config) -> tuple[float, str] | None:
         return value, f"{BUDGET_ENV}={text}"
     import torch
 
-    args = config.model.args
-    device = args.get("device", _defaults(models.get(config.model.name)).get("device"))
+    args, model_cls = config.model.args, models.get(config.model.name)
+    if "device" not in inspect.signature(model_cls).parameters:  # a model without a device argument (toy2d) runs on the CPU
+        return None
+    device = args.get("device", _defaults(model_cls).get("device"))
     if device is None:  # the diffusers adapters' default: the GPU when there is one
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
