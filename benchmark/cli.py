@@ -11,6 +11,7 @@
     flowzoo pretrain tiny --data shapes|glyphs [--minutes M] [--steps N] ...
     flowzoo grad-snr CONFIG [--batches K] [--fixed-prompts] [key=value ...]
     flowzoo recipes [--out docs/recipes.md]    the table of every algorithm's recipe values and sources
+    flowzoo memory SUITE [--gpus N] [--device-memory GIB] [--tasks T,T] [--algorithms A,B] [key=value ...]
     flowzoo tune SUITE [--trials N] [--workers N] [--executor local|submitit-local|slurm] [--storage URL] [--runs DIR]
                  [--out DIR] [--report]
 """
@@ -33,6 +34,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from flowzoo.benchmark.experiments.suite import describe_differences
     from flowzoo.errors import ConfigError
 
+    _memory_check_option(args)
     config, resolved = load_run(args.config, args.overrides)
     run_dir = config.resolved_run_dir()
     with process_group() as dist:  # under a launcher: joined here, left cleanly (or at once on failure) below
@@ -116,6 +118,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            f"no limit)")
     from flowzoo.models.shipped import refuse_shipped
 
+    _memory_check_option(args)
     if args.out:
         refuse_shipped(args.out, "--out")
         from flowzoo.io import check_out_dir
@@ -135,6 +138,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         out = write_suite_report(suite, Path(args.runs), Path(args.out))
         print(f"report written to {out}")
     return 1 if failures else 0
+
+
+def _memory_check_option(args: argparse.Namespace) -> None:
+    """``--no-memory-check``: the launch's memory check is skipped here and in the runs it starts (their environment)."""
+    from flowzoo.benchmark.experiments.memory import BYPASS_ENV
+
+    if getattr(args, "no_memory_check", False):
+        os.environ[BYPASS_ENV] = "1"
+
+
+def _cmd_memory(args: argparse.Namespace) -> int:
+    from flowzoo.benchmark.experiments.memory_table import report
+    from flowzoo.benchmark.experiments.suite import load_suite, select
+
+    if args.device_memory is not None and not (math.isfinite(args.device_memory) and args.device_memory > 0):
+        raise FlowZooError(f"--device-memory {args.device_memory}: give the device's memory in GiB, a number > 0")
+    if args.gpus is not None and args.gpus < 1:
+        raise FlowZooError(f"--gpus {args.gpus}: give at least 1 (default: the suite's released_gpus)")
+    suite = select(load_suite(args.suite), args.algorithms, None, args.tasks)
+    kwargs = {} if args.device_memory is None else {"budget_gib": args.device_memory}
+    text, every_fit = report(suite, args.gpus, overrides=tuple(args.overrides), **kwargs)
+    print(text)
+    return 0 if every_fit else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -371,6 +397,9 @@ def parser() -> argparse.ArgumentParser:
                    "bench resolves it")
     t.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--no-memory-check", action="store_true",
+                   help="launch even where the per-GPU memory estimate exceeds the GPU's memory (`flowzoo memory`; "
+                        "same as FLOWZOO_NO_MEMORY_CHECK=1)")
 
     b = _command(sub, "bench", _cmd_bench, "run a suite: a grid of algorithm x task x seed",
                  "Runs go to RUNS/<suite>/<task>/<algorithm>/s<seed>/; finished runs are skipped, killed ones "
@@ -408,6 +437,27 @@ def parser() -> argparse.ArgumentParser:
                    help="when done, write the report of this command's runs (the selected tasks, algorithms and "
                         "seeds; other runs under RUNS/SUITE are left out) into DIR")
     b.add_argument("--report", dest="out", action=_DeprecatedAlias, new="--out", metavar="DIR")
+    b.add_argument("--no-memory-check", action="store_true",
+                   help="launch runs even where the per-GPU memory estimate exceeds the GPU's memory (`flowzoo "
+                        "memory`; same as FLOWZOO_NO_MEMORY_CHECK=1)")
+
+    mem = _command(sub, "memory", _cmd_memory, "each cell's per-GPU memory estimate, by parts, and whether it fits",
+                   "Resolves every cell of SUITE as bench does (no prompt file or weight is read) and prints a table "
+                   "of its\nper-GPU peak estimate in GiB (docs/perf.md, \"Memory at the paper recipes\"): weights, "
+                   "trainable state,\nbatch, kept rollout graphs, and the peak rollout, decode and update calls. "
+                   "train and bench refuse a\nrun whose estimate exceeds its GPU (torch's total_memory, or "
+                   "FLOWZOO_DEVICE_MEMORY_GIB), naming the\nknobs to change; --no-memory-check launches anyway. "
+                   "Exit 0 when every cell fits, 1 when one does not.")
+    mem.add_argument("suite", help="suite name (see `flowzoo list`) or path to a suite YAML")
+    mem.add_argument("overrides", nargs="*", default=[], help="key=value overrides applied to every cell, e.g. "
+                     "algorithm.micro_batch=2")
+    mem.add_argument("--gpus", type=at_most(MAX_BATCH), default=None, metavar="N",
+                     help="GPUs (one process each) the global batch is split over (default: the suite's "
+                          "released_gpus, 8 for the paper suites; else 1)")
+    mem.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+                     help="memory of one GPU in GiB (default: 79.6, an H100 80 GB's)")
+    mem.add_argument("--tasks", default=None, metavar="T,T", help="comma-separated subset of the suite's tasks")
+    mem.add_argument("--algorithms", default=None, metavar="A,B", help="comma-separated subset of its algorithms")
 
     r = _command(sub, "report", _cmd_report, "write tables and figures from a directory of runs",
                  "Writes DIR/index.md and index.html, tables/*.tex and figures/*.png|svg; the same runs give the "

@@ -41,6 +41,7 @@ from flowzoo.benchmark.experiments.config import (
 )
 from flowzoo.benchmark.experiments.inert import check_trains_something
 from flowzoo.benchmark.experiments.machine import machine_record
+from flowzoo.benchmark.experiments.memory import fit_run
 from flowzoo.benchmark.experiments.divergence import DivergenceGuard, nonfinite_parameters
 from flowzoo.benchmark.experiments.samples import save_samples
 from flowzoo.benchmark.experiments.tracking import Trackers, check_tracker_environment
@@ -337,6 +338,13 @@ class Runner:
             return run_dir
         check_trains_something(cfg, cfg.algorithm_config())  # training only: eval and export of such a config work
         check_tracker_environment(cfg.train.trackers)  # installed, its server up: only training logs
+        # the memory estimate against the device, before any weight loads (benchmark/experiments/memory.py): a run
+        # that cannot fit is refused in one line; reuse_rollout_graph auto falls back to the recompute update where
+        # only that fits (an execution key). On the CPU without a budget nothing is checked or changed
+        self.config, note = fit_run(cfg, self.dist.world_size)
+        if note and self.dist.is_main:
+            print(note, flush=True)
+        cfg = self.config
         self.build()
         created = _Created(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from flowzoo import algorithms
 from flowzoo.benchmark.experiments.config import ExperimentConfig, read_yaml
 from flowzoo.benchmark.experiments.loading import build_config
 from flowzoo.benchmark.experiments.inert import check_trains_something
+from flowzoo.benchmark.experiments.memory import fit_run
 from flowzoo.benchmark.experiments.executors import Resources, resolve_resources
 from flowzoo.benchmark.experiments.resolve import Layers, Resolved, resolve
 from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished, run_quietly
@@ -71,6 +72,9 @@ class Suite:
     #: the claim set a study of this suite judges (``flowzoo study``; one registered in benchmark/analysis/claim_sets/):
     #: it belongs to the suite file, so a renamed copy of the suite keeps its claims; unused by the runs
     claims: str | None = None
+    #: the GPUs (one training process each) the suite's recipes were released on: ``flowzoo memory`` estimates each
+    #: cell's per-GPU memory at this count unless told otherwise (None: one GPU)
+    released_gpus: int | None = None
 
 
 def suite_names() -> list[str]:
@@ -443,6 +447,8 @@ def run_suite(
     todo = [c for c in configs if not is_finished(c.resolved_run_dir(), c)]
     for config in todo:  # a run that could not change its evaluated model: refused before any run starts
         check_trains_something(config, config.algorithm_config())
+        if executor is None:  # a run here that cannot fit this machine's GPU: refused before any run starts
+            fit_run(config, 1)
     from flowzoo.benchmark.experiments.tracking import check_tracker_environment
 
     check_tracker_environment(sorted({t for c in todo for t in c.train.trackers}))  # each service probed once
