@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench report report-check perf gpu-check sharded-gpu-check scale-check clean help
+.PHONY: setup test bench report report-check perf gpu-check gpu-check-offline gpu-check-plan sharded-gpu-check scale-check clean help
 
 setup: $(STAMP)  ## create or refresh .venv (CPU torch, the package with its test extra)
 
@@ -44,9 +44,18 @@ SHARDED_ARGS = model.args.finetune=full model.args.fsdp=true model.args.device=$
 	algorithm.t_off=1 train.prompt_sampler=replay_buffer train.steps=2 train.prompts_per_step=2 train.eval_prompts=2 \
 	train.checkpoint_every=0 run_dir=$(SHARDED_RUN)
 SHARDED_RUN ?= /tmp/flowzoo-gpu-check-sharded
-gpu-check: setup  ## SD3.5-Medium (Flow-GRPO, OP-GRPO), FLUX.1-dev (DanceGRPO, MixGRPO) and Qwen-Image (Flow-GRPO-Fast) sized random models on one GPU: s/iteration, peak memory; with 2+ GPUs a sharded OP-GRPO run with replay (docs/perf.md)
+gpu-check: setup  ## SD3.5-Medium, FLUX.1-dev and Qwen-Image sized random models on one GPU against the released step structures (one H100 80 GB, 8 minutes); with 2+ GPUs a sharded OP-GRPO run with replay (docs/perf.md)
 	$(VENV)/bin/flowzoo perf --gpu-check --device cuda $(PERF_ARGS)
 	$(MAKE) --no-print-directory sharded-gpu-check
+
+# the same check on a GPU machine with torch, transformers and peft but no package registry: no setup, no install of
+# FlowZoo; the wheels in GPU_WHEELS (diffusers-0.42.1-py3-none-any.whl) are installed offline into a temporary folder
+GPU_WHEELS ?= wheels
+gpu-check-offline:  ## the GPU check with the machine's own python and the carried wheels in GPU_WHEELS (no registry, no setup; README "GPUs")
+	PYTHONUNBUFFERED=1 $(PYTHON) -m flowzoo perf --gpu-check --device cuda --wheels $(GPU_WHEELS) $(PERF_ARGS)
+
+gpu-check-plan:  ## list the GPU check's variants, expected memory and H100 seconds and its time budget (runs on the CPU)
+	$(PYTHON) -m flowzoo perf --gpu-check --plan
 
 sharded-gpu-check: setup  ## with 2+ GPUs: one sharded OP-GRPO run with buffer replay on 2 of them (skipped, and says so, with fewer)
 	@gpus=$$($(PY) -c "import torch; print(torch.cuda.device_count() if '$(SHARDED_DEVICE)' == 'cuda' else 2)"); \

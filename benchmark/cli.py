@@ -543,11 +543,17 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("--model-path", default=None, help="SD3 diffusers directory (default: a tiny random pipeline)")
     pf.add_argument("--device", default="cpu", help="torch device")
     pf.add_argument("--lora-rank", type=at_most(MAX_LORA_RANK), default=32, help="LoRA rank (32 is the released recipe)")
-    pf.add_argument("--repeats", type=at_most(MAX_REPEATS), default=5, help="interleaved repetitions per variant")
+    pf.add_argument("--repeats", type=at_most(MAX_REPEATS), default=None,
+                    help="interleaved repetitions per variant (default 5; 3 with --gpu-check)")
     pf.add_argument("--prompts", type=at_most(MAX_BATCH), default=1,
                     help="prompts per iteration, group_size samples each")
-    pf.add_argument("--gpu-check", action="store_true", help="one Flow-GRPO and one OP-GRPO iteration of a random "
-                    "SD3.5-Medium-sized transformer at 512 px, bf16, LoRA r32 (docs/perf.md); needs --device cuda")
+    pf.add_argument("--gpu-check", action="store_true", help="SD3.5-Medium-, FLUX.1-dev- and Qwen-Image-sized random "
+                    "transformers against the released step structures, sized for one H100 80 GB in 8 minutes "
+                    "(docs/perf.md); needs --device cuda")
+    pf.add_argument("--plan", action="store_true", help="with --gpu-check: list its variants, expected memory and H100 "
+                    "seconds and the time budget, and run nothing (works on the CPU)")
+    pf.add_argument("--wheels", default=None, metavar="DIR", help="with --gpu-check on a machine without a package "
+                    "registry: install DIR's wheels (e.g. diffusers) into a temporary folder first, offline")
     pf.add_argument("--precision", action="store_true", help="per trained step, how far the update's recomputed "
                     "log-probs drift from the rollout's in float32, bfloat16 and float16 (docs/perf.md)")
 

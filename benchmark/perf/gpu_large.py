@@ -18,14 +18,13 @@ float32. Prompt embeddings are seeded standard-normal draws, ``decode`` squashes
 
 from __future__ import annotations
 
-import time
+import contextlib
 import zlib
 from collections import OrderedDict
 from types import SimpleNamespace
 
 import torch
 
-from flowzoo.benchmark.perf import measure
 from flowzoo.benchmark.perf.pipeline import MeanBrightness
 from flowzoo.models.base import FlowModel
 from flowzoo.models.diffusers_common import resolve_device, resolve_dtype
@@ -51,17 +50,32 @@ TINY_QWEN = dict(QWEN_IMAGE, in_channels=16, out_channels=4, num_layers=1, atten
                  joint_attention_dim=16, axes_dims_rope=(2, 2, 4))
 
 
-def _random_transformer(cls_name: str, arch: dict, device: torch.device, dtype: torch.dtype, seed: int):
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default floating dtype set to ``dtype`` inside the block (restored after it, also on an error)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def random_transformer(cls_name: str, arch: dict, device: torch.device, dtype: torch.dtype, seed: int):
+    """A randomly initialised diffusers transformer built on ``device`` directly in ``dtype``: every parameter is
+    created in that dtype (torch's default dtype during the build), so no float32 copy is ever held (Qwen-Image's
+    20.9 B parameters built in float32 first took 77.7 GiB). Floating buffers are cast after (positional tables)."""
     import diffusers
 
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.random.fork_rng(devices=[]), torch.device(device), default_dtype(dtype):
         torch.manual_seed(seed)
         transformer = getattr(diffusers, cls_name)(**arch)
     # torch's own to(): diffusers' override warns on stderr about its (empty) list of float32 modules
     return torch.nn.Module.to(transformer, dtype=dtype).requires_grad_(False).eval()
 
 
-def _setup(model, transformer, device, dtype, resolution, text_tokens, scheduler, lora_rank, targets):
+def _setup(model, transformer, device, dtype, resolution, text_tokens, scheduler, lora_rank, targets,
+           gradient_checkpointing=False):
     """What the adapters read from a pipeline, without one (no text encoders, no VAE)."""
     from diffusers import FluxPipeline
 
@@ -75,6 +89,8 @@ def _setup(model, transformer, device, dtype, resolution, text_tokens, scheduler
     model._patches = resolution // 16
     model.default_shift = pipeline_shift(scheduler, model._patches ** 2)
     model._lora_names = model._add_lora(int(lora_rank), 2.0 * lora_rank, targets)
+    if gradient_checkpointing:
+        transformer.enable_gradient_checkpointing(model._checkpointing_func())
     model._cache, model.cache_size = OrderedDict(), 64
 
 
@@ -89,7 +105,7 @@ class RandomFlux(FluxModel):
     def __init__(self, arch: dict, resolution: int, device: str, dtype: str, lora_rank: int = 128,
                  text_tokens: int = 512, seed: int = 0):
         device, dtype = resolve_device(device), resolve_dtype(dtype)
-        transformer = _random_transformer(self.transformer_class, arch, device, dtype, seed)
+        transformer = random_transformer(self.transformer_class, arch, device, dtype, seed)
         _setup(self, transformer, device, dtype, resolution, text_tokens, FLUX_SCHEDULER, lora_rank,
                FLUX_DANCE_GRPO_LORA_TARGETS)
         self.distilled_guidance, self.guidance_embeds = 3.5, bool(arch["guidance_embeds"])
@@ -112,14 +128,15 @@ class RandomFlux(FluxModel):
 
 class RandomQwenImage(QwenImageModel):
     """The qwen_image adapter around a randomly initialised QwenImageTransformer2DModel; a prompt's valid length is
-    a seeded draw in [text_tokens / 8, text_tokens] (the rest masked)."""
+    a seeded draw in [text_tokens / 8, text_tokens] (the rest masked). Gradient checkpointing on by default, as the
+    release (activation_checkpointing) and the paper suite train it: without it one iteration peaked at 97.6 GiB."""
 
     def __init__(self, arch: dict, resolution: int, device: str, dtype: str, lora_rank: int = 64,
-                 text_tokens: int = 512, seed: int = 0):
+                 text_tokens: int = 512, seed: int = 0, gradient_checkpointing: bool = True):
         device, dtype = resolve_device(device), resolve_dtype(dtype)
-        transformer = _random_transformer(self.transformer_class, arch, device, dtype, seed)
+        transformer = random_transformer(self.transformer_class, arch, device, dtype, seed)
         _setup(self, transformer, device, dtype, resolution, text_tokens, QWEN_SCHEDULER, lora_rank,
-               self.default_lora_targets)
+               self.default_lora_targets, gradient_checkpointing)
         self.shift_terminal = QWEN_SCHEDULER["shift_terminal"]
 
     def _encode_prompts(self, prompts):
@@ -137,83 +154,42 @@ class RandomQwenImage(QwenImageModel):
         return _decode_packed(self, x0)
 
 
-#: (label, model family, algorithm) of each check; the algorithm runs its recipe's `flux` / `qwen_image` scope
-CHECKS = (("flux", "dance_grpo"), ("flux", "mix_grpo"), ("qwen_image", "flow_grpo_fast"))
+#: each family's random model at full size: (class, architecture, resolution)
+FULL = {"flux": ("RandomFlux", FLUX1_DEV, 720), "qwen_image": ("RandomQwenImage", QWEN_IMAGE, 512)}
+#: and at the dry run's tiny size
+TINY = {"flux": ("RandomFlux", TINY_FLUX, 32), "qwen_image": ("RandomQwenImage", TINY_QWEN, 32)}
 
 
-def _iterations(model, family: str, algorithm: str, overrides: dict, repeats: int, device: str) -> dict:
-    """Median seconds of ``repeats`` training iterations on one prompt (after one untimed), peak memory."""
+def build(family: str, device: str, dtype: str, tiny: bool = False):
+    cls_name, arch, resolution = (TINY if tiny else FULL)[family]
+    cls = globals()[cls_name]
+    if tiny:
+        return cls(arch, resolution, device, dtype, lora_rank=4, text_tokens=6)
+    return cls(arch, resolution, device, dtype)
+
+
+def make_algorithm(model, family: str, algorithm: str, overrides: dict):
+    """``algorithm`` at its released recipe for ``family`` (the recipe file's scope), 4 samples of one prompt and
+    ``micro_batch`` 4 (the paper suites' memory setting) unless ``overrides`` say otherwise."""
     from flowzoo import algorithms
     from flowzoo.benchmark.experiments.recipes import recipe
 
     config = {**recipe(algorithm, "", family), "group_size": 4, "micro_batch": 4, **overrides}
     config["minibatches"] = min(config.get("minibatches", 1), config["group_size"])
-    alg = algorithms.get(algorithm)(model, MeanBrightness(), config, seed=0)
-    state = model.trainable_state_dict()
-    alg.step([measure.PROMPT])  # warm-up (allocator, kernels), not timed
-    seconds, peak = [], 0.0
-    for _ in range(repeats):
-        measure._peak_reset(device)
-        t0 = time.perf_counter()
-        stats = alg.step([measure.PROMPT])
-        seconds.append(time.perf_counter() - t0)
-        peak = max(peak, measure._peak(device))
-    model.load_trainable_state_dict(state)
-    seconds.sort()
-    return {"seconds": seconds[len(seconds) // 2], "peak_gib": peak, "nfe": stats.nfe_sampling,
-            "num_steps": alg.num_steps}
+    return algorithms.get(algorithm)(model, MeanBrightness(), config, seed=0)
 
 
-def check(models: dict, overrides: dict, repeats: int, device: str) -> list[tuple[str, dict | str]]:
-    """(label, timing or an out-of-memory line) for each check whose model family is in ``models``."""
-    out = []
-    for family, algorithm in CHECKS:
-        if family not in models:
-            continue
-        label = f"{family}: {algorithm}"
-        try:
-            out.append((label, _iterations(models[family], family, algorithm, overrides, repeats, device)))
-        except torch.cuda.OutOfMemoryError as error:
-            out.append((label, f"out of GPU memory: {str(error).splitlines()[0]}"))
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return out
+def reference_for(alg, algorithm: str):
+    """The released step structure of ``alg``'s algorithm (``reference.released_update``) around the adapter's
+    transformer call: DanceGRPO / MixGRPO one sample per call, Flow-GRPO-Fast ``micro_batch`` samples per call."""
+    from flowzoo.benchmark.perf.reference import RELEASED_STRUCTURE, adapter_velocity, released_update
 
+    structure = RELEASED_STRUCTURE[algorithm]
+    velocity = adapter_velocity(alg.model, alg.config.cfg_grad)
+    rows = alg.config.micro_batch
 
-def report(results: list[tuple[str, dict | str]]) -> str:
-    lines = []
-    for label, result in results:
-        lines.append(f"-- {label}")
-        lines.append(result if isinstance(result, str) else
-                     f"{result['seconds']:.3f} s/iteration (median; T {result['num_steps']}, "
-                     f"{result['nfe']} sampling NFE), peak memory {result['peak_gib']:.2f} GiB")
-    return "\n".join(lines)
+    def reference(alg, traj, advantages):
+        return released_update(alg, traj, advantages, structure, rows_per_call=rows, velocity=velocity,
+                               detach_uncond=alg.config.cfg_grad == "cond")
 
-
-def main(device: str, overrides: dict, repeats: int = 3, dtype: str = "bfloat16") -> None:
-    """The FLUX- and Qwen-Image-shaped checks at full size, one model in memory at a time."""
-    for family, cls, arch, resolution in (("flux", RandomFlux, FLUX1_DEV, 720),
-                                          ("qwen_image", RandomQwenImage, QWEN_IMAGE, 512)):
-        t0 = time.perf_counter()
-        try:
-            model = cls(arch, resolution, device, dtype)
-        except torch.cuda.OutOfMemoryError as error:
-            print(f"random {family} transformer: out of GPU memory while building it: {str(error).splitlines()[0]}")
-            continue
-        params = sum(p.numel() for p in model.transformer.parameters()) / 1e9
-        print(f"random {family} transformer, {params:.2f} B parameters, {resolution} px, {dtype}, LoRA on the "
-              f"released targets, device {device}, built in {time.perf_counter() - t0:.0f} s")
-        print(report(check({family: model}, overrides, repeats, device)))
-        del model
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-
-
-def dry_run(repeats: int = 1) -> list[tuple[str, dict | str]]:
-    """The same code at tiny sizes on the CPU in float32."""
-    models = {"flux": RandomFlux(TINY_FLUX, 32, "cpu", "float32", lora_rank=4, text_tokens=6),
-              "qwen_image": RandomQwenImage(TINY_QWEN, 32, "cpu", "float32", lora_rank=4, text_tokens=6)}
-    results = check(models, {"group_size": 2, "num_steps": 6}, repeats, "cpu")  # T 6: MixGRPO's window 4 still fits
-    print(report(results))
-    return results
-
+    return reference
