@@ -436,8 +436,9 @@ class OPGRPO(Algorithm):
         before = dict(self.buffer.counts)
         self.buffer.step()
         gated = 0
+        rewards = batch.rewards.detach().to("cpu")  # the admission's and the logs' one read of the batch's rewards
         for gid, entry in self._best_fresh(traj):
-            if admits(entry.reward, batch.rewards[batch.group == gid], cfg.buffer_admission, cfg.buffer_min_reward):
+            if admits(entry.reward, rewards[batch.group == gid], cfg.buffer_admission, cfg.buffer_min_reward):
                 self.buffer.offer(entry)
             else:
                 gated += 1
@@ -445,8 +446,8 @@ class OPGRPO(Algorithm):
         self.log("replay_groups", batch.group[batch.off_policy].unique().numel())
         self.log("buffer_gated", gated)
         if batch.off_policy.any():
-            self.log("reward_off", float(batch.rewards[batch.off_policy].mean()))
-            self.log("reward_on", float(batch.rewards[~batch.off_policy].mean()))
+            self.log("reward_off", float(rewards[batch.off_policy].mean()))
+            self.log("reward_on", float(rewards[~batch.off_policy].mean()))
         self.log("replay_dropped_total", self.dropped_total)
         self.log("buffer_size", len(self.buffer))
         self.log("buffer_bytes", self.buffer.nbytes())
@@ -470,17 +471,26 @@ class OPGRPO(Algorithm):
     def _local_best_fresh(self, traj: Trajectory) -> list[tuple[int, ReplayEntry]]:
         keep = self.t_off + 1
         fresh = ~traj.off_policy
-        found = []
+        # the rewards read once, the winners' latents and log-probs copied to the host in one copy each (the buffer
+        # keeps host copies: accelerator memory stays the batch's; _replay_inputs moves them back)
+        rewards = traj.rewards.detach().to("cpu")
+        chosen = []
         for gid in traj.group[fresh].unique().tolist():
             rows = (fresh & (traj.group == gid)).nonzero().flatten()
-            best = int(rows[traj.rewards[rows].argmax()])
+            chosen.append((gid, int(rows[rewards[rows].argmax()])))
+        if not chosen:
+            return []
+        index = torch.tensor([best for _, best in chosen], dtype=torch.long)
+        latents = traj.latents[index.to(traj.latents.device), :keep].detach().to("cpu", copy=True)
+        log_probs = traj.log_probs[index.to(traj.log_probs.device)].detach().to("cpu", copy=True)
+        found = []
+        for i, (gid, best) in enumerate(chosen):
             found.append((gid, ReplayEntry(
                 prompt=traj.prompts[best],
                 metadata=dict(traj.metadata[best]),
-                # the buffer keeps host copies (accelerator memory stays the batch's); _replay_inputs moves them back
-                latents=traj.latents[best, :keep].detach().to("cpu", copy=True),
-                log_probs=traj.log_probs[best].detach().to("cpu", copy=True),
-                reward=float(traj.rewards[best]),
+                latents=latents[i].clone(),
+                log_probs=log_probs[i].clone(),
+                reward=float(rewards[best]),
                 version=self.iteration,
                 plan=dataclasses.replace(traj.plan, sigmas=traj.sigmas.detach().to("cpu", copy=True),
                                          sde=traj.sde.detach().to("cpu", copy=True),

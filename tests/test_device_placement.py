@@ -236,6 +236,16 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/trajectory.py", "torch.as_tensor(idx, dtype=torch.long, device='cpu')"):
         HOST_INDEX + ": select indexes the host fields (plan rows, groups, flags) as well as the device ones",
     ("algorithms/op_grpo.py", "plan.sigmas.cpu()"): PLAN_VS_BUFFER,
+    ("algorithms/op_grpo.py", "batch.rewards.detach().to('cpu')"):
+        "the buffer's admission reads the batch's rewards on the host, in one copy (not one read per group)",
+    ("algorithms/op_grpo.py", "traj.rewards.detach().to('cpu')"):
+        "the buffer picks each group's best trajectory on the host, from one copy of the rewards",
+    ("algorithms/op_grpo.py", "torch.tensor([best for _, best in chosen], dtype=torch.long)"): HOST_INDEX
+        + " (the groups' best rows, moved onto the device once to gather them)",
+    ("algorithms/op_grpo.py", "traj.latents[index.to(traj.latents.device), :keep].detach().to('cpu', copy=True)"):
+        BUFFER + " (the groups' best latents in one copy)",
+    ("algorithms/op_grpo.py", "traj.log_probs[index.to(traj.log_probs.device)].detach().to('cpu', copy=True)"):
+        BUFFER + " (the groups' best log-probs in one copy)",
     ("algorithms/op_grpo.py", "plan.sde.cpu()"): PLAN_VS_BUFFER,
     ("algorithms/op_grpo.py", "plan.train.cpu()"): PLAN_VS_BUFFER,
     ("algorithms/op_grpo.py", "torch.rand((), generator=gen)"): GENERATOR + " (which groups replay)",
@@ -248,14 +258,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("algorithms/op_grpo.py", "torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu()"):
         LOGGING + " (per-step |log-ratio| sums)",
     ("algorithms/op_grpo.py", "ok.sum(0).float().cpu()"): LOGGING + " (per-step |log-ratio| counts)",
-    ("algorithms/op_grpo.py", "traj.latents[best, :keep].detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/op_grpo.py", "traj.train[best:best + 1].detach().to('cpu', copy=True)"): BUFFER + " (the entry's plan row)",
     ("algorithms/replay.py", "torch.zeros(1, len(sde), dtype=torch.bool)"): HOST_PLAN + " (an old entry's grid)",
     ("algorithms/trajectory.py", "self.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
     ("algorithms/trajectory.py", "other.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
     ("algorithms/trajectory.py", "self.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
     ("algorithms/trajectory.py", "other.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
-    ("algorithms/op_grpo.py", "traj.log_probs[best].detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/op_grpo.py", "traj.sigmas.detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/op_grpo.py", "traj.sde.detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/prompt_samplers/replay_buffer.py", "torch.randperm(len(stored), generator=gen)"): GENERATOR,

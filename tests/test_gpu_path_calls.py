@@ -31,7 +31,6 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo.benchmark.perf import gpu, gpu_large
-from flowzoo.benchmark.experiments.recipes import recipe
 from flowzoo.models.diffusers_common import cfg_split_pays
 from tests.device_reads import DeviceReads
 
@@ -80,9 +79,21 @@ def iteration(model, name: str, config: dict, prompts: int) -> dict[str, list[in
     return calls.rows
 
 
-def paper_config(name: str, family: str, **overrides) -> dict:
-    """The algorithm's released recipe for the model family with the suite's settings that shape calls."""
-    return {**recipe(name, "", family), **overrides}
+def suite_cell(suite: str, name: str, tmp_path, **overrides) -> tuple[dict, int]:
+    """(the algorithm config, prompts per GPU) of a paper suite's cell at its released GPU count, as ``bench``
+    resolves it (recipe, suite defaults, per-algorithm batch), with ``overrides``."""
+    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.cells import base_task
+
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.txt").write_text("a photo of a cat\n")
+    loaded = load_suite(suite)
+    configs = expand(loaded, tmp_path / "runs", [f"prompts.train={tmp_path}", f"prompts.test={tmp_path}"])
+    cell = next(c for c in configs if c.algorithm_name == name and c.task == base_task(c.task))
+    params = {k: v for k, v in cell.algorithm.items() if k != "name"}
+    gpus = loaded.released_gpus
+    assert cell.train.prompts_per_step % gpus == 0
+    return {**params, **overrides}, cell.train.prompts_per_step // gpus
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +116,14 @@ def test_auto_batches_the_cfg_pair_on_a_gpu_at_every_paper_size():
     assert not cfg_split_pays("cpu", 20_000)
 
 
-def test_flow_grpo_sd3_makes_the_released_calls(sd3):
+def test_flow_grpo_sd3_makes_the_released_calls(sd3, tmp_path):
     """paper-sd3-ocr's Flow-GRPO cell at 8 GPUs: 6 prompts x G 24 = 144 samples per GPU, T 10, 9 trained steps, CFG
     4.5, KL 0.04, 2 optimizer steps, micro_batch 9. The release: 16 rollout batches x 10 steps = 160 calls of 18
     rows; 16 training batches x 9 steps x (policy + reference) = 288 calls of 18 rows. Ours makes the same."""
-    config = paper_config("flow_grpo", "sd3", micro_batch=9)
-    assert (config["group_size"], config["num_steps"], config["minibatches"]) == (24, 10, 2)
-    rows = iteration(sd3, "flow_grpo", config, prompts=6)
+    config, prompts = suite_cell("paper-sd3-ocr", "flow_grpo", tmp_path)
+    assert (prompts, config["group_size"], config["num_steps"], config["minibatches"]) == (6, 24, 10, 2)
+    assert config["micro_batch"] == 9 and config["kl_beta"] > 0
+    rows = iteration(sd3, "flow_grpo", config, prompts=prompts)
     samples, chunk = 144, 9
     released_rollout = math.ceil(samples / chunk) * 10
     released_update = math.ceil(samples / chunk) * 9 * 2
@@ -119,30 +131,31 @@ def test_flow_grpo_sd3_makes_the_released_calls(sd3):
     assert len(rows["update"]) == released_update and set(rows["update"]) == {2 * chunk}
 
 
-def test_the_split_cfg_pair_made_more_calls(sd3):
+def test_the_split_cfg_pair_made_more_calls(sd3, tmp_path):
     """What the issue measured: with the CFG pair split (the former ``auto`` at SD3.5's size) the policy's call is
     two, so the update makes 3 calls per chunk and trained step instead of the release's 2."""
-    config = paper_config("flow_grpo", "sd3", micro_batch=9, cfg_batch="split")
-    rows = iteration(sd3, "flow_grpo", config, prompts=6)
+    config, prompts = suite_cell("paper-sd3-ocr", "flow_grpo", tmp_path, cfg_batch="split")
+    rows = iteration(sd3, "flow_grpo", config, prompts=prompts)
     assert len(rows["update"]) == 16 * 9 * 3
 
 
-def test_op_grpo_sd3_makes_no_more_calls_than_flow_grpos_release(sd3):
+def test_op_grpo_sd3_makes_no_more_calls_than_flow_grpos_release(sd3, tmp_path):
     """OP-GRPO (no release; Flow-GRPO's structure): with half the groups replaying 12 of their 24 samples, the
     replayed samples skip the steps before t_off in the rollout and train their kept steps like fresh ones."""
-    config = paper_config("op_grpo", "sd3", micro_batch=9)
-    rows = iteration(sd3, "op_grpo", config, prompts=6)
+    config, prompts = suite_cell("paper-sd3-ocr", "op_grpo", tmp_path)
+    rows = iteration(sd3, "op_grpo", config, prompts=prompts)
     assert len(rows["rollout"]) <= 16 * 10 and max(rows["rollout"]) <= 18
     assert len(rows["update"]) <= 16 * 9 * 2 and max(rows["update"]) <= 18
 
 
 @pytest.mark.parametrize("name, prompts_per_gpu", [("dance_grpo", 2), ("mix_grpo", 4)])
-def test_flux_recipes_make_fewer_calls_than_their_releases(flux, name, prompts_per_gpu):
+def test_flux_recipes_make_fewer_calls_than_their_releases(flux, name, prompts_per_gpu, tmp_path):
     """paper-flux-hpsv2 at 8 GPUs: DanceGRPO 16 prompts (2 per GPU), MixGRPO 32 (4 per GPU), G 12, micro_batch 4.
     The releases call the transformer on one sample at a time, in the rollout (T per sample) and in the update (one
     per sample and trained step); ours rolls out ``rollout_batch`` samples per call (FLUX's default: 1, as
     released) and trains up to ``micro_batch`` samples per call, so it makes no more calls than the release."""
-    config = paper_config(name, "flux", micro_batch=4)
+    config, prompts = suite_cell("paper-flux-hpsv2", name, tmp_path)
+    assert prompts == prompts_per_gpu and config["micro_batch"] == 4
     samples, steps = prompts_per_gpu * config["group_size"], config["num_steps"]
     rows = iteration(flux, name, config, prompts=prompts_per_gpu)
     if name == "dance_grpo":

@@ -41,6 +41,7 @@ from typing import Any
 
 from flowzoo import algorithms, models
 from flowzoo.errors import ConfigError
+from flowzoo.models.diffusers_common import cfg_split_pays
 
 GIB = 2**30
 #: GiB a device needs beyond the estimate: the CUDA context (~0.5 GiB) and the caching allocator's fragmentation
@@ -365,8 +366,8 @@ def run_shape(config, processes: int = 1) -> RunShape:
         grad_rows = 2 if cfg else 1
     elif alg_cfg.cfg_batch == "split":
         grad_rows = 1
-    else:  # auto: the model's rule (DiffusersFlowModel.split_cfg_pays: split from cfg_split_min_params parameters)
-        grad_rows = 1 if arch.transformer_params >= getattr(model_cls, "cfg_split_min_params", math.inf) else 2
+    else:  # auto: the model's rule on the accelerator this estimate is for (models.diffusers_common.cfg_split_pays)
+        grad_rows = 1 if cfg_split_pays("cuda", arch.transformer_params) else 2
     local = min(-(-batch // alg_cfg.minibatches), samples)  # one minibatch's samples on this process, at most
     if model_cls.fused_update:  # the tier's update runs every trained (sample, step) pair of a minibatch in one call
         local *= trained
