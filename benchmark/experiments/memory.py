@@ -386,16 +386,23 @@ def run_shape(config, processes: int = 1) -> RunShape:
 
 
 # ---- calibration ------------------------------------------------------------------------------------------------
+def check_shape(arch: str, **values) -> RunShape:
+    """The shape of a run of ``flowzoo perf --gpu-check`` (benchmark/perf/gpu.py, gpu_large.py): a random transformer
+    in bf16 with LoRA, no text encoders or VAE, 4 samples of one prompt unless ``values`` say otherwise."""
+    values = {"samples": 4, "rollout_rows": 4, "decode_rows": 4, **values}
+    return RunShape(arch=ARCHITECTURES[arch], text_encoders=False, vae=False, **values)
+
+
 def _gpu_check(arch: str, measured: float, **values) -> tuple[RunShape, float]:
-    """A run of ``flowzoo perf --gpu-check`` (benchmark/perf/gpu.py, gpu_large.py): a random transformer in bf16 with
-    LoRA, no text encoders or VAE, 4 samples of one prompt, and its measured peak (GiB, max_memory_allocated)."""
-    shape = RunShape(arch=ARCHITECTURES[arch], samples=4, text_encoders=False, vae=False, rollout_rows=4,
-                     decode_rows=4, **values)
-    return shape, measured
+    """A run of the GPU check (:func:`check_shape`) and its measured peak (GiB, max_memory_allocated)."""
+    return check_shape(arch, **values), measured
 
 
 SD3_CHECK = dict(tokens=32 * 32 + 77 + 128, text_tokens=205, latent_numbers=16 * 64 * 64, num_steps=10,
                  lora_params=586_752 * 32, cfg=True, grad_rows=1, update_rows=4, kl=True, kept_steps=9)
+#: the Qwen-Image check's shape (Flow-GRPO-Fast's recipe), without the update's rows
+QWEN_CHECK = dict(tokens=32 * 32 + 322, text_tokens=512, latent_numbers=16 * 64 * 64, num_steps=10,
+                  lora_params=6_635_520 * 64, cfg=True, grad_rows=2)
 FLUX_CHECK = dict(tokens=45 * 45 + 512, text_tokens=512, latent_numbers=16 * 90 * 90, lora_params=1_167_360 * 128)
 #: the first GPU run (docs/perf.md, one H200): {label: (the run's shape, its measured peak in GiB)}
 CALIBRATION: dict[str, tuple[RunShape, float]] = {
@@ -408,9 +415,7 @@ CALIBRATION: dict[str, tuple[RunShape, float]] = {
     "FLUX.1-dev MixGRPO": _gpu_check("flux", 38.8, **FLUX_CHECK, num_steps=25, update_rows=1),
     # Flow-GRPO-Fast's Qwen-Image recipe: true CFG 4 with both branches' gradient (2 rows a sample), minibatches 2;
     # the prompt's 322 valid text tokens (the longest of the call: the negative " " has 185) join 1024 image tokens
-    "Qwen-Image Flow-GRPO-Fast": _gpu_check("qwen_image", 97.6, tokens=32 * 32 + 322, text_tokens=512,
-                                            latent_numbers=16 * 64 * 64, num_steps=10, lora_params=6_635_520 * 64,
-                                            cfg=True, grad_rows=2, update_rows=2),
+    "Qwen-Image Flow-GRPO-Fast": _gpu_check("qwen_image", 97.6, **QWEN_CHECK, update_rows=2),
 }
 #: the largest relative error of the estimate on CALIBRATION (docs/perf.md states it; the test holds it)
 CALIBRATION_ERROR = 0.02

@@ -172,7 +172,7 @@ def main(device: str, overrides: dict, repeats: int = gpu_plan.REPEATS, variants
     for family in families:
         todo = [v for v in variants if v.family == family]
         step = next(b for b in gpu_plan.BUILDS if b.family == family)
-        fits = [v for v in todo if device_gib is None or v.expected_gib <= gpu_plan.MEMORY_SHARE * device_gib]
+        fits = [v for v in todo if device_gib is None or v.fits(device_gib)]
         refusal = budget.refuses(step.expected_s + min((v.expected_s for v in fits), default=0.0)) if fits else None
         model, line = None, refusal and f"not built: {refusal}"
         if fits and refusal is None:

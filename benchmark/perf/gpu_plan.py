@@ -5,8 +5,9 @@ allocation failure, which ends only its own variant. No model code here: ``gpu.p
 Expected figures come from the first GPU run (one H200, 2026-12-04; docs/perf.md "The first GPU run"): a figure is
 either *measured* there, or *estimated* from those measurements, and says which in its ``source``. Seconds are for an
 H100 80 GB: the H200 seconds x ``H100_PER_H200`` (the two share the bf16 matrix peak, the H100 has 0.7x the memory
-bandwidth; no H100 run yet). Memory is the peak allocated on the GPU; it does not depend on the card. The
-memory rule (``expected_gib > device memory x MEMORY_SHARE``) stands until a memory estimate of the cell replaces it.
+bandwidth; no H100 run yet). Memory is the memory estimate of the variant's shape (``benchmark/experiments/memory.py``,
+the one the launch check uses, calibrated on the same H200 run to within 2%); a variant is skipped where it would not
+fit (``memory.fits``: the estimate plus its reserve against the device's memory), as a launch would be refused.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flowzoo.benchmark.experiments import memory
+from flowzoo.benchmark.experiments.memory import FLUX_CHECK, QWEN_CHECK, SD3_CHECK, RunShape, check_shape
+
 #: command time the check is sized for (8 minutes on one H100 80 GB)
 BUDGET_S = 480.0
 #: H100 seconds per H200 second (an allowance, not a measurement: see the module docstring)
 H100_PER_H200 = 1.15
-#: a variant is skipped when its expected peak exceeds this share of the device's memory
-MEMORY_SHARE = 0.95
 #: timed repeats per variant, after one untimed warm-up (docs/perf.md)
 REPEATS = 3
 #: before the first variant: installing the carried wheel, imports, CUDA start-up (H200 seconds, estimated)
@@ -33,15 +35,16 @@ STARTUP_H200_S = 20.0
 class Variant:
     """One timed configuration of the check. ``reference``: the released structure it is timed against
     (``benchmark/perf/reference.py``), or None. ``h200_s``: expected seconds of the whole variant on an H200 (warm-up
-    and ``REPEATS`` pairs); ``expected_gib``: expected peak GPU memory; each with its source."""
+    and ``REPEATS`` pairs), with its source; ``shape``: what the memory estimate reads of it; ``measured``: what the
+    H200 run measured of its memory, where it ran."""
 
     name: str
     family: str  # sd3 | flux | qwen_image: the model it runs on (built once per family)
     algorithm: str
     overrides: dict = field(default_factory=dict)
     reference: str | None = None
-    expected_gib: float = 0.0
-    gib_source: str = ""
+    shape: RunShape | None = None
+    measured: str = ""
     h200_s: float = 0.0
     seconds_source: str = ""
     default: bool = True
@@ -51,6 +54,19 @@ class Variant:
     def expected_s(self) -> float:
         """Expected seconds on an H100."""
         return self.h200_s * H100_PER_H200
+
+    @property
+    def expected_gib(self) -> float:
+        """The memory estimate's peak for the variant (GiB)."""
+        return memory.estimate(self.shape).total
+
+    @property
+    def gib_source(self) -> str:
+        return f"memory estimate{'; ' + self.measured if self.measured else ''}"
+
+    def fits(self, device_gib: float) -> bool:
+        """Whether the estimate fits ``device_gib`` with the launch check's reserve (``memory.fits``)."""
+        return memory.fits(memory.estimate(self.shape), device_gib)
 
 
 @dataclass(frozen=True)
@@ -79,38 +95,54 @@ BUILDS = (
     Build("qwen_image", 5.0, "estimated (not timed on the H200)"),
 )
 
+#: the SD3 recompute update at 4 samples: the CFG pair batched (``cfg_batch: auto`` on a GPU), as the released loop
+_SD3_RECOMPUTE = check_shape("sd3", **{**SD3_CHECK, "grad_rows": 2})
 VARIANTS = (
     Variant("sd3: flow_grpo, recompute", "sd3", "flow_grpo", {"reuse_rollout_graph": False}, "flow_grpo_sd3",
-            23.1, "measured: the released loop's 23.1 GiB peak (ours 14.2) on the H200",
-            _PAIRS * (8.04 + 4.24), "measured per pair on the H200: ours 8.04 + the released update 4.24"),
-    Variant("sd3: flow_grpo, recompute, batched CFG", "sd3", "flow_grpo",
-            {"reuse_rollout_graph": False, "cfg_batch": "batched"}, "flow_grpo_sd3",
-            23.1, "estimated: the released loop's measured 23.1 GiB (the same rows per call with gradient)",
-            _PAIRS * (1.60 + 4.24 + 4.24), "estimated: ours' rollout 1.60 + an update as long as the released 4.24, twice"),
-    Variant("sd3: flow_grpo, kept rollout graph (defaults)", "sd3", "flow_grpo", {}, "flow_grpo_sd3",
-            85.6, "measured: 85.6 GiB peak on the H200 (the released loop 23.1)",
-            _PAIRS * (4.95 + 4.24), "measured per pair on the H200: ours 4.95 + the released update 4.24",
-            default=False, why_not_default="85.6 GiB: does not fit an 80 GB GPU"),
+            shape=_SD3_RECOMPUTE,
+            measured="measured on the H200: 14.2 GiB with the CFG pair split (the former auto), the released loop "
+                     "(batched, as auto is now on a GPU) 23.1",
+            h200_s=_PAIRS * (1.60 + 4.24 + 4.24),
+            seconds_source="estimated: ours' rollout 1.60 + an update as long as the released 4.24, twice (the "
+                           "split form measured 8.04 + 4.24 per pair)"),
+    Variant("sd3: flow_grpo, recompute, split CFG (former auto)", "sd3", "flow_grpo",
+            {"reuse_rollout_graph": False, "cfg_batch": "split"}, "flow_grpo_sd3",
+            shape=check_shape("sd3", **SD3_CHECK), measured="measured: 14.2 GiB on the H200",
+            h200_s=_PAIRS * (8.04 + 4.24), seconds_source="measured per pair on the H200: ours 8.04 + the released "
+                                                          "update 4.24",
+            default=False, why_not_default="the former default, 1.38x the released loop on the H200; run it to "
+                                           "compare"),
+    Variant("sd3: flow_grpo, kept rollout graph", "sd3", "flow_grpo", {"reuse_rollout_graph": True}, "flow_grpo_sd3",
+            shape=check_shape("sd3", **{**SD3_CHECK, "grad_rows": 2}, keeps_graphs=True),
+            measured="measured: 85.6 GiB with the CFG pair split on the H200",
+            h200_s=_PAIRS * (4.95 + 4.24), seconds_source="measured per pair on the H200: ours 4.95 + the released "
+                                                          "update 4.24",
+            default=False, why_not_default="does not fit an 80 GB GPU"),
     Variant("sd3: op_grpo", "sd3", "op_grpo", {}, None,
-            23.7, "measured: 23.7 GiB on the H200",
-            (1 + REPEATS) * 7.61, "measured: 7.61 s/iteration on the H200",
+            shape=check_shape("sd3", **{**SD3_CHECK, "grad_rows": 2, "samples": 8, "rollout_rows": 8,
+                                        "decode_rows": 8, "update_rows": 8}),
+            measured="measured: 23.7 GiB on the H200 (CFG split)",
+            h200_s=(1 + REPEATS) * 7.61, seconds_source="measured: 7.61 s/iteration on the H200",
             default=False, why_not_default="no released reference to compare with; its 35 s keep the default list "
                                            "inside the budget with a margin"),
     Variant("flux: dance_grpo", "flux", "dance_grpo", {}, "dance_grpo",
-            52.1, "measured: 52.1 GiB peak on the H200 (ours; the released update calls 1 row at a time)",
-            _PAIRS * (13.09 + 0.6 * 13.09), "measured 13.09 s/iteration on the H200, the released update estimated "
-                                            "at ours' 0.6 share"),
+            shape=check_shape("flux", **FLUX_CHECK, num_steps=12, update_rows=2, rollout_rows=1, decode_rows=1),
+            measured="measured: 52.1 GiB on the H200 (4 samples per rollout call then)",
+            h200_s=_PAIRS * (13.09 + 0.6 * 13.09),
+            seconds_source="measured 13.09 s/iteration on the H200, the released update estimated at ours' 0.6 share"),
     Variant("flux: mix_grpo", "flux", "mix_grpo", {}, "mix_grpo",
-            38.8, "measured: 38.8 GiB peak on the H200 (ours)",
-            _PAIRS * (17.88 + 0.32 * 17.88), "measured 17.88 s/iteration on the H200, the released update estimated "
-                                             "at ours' 0.32 share"),
+            shape=check_shape("flux", **FLUX_CHECK, num_steps=25, update_rows=1, rollout_rows=1, decode_rows=1),
+            measured="measured: 38.8 GiB on the H200 (4 samples per rollout call then)",
+            h200_s=_PAIRS * (17.88 + 0.32 * 17.88),
+            seconds_source="measured 17.88 s/iteration on the H200, the released update estimated at ours' 0.32 "
+                           "share"),
     Variant("qwen_image: flow_grpo_fast", "qwen_image", "flow_grpo_fast", {}, "flow_grpo_fast",
-            46.0, "estimated: 97.6 GiB measured on the H200 without gradient checkpointing; with it, as the paper "
-                  "suite and the release train, 38.9 GiB of bf16 weights + 60 block inputs and one block's "
-                  "activations (58.7 / 60 GiB) + LoRA and AdamW state: about 46",
-            _PAIRS * (10.30 * 144 / 128 + 10.30 * 64 / 128), "measured 10.30 s/iteration on the H200 without "
-                                                             "checkpointing; with it 144 / 128 of that, the released "
-                                                             "update 64 / 128"),
+            shape=check_shape("qwen_image", **QWEN_CHECK, update_rows=2, checkpointing=True),
+            measured="measured: 97.6 GiB on the H200 without gradient checkpointing (the paper suite and the "
+                     "release train with it, as the check now does)",
+            h200_s=_PAIRS * (10.30 * 144 / 128 + 10.30 * 64 / 128),
+            seconds_source="measured 10.30 s/iteration on the H200 without checkpointing; with it 144 / 128 of "
+                           "that, the released update 64 / 128"),
 )
 
 DEFAULT = tuple(v for v in VARIANTS if v.default)
@@ -128,8 +160,8 @@ def format_plan(variants=DEFAULT, device_gib: float | None = None) -> str:
     lines = [f"GPU check plan: {REPEATS} timed repeats after one warm-up per variant; budget {BUDGET_S:.0f} s of "
              f"command time; seconds expected on an H100 = the H200 figures x {H100_PER_H200} (docs/perf.md)"]
     if device_gib is not None:
-        lines.append(f"device memory {device_gib:.1f} GiB: a variant expected above {MEMORY_SHARE * device_gib:.1f} "
-                     "GiB is skipped")
+        lines.append(f"device memory {device_gib:.1f} GiB: a variant whose estimate + {memory.RESERVE_GIB:.0f} GiB "
+                     "reserve exceeds it is skipped")
     lines.append(f"{'':3s}{'variant':48s} {'ref':>4s} {'GiB':>6s} {'H100 s':>7s}  sources")
     lines.append(f"{'':3s}{'start-up (wheel, imports, CUDA)':48s} {'':>4s} {'':>6s} "
                  f"{STARTUP_H200_S * H100_PER_H200:7.0f}  estimated")
@@ -141,7 +173,7 @@ def format_plan(variants=DEFAULT, device_gib: float | None = None) -> str:
             lines.append(f"{'':3s}{'build ' + v.family + ' (bf16)':48s} {'':>4s} {'':>6s} {build.expected_s:7.0f}  "
                          f"{build.source}")
         mark = "" if v.default else "*"
-        skip = device_gib is not None and v.expected_gib > MEMORY_SHARE * device_gib
+        skip = device_gib is not None and not v.fits(device_gib)
         lines.append(f"{mark:>2s} {v.name:48s} {'yes' if v.reference else '-':>4s} {v.expected_gib:6.1f} "
                      f"{v.expected_s:7.0f}  {v.gib_source}; {v.seconds_source}" + ("  [skipped: memory]" if skip else ""))
     total = plan_total_s(variants)
@@ -205,9 +237,9 @@ class Budget:
 def run_variant(variant: Variant, run, budget: Budget, device_gib: float | None) -> dict | str:
     """``run()`` unless the variant's memory would not fit or its time would pass the budget; an allocation
     failure of any kind becomes one line (memory freed), so the next variant runs. Returns run's result or the line."""
-    if device_gib is not None and variant.expected_gib > MEMORY_SHARE * device_gib:
-        return (f"skipped: expected {variant.expected_gib:.1f} GiB > {MEMORY_SHARE} x {device_gib:.1f} GiB of device "
-                f"memory ({variant.gib_source})")
+    if device_gib is not None and not variant.fits(device_gib):
+        return (f"skipped: estimated {variant.expected_gib:.1f} GiB + {memory.RESERVE_GIB:.0f} GiB reserve > "
+                f"{device_gib:.1f} GiB of device memory ({variant.measured})")
     refusal = budget.refuses(variant.expected_s)
     if refusal is not None:
         return refusal
