@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
+from flowzoo.models.footprint import Footprint
+
 #: which CFG branch carries the gradient in training (see ``FlowModel.velocity``)
 CFG_GRADS = ("cond", "both")
 #: how the detached-unconditional CFG form runs with autograd on (see ``FlowModel.velocity``)
@@ -177,6 +179,20 @@ class FlowModel:
         if full:
             return f'{cls.transformer_class or "<transformer class>"}.from_pretrained("DIR/transformer")'
         return f'{cls.lora_format}.from_pretrained(BASE).load_lora_weights("DIR")'
+
+    #: the architecture's published facts the memory estimate reads (``models.footprint.Arch``), on adapters of one
+    #: fixed architecture (sd3, flux, qwen_image; wan's default size); tiers sized by their arguments compute theirs
+    architecture: ClassVar = None
+
+    @classmethod
+    def footprint(cls, args: dict) -> "Footprint":
+        """What the memory estimate reads of this model at its arguments ``args`` (the config's ``model.args`` over the
+        constructor's defaults): its architecture and one sample's sizes (``models.footprint``). An adapter without
+        one cannot be estimated, and says so."""
+        from flowzoo.errors import ConfigError
+
+        raise ConfigError(f"model {cls.name!r} states no memory footprint (FlowModel.footprint), so its runs cannot "
+                          "be estimated; pass --no-memory-check to launch without the estimate")
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def velocity(

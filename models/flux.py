@@ -36,6 +36,7 @@ from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models.footprint import Arch, Footprint, image_footprint
 
 #: Flow-GRPO's FLUX LoRA targets (yifan123/flow_grpo scripts/train_flux.py:411-424 at 27b6ef8; LoraConfig(r=64,
 #: lora_alpha=128, init_lora_weights="gaussian"), :425-430): the joint attention of the 19 double-stream blocks with
@@ -84,6 +85,17 @@ def check_square_resolution(resolution, factor: int, model: str) -> int:
     return resolution
 
 
+#: FLUX.1-dev as the memory estimate reads it (counts checked by tests/test_memory_estimate.py against the transformer
+#: built on the meta device from benchmark/perf/gpu_large.py FLUX1_DEV)
+FLUX1_DEV_ARCH = Arch(
+    "FLUX.1-dev", transformer_params=11_901_408_320, hidden=3072, blocks=19 + 38, text_width=4096,
+    text_encoder_params=123_060_480 + 4_762_310_656,  # CLIPTextModel (L) + T5-XXL encoder
+    vae_params=83_819_683, vae_channels=256,
+    lora_widths={"default": 2_801_664, ("to_k", "to_q", "to_v", "to_out.0"): 1_167_360}, activation=17.0,
+    source="black-forest-labs/FLUX.1-dev transformer/config.json (19 double + 38 single blocks, 24 x 128 heads), "
+           "text_encoder*/config.json, vae/config.json")
+
+
 @register("flux")
 class FluxModel(DiffusersFlowModel):
     sample_kind = "image"
@@ -108,6 +120,11 @@ class FluxModel(DiffusersFlowModel):
     env_var = "FLOWZOO_FLUX_PATH"
     argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = FLUX_LORA_TARGETS
+    architecture = FLUX1_DEV_ARCH
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        return image_footprint(cls.architecture, int(args["resolution"]), int(args["max_sequence_length"]))
     #: FluxPipeline's exact sigma (the constructor's integer_timesteps sets it per instance)
     integer_timesteps: bool = False
 

@@ -38,6 +38,7 @@ from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models.footprint import Arch, Footprint, image_footprint
 from flowzoo.models.flux import check_square_resolution, pipeline_shift
 
 #: how a call's shorter prompts treat their padding (QwenImageModel's ``text_padding``): ``masked`` (diffusers >= 0.37,
@@ -52,6 +53,17 @@ QWEN_IMAGE_LORA_TARGETS = (
     "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
     "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
 )
+
+
+#: Qwen-Image as the memory estimate reads it (counts checked by tests/test_memory_estimate.py against the transformer
+#: built on the meta device from benchmark/perf/gpu_large.py QWEN_IMAGE)
+QWEN_IMAGE_ARCH = Arch(
+    "Qwen-Image", transformer_params=20_430_401_088, hidden=3072, blocks=60, text_width=3584,
+    text_encoder_params=8_292_166_656,  # Qwen2.5-VL-7B-Instruct (the pipeline loads the whole model): 8.29 B
+    vae_params=126_892_531, vae_channels=192,  # AutoencoderKLQwenImage (Wan2.1's VAE), base_dim 96
+    lora_widths={"default": 6_635_520}, activation=29.0,
+    source="Qwen/Qwen-Image transformer/config.json (60 blocks, 24 x 128 heads, text 3584), text_encoder "
+           "(Qwen2.5-VL-7B-Instruct), vae/config.json")
 
 
 @register("qwen_image")
@@ -74,6 +86,11 @@ class QwenImageModel(DiffusersFlowModel):
     env_var = "FLOWZOO_QWEN_IMAGE_PATH"
     argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+    architecture = QWEN_IMAGE_ARCH
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        return image_footprint(cls.architecture, int(args["resolution"]), int(args["max_sequence_length"]))
     #: Flow-GRPO's Qwen-Image negative prompt (scripts/train_qwenimage.py:660 at 27b6ef8)
     negative_prompt = " "
     #: today's pipeline: the text padding masked (the constructor's text_padding sets it per instance)

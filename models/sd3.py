@@ -18,8 +18,22 @@ import torch
 from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
+from flowzoo.models.footprint import Arch, Footprint, image_footprint
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
+
+
+#: SD3.5-Medium as the memory estimate reads it. Parameter counts and LoRA widths: the published configs built with
+#: diffusers 0.42 / transformers on the meta device (tests/test_memory_estimate.py rebuilds the transformer from
+#: benchmark/perf/gpu.py SD35_MEDIUM and checks them)
+SD35_MEDIUM_ARCH = Arch(
+    "SD3.5-Medium", transformer_params=2_243_171_520, hidden=1536, blocks=24, text_width=4096,
+    # CLIP-L 123.65 M + OpenCLIP bigG 694.66 M (CLIPTextModelWithProjection) + T5-XXL encoder 4,762.31 M
+    text_encoder_params=123_650_304 + 694_659_840 + 4_762_310_656,
+    vae_params=83_819_683, vae_channels=256,  # AutoencoderKL, block_out_channels (128, 256, 512, 512), 16 latents
+    lora_widths={"default": 586_752}, activation=27.0,
+    source="stabilityai/stable-diffusion-3.5-medium transformer/config.json (24 layers, 24 x 64 heads, dual "
+           "attention 0-12), text_encoder*/config.json, vae/config.json")
 
 
 @register("sd3")
@@ -39,6 +53,12 @@ class SD3Model(DiffusersFlowModel):
     argument_ranges = {**DiffusersFlowModel.argument_ranges, "resolution": AT_LEAST_1}
     default_lora_targets = SD3_LORA_TARGETS  # the joint attention only, as the SD3 releases train
     shard_blocks = ("transformer_blocks",)  # the SD3Transformer2DModel block list FSDP2 wraps (models/sharding.py)
+    architecture = SD35_MEDIUM_ARCH
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        # the T5 tokens and CLIP's 77 joined in one stream
+        return image_footprint(cls.architecture, int(args["resolution"]), int(args["max_sequence_length"]) + 77)
 
     def __init__(
         self,

@@ -37,6 +37,7 @@ from flowzoo.models import register
 from flowzoo.models.base import Condition, FlowModel
 from flowzoo.models.diffusers_common import (SD3_LORA_TARGETS, DiffusersFlowModel, Finetune, NoGradPath,
                                      check_finetune, check_no_grad_path, resolve_device)
+from flowzoo.models.footprint import Arch, Footprint
 from flowzoo.models.tiny_data import DATASETS, image_shape
 from flowzoo.models.tiny_text import WordTokenizer, build_text_encoder
 
@@ -177,6 +178,25 @@ class TinyModel(DiffusersFlowModel):
     negative_prompt = ""
     default_lora_targets = SD3_LORA_TARGETS  # an SD3 transformer without dual attention: every attention projection
     shard_blocks = ("transformer_blocks",)  # SD3Transformer2DModel's joint blocks (FSDP2, models/sharding.py)
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        """Its SD3 transformer and CLIP text encoder at its ``arch``, counted by formula (a joint block holds 36 d^2:
+        two streams' attention 8 d^2, MLPs 16 d^2, adaLN 12 d^2); pixel space, no VAE; SD3.5's activation
+        coefficient."""
+        from flowzoo.models.sd3 import SD35_MEDIUM_ARCH
+        from flowzoo.models.tiny_text import MAX_LENGTH
+
+        arch = TinyArch.from_dict(dict(args.get("arch") or {}, data=args.get("data", "shapes")))
+        d, w = arch.heads * arch.head_dim, arch.text_width
+        channels, height, width = image_shape(arch.data)
+        transformer = 36 * d * d * arch.layers + 2 * d * (w + 256) + 2 * d * d + 2 * d * arch.patch_size ** 2 * channels
+        described = Arch("tiny", transformer_params=transformer, hidden=d, blocks=arch.layers, text_width=w,
+                         text_encoder_params=8 * w * w * arch.text_layers + 100 * w, vae_params=0, vae_channels=0,
+                         lora_widths={"default": 16 * d * arch.layers}, activation=SD35_MEDIUM_ARCH.activation,
+                         source="models/tiny.py TinyArch")
+        return Footprint(described, (height // arch.patch_size) * (width // arch.patch_size) + MAX_LENGTH, MAX_LENGTH,
+                         channels * height * width, height * width)
     # its own dtypes (float32, float64) and arguments: not the pipeline adapters' ranges
     argument_ranges = {"lora_rank": AT_LEAST_1, "lora_alpha": POSITIVE, "seed": NON_NEGATIVE,
                        "cache_size": NON_NEGATIVE}

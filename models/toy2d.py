@@ -56,6 +56,7 @@ from flowzoo.io import atomic_torch_save
 from flowzoo.ranges import AT_LEAST_1, NON_NEGATIVE
 from flowzoo.models import register
 from flowzoo.models.base import Condition, FlowModel
+from flowzoo.models.footprint import Arch, Footprint
 
 NUM_CLASSES = 4
 RADIUS = 2.0
@@ -321,6 +322,16 @@ class Toy2DModel(FlowModel):
     fused_update = True  # per-call overhead is the whole cost of a 2-D MLP's update (docs/perf.md, "The toy tier")
     argument_ranges = {"hidden": AT_LEAST_1, "layers": AT_LEAST_1, "pretrain_steps": NON_NEGATIVE,
                        "pretrain_seed": NON_NEGATIVE, "classes": check_classes_argument}
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        """The velocity MLP (:class:`VelocityMLP`: inputs 2 + 16 Fourier + 1 + a 32-wide class embedding) on 2-D
+        points."""
+        hidden, layers = int(args.get("hidden", 128)), int(args.get("layers", 3))
+        params = (51 * hidden + hidden) + (layers - 1) * (hidden * hidden + hidden) + 2 * hidden + 2 + 64 * 32
+        return Footprint(Arch("toy2d", transformer_params=params, hidden=hidden, blocks=layers, text_width=0,
+                              text_encoder_params=0, vae_params=0, vae_channels=0, activation=3.0,
+                              source="models/toy2d.py VelocityMLP"), 1, 0, 2, 0)
 
     def __init__(self, hidden: int = 128, layers: int = 3, pretrain_steps: int = 1500, pretrain_seed: int = 0,
                  classes: int = NUM_CLASSES, layout: str = DEFAULT_LAYOUT, dtype: str = "float32"):

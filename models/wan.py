@@ -21,6 +21,25 @@ from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument
+from flowzoo.models.footprint import Arch, Footprint
+
+
+#: Wan2.1-T2V's two sizes as the memory estimate reads them, by the transformer's ``num_layers`` (counts checked by
+#: tests/test_memory_estimate.py against the transformers built on the meta device); the activation coefficient is
+#: SD3's (no Wan figure was measured)
+WAN_ARCHES = {
+    30: Arch("Wan2.1-T2V-1.3B", transformer_params=1_418_996_800, hidden=1536, blocks=30, text_width=4096,
+             text_encoder_params=5_680_910_336,  # umT5-XXL encoder (UMT5EncoderModel)
+             vae_params=126_892_531, vae_channels=192,  # AutoencoderKLWan, base_dim 96, dim_mult (1, 2, 4, 4)
+             lora_widths={"default": 737_280}, activation=27.0,
+             source="Wan-Video/Wan2.1 wan/configs/wan_t2v_1_3B.py (dim 1536, ffn 8960, 12 heads, 30 layers); "
+                    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
+    40: Arch("Wan2.1-T2V-14B", transformer_params=14_288_491_584, hidden=5120, blocks=40, text_width=4096,
+             text_encoder_params=5_680_910_336, vae_params=126_892_531, vae_channels=192,
+             lora_widths={"default": 3_276_800}, activation=27.0,
+             source="Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py (dim 5120, ffn 13824, 40 heads, 40 layers); "
+                    "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+}
 
 
 @register("wan")
@@ -41,6 +60,26 @@ class WanModel(DiffusersFlowModel):
                        "height": AT_LEAST_1, "width": AT_LEAST_1}
     default_lora_targets = WAN_LORA_TARGETS  # attn1 and attn2, as Flow-GRPO's Wan trainer
     shard_blocks = ("blocks",)  # the WanTransformer3DModel block list FSDP2 wraps (models/sharding.py)
+    architecture = WAN_ARCHES[30]  # the 1.3 B the suites run
+
+    @classmethod
+    def footprint(cls, args: dict) -> Footprint:
+        """The size the pipeline directory's transformer config names when it is on this machine (else the 1.3 B the
+        suites run); text enters by cross-attention, not the stream; the VAE decodes one latent frame (4 frames) at a
+        time."""
+        import json
+        from pathlib import Path
+
+        path = args.get("path") or os.environ.get(cls.env_var)
+        try:
+            config = json.loads((Path(path) / "transformer" / "config.json").read_text()) if path else {}
+        except (OSError, ValueError):
+            config = {}
+        arch = WAN_ARCHES.get(config.get("num_layers"), cls.architecture)
+        frames, height, width = int(args["frames"]), int(args["height"]), int(args["width"])
+        latent_frames = (frames - 1) // 4 + 1
+        return Footprint(arch, latent_frames * (height // 16) * (width // 16), int(args["max_sequence_length"]),
+                         16 * latent_frames * (height // 8) * (width // 8), 4 * height * width)
 
     def __init__(
         self,

@@ -24,10 +24,8 @@ Released structures (per GPU and iteration):
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
-import torch
 
 from flowzoo import algorithms
 from flowzoo.benchmark.perf import gpu, gpu_large

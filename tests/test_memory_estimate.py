@@ -13,7 +13,7 @@ from flowzoo import models
 from flowzoo.benchmark.cli import main
 from flowzoo.benchmark.experiments import memory
 from flowzoo.benchmark.experiments.memory import (
-    ARCHITECTURES, CALIBRATION, CALIBRATION_ERROR, GIB, estimate, fit_run, run_shape,
+    CALIBRATION, CALIBRATION_ERROR, GIB, estimate, fit_run, run_shape,
 )
 from flowzoo.benchmark.experiments.memory_table import cell_config, suite_estimates
 from flowzoo.benchmark.experiments.suite import load_suite, suite_names
@@ -55,7 +55,7 @@ def test_parts_add_up_to_the_total():
     assert est.total == pytest.approx(sum(parts[k] for k in est.resident) + parts["kept graphs"]
                                       + parts[est.peak_phase])
     # the resident parts by formula: bf16 transformer and text encoders, float32 LoRA with gradient and 2 moments + EMA
-    sd3 = ARCHITECTURES["sd3"]
+    sd3 = models.get("sd3").architecture
     assert parts["transformer"] == pytest.approx(sd3.transformer_params * 2 / GIB)
     assert parts["text encoders"] == pytest.approx(sd3.text_encoder_params * 2 / GIB)
     assert parts["trainable state"] == pytest.approx(sd3.lora_widths["default"] * 32 * 4 * 5 / GIB)  # ema on
@@ -104,7 +104,7 @@ def test_fsdp_divides_the_sharded_parts_only(rollout_defaults):
         assert split.resident[part] == pytest.approx(plain.resident[part] / 8)
     for part in ("text encoders", "VAE", "batch"):
         assert split.resident[part] == plain.resident[part]
-    qwen = ARCHITECTURES["qwen_image"]
+    qwen = models.get("qwen_image").architecture
     assert split.resident["FSDP gather"] == pytest.approx(2 * qwen.transformer_params / qwen.blocks * 2 / GIB)
     assert plain.resident["FSDP gather"] == 0
     assert split.phases == plain.phases
@@ -128,6 +128,7 @@ def test_the_table_counts_are_the_published_architectures():
     from flowzoo.models.diffusers_common import SD3_LORA_TARGETS, WAN_LORA_TARGETS
     from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FLUX_LORA_TARGETS
     from flowzoo.models.qwen_image import QWEN_IMAGE_LORA_TARGETS
+    from flowzoo.models.wan import WAN_ARCHES
 
     wan = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
                text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
@@ -142,7 +143,7 @@ def test_the_table_counts_are_the_published_architectures():
     for key, (cls, config, targets) in builds.items():
         with torch.device("meta"):
             net = getattr(diffusers, cls)(**config)
-        arch = ARCHITECTURES[key]
+        arch = WAN_ARCHES[40] if key == "wan-14b" else models.get(key).architecture
         assert sum(p.numel() for p in net.parameters()) == arch.transformer_params, key
         for name, wanted in targets.items():  # peft's match: the module's name is the target or ends with .target
             width = sum(m.in_features + m.out_features for n, m in net.named_modules()

@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from flowzoo import algorithms, models
 from flowzoo.errors import ConfigError
 from flowzoo.models.diffusers_common import cfg_split_pays
+from flowzoo.models.footprint import Arch
 
 GIB = 2**30
 #: GiB a device needs beyond the estimate: the CUDA context (~0.5 GiB) and the caching allocator's fragmentation
@@ -59,148 +57,6 @@ NO_GRAD_NUMBERS = 16
 CHECKPOINT_NUMBERS = 1
 #: bytes per element of the dtype names the adapters take
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "fp32": 4}
-
-
-@dataclass(frozen=True)
-class Arch:
-    """What the estimate reads of a model family (one row of :data:`ARCHITECTURES`)."""
-
-    label: str
-    transformer_params: int
-    hidden: int  # width of the token stream
-    blocks: int  # transformer blocks every token passes (FLUX: 19 double-stream + 38 single-stream)
-    text_width: int  # width of the text condition each sample carries (0: none)
-    text_encoder_params: int  # every text encoder the pipeline loads (in the model's dtype)
-    vae_params: int
-    vae_channels: int  # channels of the decoder's widest convolution at full resolution (0: no VAE)
-    #: LoRA parameters per unit of rank: sum of (in + out) features over the wrapped Linear layers, per target list
-    lora_widths: dict = field(default_factory=dict)
-    #: saved activations per (row, block, token, hidden unit), in numbers of the compute dtype (fit: CALIBRATION)
-    activation: float = 27.0
-    source: str = ""
-
-
-# ---- the table --------------------------------------------------------------------------------------------------
-# Parameter counts and LoRA widths are the published configs built with diffusers 0.42 / transformers on the meta
-# device (tests/test_memory_estimate.py rebuilds the transformers from benchmark/perf/gpu.py SD35_MEDIUM and
-# gpu_large.py FLUX1_DEV / QWEN_IMAGE and Wan's configs, and checks every count here).
-SD3_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-               "attn.add_v_proj", "attn.to_add_out")
-ARCHITECTURES: dict[str, Arch] = {
-    "sd3": Arch(
-        "SD3.5-Medium", transformer_params=2_243_171_520, hidden=1536, blocks=24, text_width=4096,
-        # CLIP-L 123.65 M + OpenCLIP bigG 694.66 M (CLIPTextModelWithProjection) + T5-XXL encoder 4,762.31 M
-        text_encoder_params=123_650_304 + 694_659_840 + 4_762_310_656,
-        vae_params=83_819_683, vae_channels=256,  # AutoencoderKL, block_out_channels (128, 256, 512, 512), 16 latents
-        lora_widths={"default": 586_752}, activation=27.0,
-        source="stabilityai/stable-diffusion-3.5-medium transformer/config.json (24 layers, 24 x 64 heads, dual "
-               "attention 0-12), text_encoder*/config.json, vae/config.json"),
-    "flux": Arch(
-        "FLUX.1-dev", transformer_params=11_901_408_320, hidden=3072, blocks=19 + 38, text_width=4096,
-        text_encoder_params=123_060_480 + 4_762_310_656,  # CLIPTextModel (L) + T5-XXL encoder
-        vae_params=83_819_683, vae_channels=256,
-        lora_widths={"default": 2_801_664, ("to_k", "to_q", "to_v", "to_out.0"): 1_167_360}, activation=17.0,
-        source="black-forest-labs/FLUX.1-dev transformer/config.json (19 double + 38 single blocks, 24 x 128 heads), "
-               "text_encoder*/config.json, vae/config.json"),
-    "qwen_image": Arch(
-        "Qwen-Image", transformer_params=20_430_401_088, hidden=3072, blocks=60, text_width=3584,
-        text_encoder_params=8_292_166_656,  # Qwen2.5-VL-7B-Instruct (the pipeline loads the whole model): 8.29 B
-        vae_params=126_892_531, vae_channels=192,  # AutoencoderKLQwenImage (Wan2.1's VAE), base_dim 96
-        lora_widths={"default": 6_635_520}, activation=29.0,
-        source="Qwen/Qwen-Image transformer/config.json (60 blocks, 24 x 128 heads, text 3584), text_encoder "
-               "(Qwen2.5-VL-7B-Instruct), vae/config.json"),
-    "wan": Arch(
-        "Wan2.1-T2V-1.3B", transformer_params=1_418_996_800, hidden=1536, blocks=30, text_width=4096,
-        text_encoder_params=5_680_910_336,  # umT5-XXL encoder (UMT5EncoderModel)
-        vae_params=126_892_531, vae_channels=192,  # AutoencoderKLWan, base_dim 96, dim_mult (1, 2, 4, 4)
-        lora_widths={"default": 737_280}, activation=27.0,  # SD3's coefficient: no Wan figure was measured
-        source="Wan-Video/Wan2.1 wan/configs/wan_t2v_1_3B.py (dim 1536, ffn 8960, 12 heads, 30 layers); "
-               "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
-    "wan-14b": Arch(
-        "Wan2.1-T2V-14B", transformer_params=14_288_491_584, hidden=5120, blocks=40, text_width=4096,
-        text_encoder_params=5_680_910_336, vae_params=126_892_531, vae_channels=192,
-        lora_widths={"default": 3_276_800}, activation=27.0,  # SD3's coefficient: no Wan figure was measured
-        source="Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py (dim 5120, ffn 13824, 40 heads, 40 layers); "
-               "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-}
-#: Wan's pipeline directory says which size it is (its transformer's num_layers); the suites run the 1.3 B
-WAN_BY_LAYERS = {30: "wan", 40: "wan-14b"}
-
-
-def _tiny_arch(args: dict) -> Arch:
-    """The tiny tier's SD3 transformer and CLIP text encoder at its ``arch`` (models/tiny.py), counted by formula: a
-    joint block holds 36 d^2 (two streams' attention 8 d^2, MLPs 16 d^2, adaLN 12 d^2)."""
-    from flowzoo.models.tiny import TinyArch
-    from flowzoo.models.tiny_data import image_shape
-
-    arch = TinyArch.from_dict(dict(args.get("arch") or {}, data=args.get("data", "shapes")))
-    d, w = arch.heads * arch.head_dim, arch.text_width
-    channels, height, width = image_shape(arch.data)
-    transformer = 36 * d * d * arch.layers + 2 * d * (w + 256) + 2 * d * d + 2 * d * arch.patch_size ** 2 * channels
-    return Arch("tiny", transformer_params=transformer, hidden=d, blocks=arch.layers, text_width=w,
-                text_encoder_params=8 * w * w * arch.text_layers + 100 * w, vae_params=0, vae_channels=0,
-                lora_widths={"default": 16 * d * arch.layers}, activation=ARCHITECTURES["sd3"].activation,
-                source="models/tiny.py TinyArch")
-
-
-def _toy_arch(args: dict) -> Arch:
-    """toy2d's velocity MLP (models/toy2d.py VelocityMLP): inputs 2 + 16 Fourier + 1 + a 32-wide class embedding."""
-    hidden, layers = int(args.get("hidden", 128)), int(args.get("layers", 3))
-    params = (51 * hidden + hidden) + (layers - 1) * (hidden * hidden + hidden) + 2 * hidden + 2 + 64 * 32
-    return Arch("toy2d", transformer_params=params, hidden=hidden, blocks=layers, text_width=0, text_encoder_params=0,
-                vae_params=0, vae_channels=0, activation=3.0, source="models/toy2d.py VelocityMLP")
-
-
-def arch_of(name: str, args: dict) -> Arch:
-    """The table's row for model ``name`` with ``args`` (the tiers with size arguments are computed from them)."""
-    if name == "toy2d":
-        return _toy_arch(args)
-    if name == "tiny":
-        return _tiny_arch(args)
-    if name == "wan":
-        return ARCHITECTURES[_wan_size(args)]
-    if name in ARCHITECTURES:
-        return ARCHITECTURES[name]
-    raise ConfigError(f"memory estimate: no architecture for model {name!r}; known: "
-                      f"{', '.join(sorted({*ARCHITECTURES, 'tiny', 'toy2d'} - {'wan-14b'}))}")
-
-
-def _wan_size(args: dict) -> str:
-    """``wan`` or ``wan-14b`` by the pipeline directory's transformer config when it is on this machine, else the
-    1.3 B the suites run."""
-    path = args.get("path") or os.environ.get("FLOWZOO_WAN_PATH")
-    try:
-        config = json.loads((Path(path) / "transformer" / "config.json").read_text()) if path else {}
-    except (OSError, ValueError):
-        config = {}
-    return WAN_BY_LAYERS.get(config.get("num_layers"), "wan")
-
-
-def _tokens_and_pixels(name: str, args: dict, defaults: dict) -> tuple[int, int, int, int]:
-    """(tokens per sample in the transformer's stream, text tokens per sample, latent numbers per sample, decoded
-    pixels per sample at a decode's peak) at the model's arguments."""
-    get = lambda key: args.get(key, defaults.get(key))  # noqa: E731
-    if name in ("sd3", "flux", "qwen_image"):
-        res = int(get("resolution"))
-        text = int(get("max_sequence_length")) + (77 if name == "sd3" else 0)  # SD3 joins CLIP's 77 tokens
-        return (res // 16) ** 2 + text, text, 16 * (res // 8) ** 2, res * res
-    if name == "wan":
-        frames, height, width = int(get("frames")), int(get("height")), int(get("width"))
-        latent_frames = (frames - 1) // 4 + 1
-        text = int(get("max_sequence_length"))
-        # text enters by cross-attention, not the stream; the VAE decodes one latent frame (4 frames) at a time
-        return latent_frames * (height // 16) * (width // 16), text, 16 * latent_frames * (height // 8) * (width // 8), \
-            4 * height * width
-    if name == "tiny":
-        from flowzoo.models.tiny import TinyArch
-        from flowzoo.models.tiny_data import image_shape
-        from flowzoo.models.tiny_text import MAX_LENGTH
-
-        arch = TinyArch.from_dict(dict(args.get("arch") or {}, data=args.get("data", "shapes")))
-        channels, height, width = image_shape(arch.data)
-        return (height // arch.patch_size) * (width // arch.patch_size) + MAX_LENGTH, MAX_LENGTH, \
-            channels * height * width, height * width
-    return 1, 0, 2, 0  # toy2d: a 2-D point
 
 
 # ---- the shape of one run ---------------------------------------------------------------------------------------
@@ -348,7 +204,8 @@ def run_shape(config, processes: int = 1) -> RunShape:
     model_cls, alg_cls = models.get(name), algorithms.get(config.algorithm_name)
     defaults = _defaults(model_cls)
     get = lambda key: args.get(key, defaults.get(key))  # noqa: E731
-    arch = arch_of(name, args)
+    footprint = model_cls.footprint({**defaults, **args})
+    arch = footprint.arch
     alg_cfg = config.algorithm_config()
     batch = config.train.prompts_per_step * alg_cfg.group_size
     samples = -(-batch // processes)
@@ -357,7 +214,8 @@ def run_shape(config, processes: int = 1) -> RunShape:
     cfg = guidance != 1.0
     dtype = str(get("dtype") or "float32")
     weight_bytes = DTYPE_BYTES.get(dtype, 4)
-    tokens, text_tokens, latent, pixels = _tokens_and_pixels(name, args, defaults)
+    tokens, text_tokens, latent, pixels = footprint.tokens, footprint.text_tokens, footprint.latent_numbers, \
+        footprint.pixels
     finetune = "full" if name == "toy2d" else str(get("finetune") or "lora")  # toy2d trains its whole MLP
     targets = get("lora_targets")
     width = arch.lora_widths.get(tuple(targets) if targets else "default", arch.lora_widths.get("default", 0))
@@ -386,11 +244,18 @@ def run_shape(config, processes: int = 1) -> RunShape:
 
 
 # ---- calibration ------------------------------------------------------------------------------------------------
-def check_shape(arch: str, **values) -> RunShape:
-    """The shape of a run of ``flowzoo perf --gpu-check`` (benchmark/perf/gpu.py, gpu_large.py): a random transformer
-    in bf16 with LoRA, no text encoders or VAE, 4 samples of one prompt unless ``values`` say otherwise."""
+def arch_of(name: str, args: dict | None = None) -> Arch:
+    """Model ``name``'s architecture at ``args`` (over its constructor's defaults), as its adapter states it."""
+    model_cls = models.get(name)
+    return model_cls.footprint({**_defaults(model_cls), **(args or {})}).arch
+
+
+def check_shape(model: str, **values) -> RunShape:
+    """The shape of a run of ``flowzoo perf --gpu-check`` (benchmark/perf/gpu.py, gpu_large.py) on ``model``'s
+    architecture: a random transformer in bf16 with LoRA, no text encoders or VAE, 4 samples of one prompt unless
+    ``values`` say otherwise."""
     values = {"samples": 4, "rollout_rows": 4, "decode_rows": 4, **values}
-    return RunShape(arch=ARCHITECTURES[arch], text_encoders=False, vae=False, **values)
+    return RunShape(arch=models.get(model).architecture, text_encoders=False, vae=False, **values)
 
 
 def _gpu_check(arch: str, measured: float, **values) -> tuple[RunShape, float]:
