@@ -5,6 +5,7 @@ gradient equals ours; a variant that would not fit is skipped by its expected me
 by its expected time; an allocation failure of any kind ends only its own variant; models are built directly in bf16;
 and the check runs from the repository root with no install of FlowZoo (the registry-less GPU machine's way)."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -204,9 +205,9 @@ def test_wheels_install_offline_and_come_first(tmp_path, monkeypatch):
     _fake_wheel(tmp_path)
     target = install_wheels(str(tmp_path), str(tmp_path / "site"))
     assert sys.path[0] == target
-    import flowzoo_probe
+    probe = importlib.import_module("flowzoo_probe")  # the fake wheel's module (no installed package provides it)
 
-    assert flowzoo_probe.VALUE == 42
+    assert probe.VALUE == 42
     sys.modules.pop("flowzoo_probe")
     with pytest.raises(ConfigError, match="no \\*.whl in"):
         install_wheels(str(tmp_path / "site"))
