@@ -109,7 +109,7 @@ def test_each_suite_names_the_protocol_for_what_it_is(name):
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("eval_sampler:"))
     assert "eval_sampler: pipeline" in line and "reference evaluation sampler" in line
     assert "Pipeline's own" not in line and "'s own," not in line
-    expected = {"sd3": ("CFG 4.5, 40 steps", "config/base.py:41,43"), "wan": ("UniPC",), "flux": ("truncated",),
+    expected = {"sd3": ("CFG 4.5, 40 steps", "config/base.py:43,45 at 27b6ef8"), "wan": ("UniPC",), "flux": ("truncated",),
                 "qwen_image": ("config/grpo.py:527-528",)}
     family = next(m for m in expected if f"name: {m}\n" in text)
     assert all(phrase in line for phrase in expected[family]), (family, line)
