@@ -397,7 +397,8 @@ class Algorithm(LockstepPadding):
     # ---- hooks ----------------------------------------------------------------------------------------------
     def sigma_grid(self) -> SigmaGrid:
         """The grid of the training sigmas (``algorithms.sde.sigma_schedule``): the model's pipeline's
-        (``default_sigma_grid``: SD3's scheduler for sd3 / wan / tiny, FluxPipeline's for flux and qwen_image);
+        (``default_sigma_grid``: SD3's scheduler for sd3 / tiny, Wan2.1's UniPC flow sigmas for wan, FluxPipeline's
+        for flux and qwen_image);
         DanceGRPO and MixGRPO read theirs from their config."""
         return self.model.default_sigma_grid
 

@@ -227,7 +227,7 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next
 
 
 #: the sigma grids of :func:`sigma_schedule` (the one list: configs type ``sigma_grid`` with it)
-SigmaGrid = Literal["diffusers", "linspace", "flux"]
+SigmaGrid = Literal["diffusers", "linspace", "flux", "unipc_flow"]
 SIGMA_GRIDS = get_args(SigmaGrid)
 
 
@@ -247,6 +247,10 @@ def inverse_time_shift(s: torch.Tensor | float, shift: float) -> torch.Tensor | 
 MAX_SAMPLING_STEPS = 1000
 
 
+#: how far UniPC's flow grid lowers a first sigma of 1 (diffusers 0.42.1 scheduling_unipc_multistep.py:437-440)
+UNIPC_FIRST_SIGMA_EPS = 1e-6
+
+
 def sigma_schedule(
     num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, grid: str = "diffusers",
     terminal: float | None = None,
@@ -264,8 +268,20 @@ def sigma_schedule(
       num_inference_steps, num_inference_steps)``). Their resolution-dependent ``mu`` (exponential time shift
       ``e^mu / (e^mu + 1/t - 1)``) is the static shift with ``shift = e^mu``, so the adapters pass ``e^mu`` here.
 
+    * ``grid="unipc_flow"``: the flow sigmas of diffusers' ``UniPCMultistepScheduler(use_flow_sigmas=True,
+      flow_shift=shift)``, Wan2.1's scheduler (diffusers 0.42.1, scheduling_unipc_multistep.py:428-450):
+      ``shift(linspace(1, 1/num_train_timesteps, T + 1)[:-1])``, the first sigma lowered by 1e-6 when it is 1 (so
+      that UniPC's log(alpha) stays finite), and a final 0. The zoo's samplers take their own (SDE or Euler) steps on
+      this grid, as Flow-GRPO's Wan trainer takes its own SDE step on the pipeline's UniPC sigmas; it does not run
+      UniPC's multistep predictor-corrector.
+
     ``terminal``: diffusers' ``shift_terminal`` (Qwen-Image's scheduler: 0.02): the shifted sigmas before the final 0
     are stretched so that the last one equals it, ``1 - (1 - s) (1 - terminal) / (1 - s_last)``.
+
+    Precision: the linspace grid is computed in float32, as the DanceGRPO and MixGRPO trainers build it (a float32
+    ``torch.linspace`` and ``sd3_time_shift``), so that it is their grid to the bit (FLUX's integer timesteps truncate
+    ``1000 sigma`` and a one-ulp difference moves a step by one, models/flux.py); the pipelines' grids are computed in
+    float64 (their numpy) and cast to float32, as diffusers hands them to its schedulers.
     """
     if not 1 <= num_steps <= MAX_SAMPLING_STEPS:
         raise ValueError(f"num_steps must be in [1, {MAX_SAMPLING_STEPS}], got {num_steps}")
@@ -278,9 +294,13 @@ def sigma_schedule(
     if grid == "linspace":
         if terminal is not None:
             raise ValueError("the linspace grid ends at 0 and takes no terminal")
-        return time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift).float()
+        # float32 throughout, as the releases (module docstring: their grid to the bit)
+        return time_shift(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32), float(shift))
     if grid == "flux":
         body = time_shift(torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64), shift)
+    elif grid == "unipc_flow":
+        body = time_shift(torch.linspace(1.0, 1.0 / num_train_timesteps, num_steps + 1, dtype=torch.float64)[:-1],
+                          shift)
     else:
         sigma_min = time_shift(1.0 / num_train_timesteps, shift)
         body = time_shift(torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64), shift)
@@ -288,6 +308,8 @@ def sigma_schedule(
         if num_steps < 2:
             raise ValueError(f"a terminal sigma needs num_steps >= 2, got {num_steps}")
         body = 1 - (1 - body) * (1 - terminal) / (1 - body[-1])
+    if grid == "unipc_flow" and abs(float(body[0]) - 1.0) < UNIPC_FIRST_SIGMA_EPS:
+        body[0] -= UNIPC_FIRST_SIGMA_EPS  # scheduling_unipc_multistep.py:437-440 (keeps log(alpha) finite)
     return torch.cat([body, torch.zeros(1, dtype=torch.float64)]).float()
 
 

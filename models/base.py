@@ -70,7 +70,8 @@ class FlowModel:
     default_guidance: float = 1.0
     default_shift: float = 1.0
     #: the sigma grid of the model's own pipeline (``algorithms.sde.sigma_schedule``'s ``grid``): "diffusers" (SD3's
-    #: scheduler) or "flux" (FluxPipeline / QwenImagePipeline: linspace(1, 1/T, T) shifted)
+    #: scheduler), "flux" (FluxPipeline / QwenImagePipeline: linspace(1, 1/T, T) shifted) or "unipc_flow" (Wan2.1's
+    #: UniPCMultistepScheduler flow sigmas)
     default_sigma_grid: str = "diffusers"
     #: the last non-zero sigma the pipeline's scheduler stretches its grid to (diffusers ``shift_terminal``), or None
     shift_terminal: float | None = None

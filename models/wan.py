@@ -7,6 +7,18 @@ velocity; CFG is ``uncond + g * (cond - uncond)``; decoding un-normalises with t
 ``latents_std`` and returns [B, F, C, H, W] in [0, 1]. Recipe defaults from Flow-GRPO (config/grpo.py,
 ``general_ocr_wan2_1``): 33 frames at 240 x 416, 20 training / 50 evaluation steps, CFG 4.5, 512 text tokens,
 VAE kept in float32 (scripts/train_wan2_1.py). Shift 3.0 is the Wan2.1 scheduler's ``flow_shift`` for 480p.
+
+Sigma grid (``default_sigma_grid = "unipc_flow"``, training and evaluation): the flow sigmas of Wan2.1's scheduler,
+``UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)`` with diffusers'
+other defaults (num_train_timesteps 1000, final_sigmas_type "zero"). The zoo cannot download the checkpoint's
+``scheduler/scheduler_config.json``; it takes the configuration diffusers documents for Wan2.1 at 480p (diffusers
+0.42.1 pipelines/wan/pipeline_wan.py:52-59: ``UniPCMultistepScheduler`` with ``flow_shift`` 3.0 for 480P, 5.0 for
+720P), which is the scheduler Flow-GRPO's Wan trainer keeps: its pipeline calls ``scheduler.set_timesteps(T)`` and
+steps on ``scheduler.sigmas`` (yifan123/flow_grpo flow_grpo/diffusers_patch/wan_pipeline_with_logprob.py:229-230,
+44-47 at 27b6ef8). As there, the sampler takes its own step (SDE for training, Euler for evaluation) between these
+sigmas; UniPC's multistep predictor-corrector is not run. At T 20 the last non-zero sigma is 0.139 (SD3's Euler grid:
+0.0089). A directory whose scheduler is another (the tests' tiny pipeline) still gets this grid: the zoo's Wan is
+Wan2.1's released sampler, not whatever a directory ships.
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ class WanModel(DiffusersFlowModel):
     default_shift = 3.0
     default_num_steps = 20
     default_eval_num_steps = 50
+    default_sigma_grid = "unipc_flow"  # Wan2.1's UniPC flow sigmas (module docstring: which config and why)
     # samples per training-rollout call, decode and reward call: Flow-GRPO's Wan2.1 sampling batch,
     # sample.train_batch_size 8 (yifan123/flow_grpo config/grpo.py:43 at 31c71b9, general_ocr_wan2_1; DanceGRPO's Wan
     # trainer samples one at a time, fastvideo/train_grpo_wan_2_1.py:294 at 15cc71d)

@@ -98,3 +98,18 @@ def test_reports_name_the_protocol():
     assert one.startswith("Evaluation protocol: `pipeline (28 steps)` for every run")
     mixed = protocol_line({"a": "pipeline (28 steps)", "b": "algorithm (28 steps)"})
     assert "`algorithm (28 steps)` (1 runs)" in mixed and "not comparable" in mixed
+
+
+@pytest.mark.parametrize("name", PAPER_SUITES)
+def test_each_suite_names_the_protocol_for_what_it_is(name):
+    """``pipeline`` is each model's reference evaluation sampler with its source (evaluation.py, docs/harness.md),
+    not a diffusers pipeline's defaults: SD3.5 evaluates at Flow-GRPO's CFG 4.5 and 40 steps (the pipeline's are 7.0
+    and 28), FLUX with truncated timesteps, Wan on its UniPC sigmas."""
+    text = (ROOT / "benchmark" / "suites" / f"{name}.yaml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("eval_sampler:"))
+    assert "eval_sampler: pipeline" in line and "reference evaluation sampler" in line
+    assert "Pipeline's own" not in line and "'s own," not in line
+    expected = {"sd3": ("CFG 4.5, 40 steps", "config/base.py:43,45 at 27b6ef8"), "wan": ("UniPC",), "flux": ("truncated",),
+                "qwen_image": ("config/grpo.py:527-528",)}
+    family = next(m for m in expected if f"name: {m}\n" in text)
+    assert all(phrase in line for phrase in expected[family]), (family, line)

@@ -175,6 +175,32 @@ def test_integer_timesteps_feed_the_releases_truncated_thousandths(flux_dir, mod
         FluxModel(path=flux_dir, **ARGS, integer_timesteps="yes")
 
 
+@pytest.mark.parametrize("steps", [10, 12, 20, 25])
+def test_integer_timesteps_on_the_linspace_grid_are_the_releases(flux_dir, monkeypatch, steps):
+    """On DanceGRPO's / MixGRPO's grid (linspace, shift 3) the transformer sees the release's timesteps: the grid built
+    in float32 (torch.linspace, sd3_time_shift) and int(sigma * 1000) of each step (XueZeyue/DanceGRPO
+    fastvideo/train_grpo_flux.py:311-313,231 and :506 at 15cc71d). At T 12 step 8 that is 599 (600 from a float64
+    grid cast to float32)."""
+    truncated = FluxModel(path=flux_dir, **ARGS, integer_timesteps=True)
+    seen = []
+    original = type(truncated.transformer).forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["timestep"].clone())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(truncated.transformer), "forward", spy)
+    t = torch.linspace(1, 0, steps + 1)  # the release's own computation, float32
+    released = [int(sigma * 1000) for sigma in (3.0 * t) / (1 + 2.0 * t)][:steps]
+    grid = sigma_schedule(steps, 3.0, grid="linspace")[:steps]
+    x = truncated.initial_noise([torch.Generator().manual_seed(3)] * steps)
+    with torch.no_grad():
+        truncated.predict(x, grid, truncated.encode(PROMPTS[:1] * steps))
+    assert torch.round(seen[0].double() * 1000).long().tolist() == released
+    if steps == 12:
+        assert released[8] == 599
+
+
 def test_the_transformer_runs_without_cudnn_attention_and_the_flags_come_back(model, monkeypatch):
     """FLUX's transformer call leaves cuDNN's attention out (its backward failed at FLUX.1-dev's 720 px shapes on an
     H200: docs/perf.md), and only for that call: the process's backend flags are as before afterwards."""

@@ -90,7 +90,9 @@ def test_ode_sampling_and_decode_reproduce_the_pipeline(model, pipe):
     kwargs = dict(prompt=PROMPTS, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=steps,
                   guidance_scale=guidance, max_sequence_length=MAX_SEQ)
     expected = pipe(latents=x1.clone(), output_type="latent", **kwargs).frames
-    sigmas = sigma_schedule(steps, model.default_shift)  # the schedule the pipeline's scheduler uses
+    # the velocity against the tiny pipeline's Euler scheduler on its own grid (the model's default grid is Wan2.1's
+    # UniPC flow sigmas: test_the_sigma_grid_is_wan2_1s_unipc_flow_grid)
+    sigmas = sigma_schedule(steps, model.default_shift)
     assert torch.equal(sigmas, pipe.scheduler.sigmas)
     x, cond = x1, model.encode(PROMPTS)
     for s, s_next in zip(sigmas[:-1], sigmas[1:]):
@@ -103,6 +105,38 @@ def test_ode_sampling_and_decode_reproduce_the_pipeline(model, pipe):
     assert decoded.shape == (2, FRAMES, 3, HEIGHT, WIDTH) == video.shape and decoded.dtype == torch.float32
     assert decoded.min() >= 0 and decoded.max() <= 1
     torch.testing.assert_close(decoded, video, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("steps", [1, 10, 20, 50])
+def test_the_sigma_grid_is_wan2_1s_unipc_flow_grid(model, steps):
+    """Wan2.1's scheduler: UniPCMultistepScheduler with flow sigmas and flow_shift 3 (models/wan.py: the config)."""
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    scheduler.set_timesteps(steps)
+    ours = sigma_schedule(steps, model.default_shift, grid=model.default_sigma_grid, terminal=model.shift_terminal)
+    assert model.default_sigma_grid == "unipc_flow" and model.default_shift == 3.0
+    assert torch.equal(ours, scheduler.sigmas)
+    if steps == 20:  # the last non-zero sigma, against SD3's Euler grid's 0.0089
+        assert ours[-2].item() == pytest.approx(0.1387, abs=1e-4)
+        assert sigma_schedule(steps, 3.0)[-2].item() == pytest.approx(0.0089, abs=1e-4)
+
+
+def test_training_and_the_pipeline_evaluation_sample_on_the_unipc_grid(model):
+    """Flow-GRPO (the model's grid) trains on it; the ``pipeline`` evaluation protocol scores on it at 50 steps."""
+    from types import SimpleNamespace
+
+    from flowzoo import algorithms
+    from flowzoo.benchmark.experiments.evaluation import protocol_sampler
+    from tests.adapter_training import MeanBrightness
+
+    alg = algorithms.get("flow_grpo")(model, MeanBrightness(), {"group_size": 2, "clip_range": 1e-3, "lr": 1e-4},
+                                      seed=0)
+    assert torch.equal(alg.sigmas, sigma_schedule(20, 3.0, grid="unipc_flow"))
+    train = SimpleNamespace(eval_sampler="pipeline", eval_shift=None, eval_guidance=None, eval_num_steps=None)
+    evaluation = protocol_sampler(train, model, alg)
+    assert torch.equal(evaluation.sigmas, sigma_schedule(50, 3.0, grid="unipc_flow"))
+    assert evaluation.sigmas[-2].item() == pytest.approx(0.0604, abs=1e-4)
 
 
 def test_guidance_changes_the_velocity(model):

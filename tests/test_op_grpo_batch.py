@@ -193,6 +193,35 @@ def test_gate_keeps_zero_reward_trajectories_out_of_the_buffer():
     assert len(alg.buffer) == 0 and stats.extra["buffer_gated"] == 4
 
 
+class _PromptIndex(Reward):
+    """Every sample of a prompt gets the prompt's index: each group's rewards are all equal."""
+    name = "prompt_index"
+    accepts = ("points",)
+
+    def score(self, samples, prompts, metadata):
+        return RewardOutput(torch.tensor([float(PROMPTS.index(p)) for p in prompts]))
+
+
+def test_buffer_admission_any_is_the_papers_rule():
+    """The paper stores each group's best trajectory and, full, replaces the weakest entry if better: with
+    ``buffer_admission: any`` the buffer does exactly that; the default gate (ours, marked in the recipe) refuses
+    groups whose best does not beat their mean, here every group (all-equal rewards)."""
+    gated = make(reward=_PromptIndex())
+    assert gated.config.buffer_admission == "above_group_mean"
+    gated.step(PROMPTS, META)
+    assert len(gated.buffer) == 0
+    paper = make(reward=_PromptIndex(), buffer_admission="any", buffer_capacity=2)
+    paper.step(PROMPTS, META)
+    # 4 groups' best (rewards 0, 1, 2, 3) into 2 places: the two best remain, the weakest replaced
+    assert sorted(e.reward for e in paper.buffer.entries) == [2.0, 3.0]
+
+
+def test_the_gate_is_marked_ours_in_the_recipe():
+    recipe = (Path(__file__).resolve().parents[1] / "benchmark" / "hyperparams" / "op_grpo.yaml").read_text()
+    line = next(ln for ln in recipe.splitlines() if ln.strip().startswith("buffer_admission:"))
+    assert "above_group_mean  # ours:" in line and "buffer_admission: any" in line.split("#", 1)[1]
+
+
 # ---- t_off range ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("extra, bad, valid", [
     ([], "11", "[0, 10]"),  # T = the toy model's default of 10 steps

@@ -77,6 +77,7 @@ DANCE_SD3 = dict(
     cfg_grad="both",  # DG train_grpo_wan_2_1.py:238-248 (its trainers with CFG)
     lr=3e-4, weight_decay=1e-4, max_grad_norm=1.0,  # DG lora.sh:33,47,46
     minibatches=2,  # DG lora.sh:26,31: 2 x 12 samples per GPU / accumulation 12
+    minibatch_order="grouped",  # DG train_grpo_flux_lora.py:511-553: the samples in order, whole groups per step
     ema=False,  # DG: no EMA in the trainers (train_grpo_wan_2_1.py parses --ema_decay and never uses it)
 )
 DANCE_WAN = dict(
@@ -97,6 +98,7 @@ MIX_SD3 = dict(
     adv_std="group", adv_std_unbiased=True, adv_eps=1e-8, drop_zero_advantage=False,  # MG train_grpo_flux.py:448
     lr=3e-4,  # ours: LoRA (MixGRPO's 1e-5 fine-tunes all FLUX weights)
     minibatches=4,  # MG mix.sh:68,128,150: 12 samples per GPU / accumulation 3
+    minibatch_order="interleaved",  # MG train_grpo_flux.py:516-543,606: in order, the same 3 samples of each group
     ema=False,  # MG train_grpo_flux.py:1034-1035: --ema_decay parsed, never used
 )
 MIX_WAN = dict(MIX_SD3, num_steps=20, shift=None, lr=1e-4)  # the Wan task's sampling setup and LoRA lr (ours)

@@ -25,13 +25,31 @@ def test_linspace_grid_is_the_shifted_uniform_grid(steps, shift):
     t = 1 - np.arange(steps + 1) / steps
     expected = shift * t / (1 + (shift - 1) * t)
     got = sigma_schedule(steps, shift, grid="linspace")
-    np.testing.assert_allclose(got.numpy(), expected, atol=1e-7, rtol=0)
+    np.testing.assert_allclose(got.numpy(), expected, atol=4e-7, rtol=0)  # computed in float32, as the releases
     assert got[0] == 1 and got[-1] == 0
     # diffusers' grid differs: its last nonzero sigma is 1/1000 shifted twice (its sigma_min is already shifted)
     diffusers = sigma_schedule(steps, shift)
     once = shift * 1e-3 / (1 + (shift - 1) * 1e-3)
     assert diffusers[-2] == pytest.approx(shift * once / (1 + (shift - 1) * once), abs=1e-7)
     assert not torch.allclose(got, diffusers, atol=1e-4)
+
+
+def released_linspace_grid(steps, shift):
+    """The DanceGRPO / MixGRPO release's grid, as its trainers build it: a float32 torch.linspace and sd3_time_shift
+    (XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py:127-128,311-313 at 15cc71d)."""
+    t = torch.linspace(1, 0, steps + 1)
+    return (shift * t) / (1 + (shift - 1) * t)
+
+
+@pytest.mark.parametrize("steps", [10, 12, 20, 25])
+def test_linspace_grid_is_the_releases_float32_grid_to_the_bit(steps):
+    """Its integer timesteps int(1000 sigma) are the release's at every step (a float64 grid cast to float32 fed
+    600 where the release feeds 599 at T 12, shift 3, step 8)."""
+    ours, released = sigma_schedule(steps, 3.0, grid="linspace"), released_linspace_grid(steps, 3.0)
+    assert ours.dtype == torch.float32 and torch.equal(ours, released)
+    assert [int(s * 1000) for s in ours] == [int(s * 1000) for s in released]
+    if steps == 12:
+        assert int(ours[8] * 1000) == 599
 
 
 def test_example_values_at_t4_shift3():
@@ -56,9 +74,9 @@ def test_flow_grpo_keeps_the_diffusers_grid(toy_model):
 
 
 def test_bad_grid_is_one_clear_error(toy_model):
-    with pytest.raises(ConfigError, match="sigma_grid.*'uniform'.*diffusers, linspace"):
+    with pytest.raises(ConfigError, match="sigma_grid.*'uniform'.*diffusers, linspace, flux, unipc_flow"):
         build("dance_grpo", toy_model, {"sigma_grid": "uniform"})
-    with pytest.raises(ValueError, match="unknown sigma grid 'uniform'; known: diffusers, linspace"):
+    with pytest.raises(ValueError, match="unknown sigma grid 'uniform'; known: diffusers, linspace, flux, unipc_flow"):
         sigma_schedule(4, grid="uniform")
 
 

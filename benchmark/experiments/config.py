@@ -46,7 +46,7 @@ class TrainSection:
     eval_num_steps: int | None = None  # ODE steps at evaluation; None = the model's default
     eval_seed: int = 12345  # the evaluation noise is the same at every evaluation and for every run
     # the evaluation's sampler, one for every cell of a suite (benchmark/experiments/evaluation.py): "pipeline", the
-    # model's own (its shift and CFG scale on its sigma grid, eval_num_steps steps) unless eval_shift / eval_guidance
+    # model's reference evaluation sampler (its declared shift, CFG scale, sigma grid, eval_num_steps steps) unless eval_shift / eval_guidance
     # name others; "algorithm", each algorithm's training shift and guidance (the harness's only form before
     # 2026-12-03), which makes cells of different recipes evaluate with different samplers
     eval_sampler: str = "pipeline"

@@ -2,10 +2,17 @@
 
 A suite's cells train with their algorithms' own samplers (DanceGRPO's FLUX recipe at shift 3 on a linear grid,
 Flow-GRPO-Fast's Qwen-Image recipe at CFG 4, ...), but their evaluation rewards are compared with each other, so they
-must come from one sampler. ``pipeline`` (the default) is the model's own: its shift (for FLUX and Qwen-Image the
-pipeline's resolution-dependent ``e^mu``), its CFG scale and its sigma grid, ``train.eval_num_steps`` steps (the
-model's default when unset); ``train.eval_shift`` and ``train.eval_guidance`` name another shift and CFG scale for
-every cell. ``algorithm`` evaluates each cell with its algorithm's training shift and guidance, the harness's only form
+must come from one sampler. ``pipeline`` (the default) is each model's reference evaluation sampler, the model
+adapter's declared defaults with their sources, not a diffusers pipeline's call defaults: its shift (for FLUX and
+Qwen-Image the pipeline's resolution-dependent ``e^mu``), its CFG scale, its sigma grid and ``train.eval_num_steps``
+steps (the model's ``default_eval_num_steps`` when unset). Per model: SD3.5 CFG 4.5, 40 steps, shift 3, SD3's Euler
+grid: Flow-GRPO's evaluation settings (config/base.py:41,43 at ac4c86e), where StableDiffusion3Pipeline's defaults
+are 7.0 and 28; Wan2.1 CFG 4.5, 50 steps, Wan2.1's UniPC flow sigmas at flow_shift 3 (Flow-GRPO's Wan evaluation,
+models/wan.py); FLUX FluxPipeline's grid, e^mu and 28 steps, with the transformer's timesteps truncated where the
+suite sets ``integer_timesteps`` (DanceGRPO's and MixGRPO's FLUX trainers, models/flux.py); Qwen-Image
+QwenImagePipeline's grid with its terminal, true CFG 4, 50 steps (Flow-GRPO's Qwen-Image evaluation). Every step is
+the probability-flow Euler step, whatever the pipeline's scheduler (Wan's UniPC multistep solver is not run).
+``train.eval_shift`` and ``train.eval_guidance`` name another shift and CFG scale for every cell. ``algorithm`` evaluates each cell with its algorithm's training shift and guidance, the harness's only form
 before 2026-12-03. ``train.eval_own: true`` adds the algorithm's own evaluation as an extra column,
 ``eval_own_reward``, where it differs from the protocol's.
 
