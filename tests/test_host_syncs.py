@@ -75,7 +75,7 @@ def test_the_counter_sees_a_read_in_the_step_loop(sd3, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", sde.KINDS)
-@pytest.mark.parametrize("grid", ["diffusers", "linspace", "flux"])
+@pytest.mark.parametrize("grid", sde.SIGMA_GRIDS)
 def test_zero_noise_steps_known_on_the_host_match_the_kernel(kind, grid):
     """``deterministic_steps`` (host) says exactly where ``sde_step``'s std is 0 (CPS's last step to sigma 0, ...)."""
     for steps, shift, level in ((10, 3.0, 0.7), (4, 1.0, 0.3), (25, 5.0, 0.8)):
