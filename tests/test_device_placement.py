@@ -221,7 +221,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         GENERATOR + "; NoiseStreams.draw moves each step's part onto the latents' device",
     ("algorithms/sde.py", "torch.randn((self._used * self.numel,), generator=g, dtype=torch.float32)"):
         GENERATOR + " (NoiseStreams.close advances the host generators; the values are not used)",
-    ("algorithms/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32)"): HOST_PLAN
+        + " (the linspace grid built in float32, as DanceGRPO and MixGRPO build it)",
+    ("algorithms/sde.py", "torch.linspace(1.0, 1.0 / num_train_timesteps, num_steps + 1, dtype=torch.float64)"):
+        HOST_PLAN + " (UniPC's flow grid, Wan's)",
     ("algorithms/sde.py", "torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)"): HOST_PLAN,
     ("algorithms/sde.py", "torch.zeros(1, dtype=torch.float64)"): HOST_PLAN,
@@ -413,7 +416,7 @@ FLOAT32_BY_CONTRACT: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("algorithms/sde.py", "_noise"): (frozenset({"randn"}), NOISE),
     ("algorithms/sde.py", "NoiseStreams.draw"): (frozenset({"randn"}), NOISE),
     ("algorithms/sde.py", "NoiseStreams.close"): (frozenset({"randn"}), NOISE),
-    ("algorithms/sde.py", "sigma_schedule"): (frozenset({"float"}), GRID),
+    ("algorithms/sde.py", "sigma_schedule"): (frozenset({"float", "linspace"}), GRID),
     ("algorithms/plans.py", "compressed_tail_sigmas"): (frozenset({"to"}), GRID + " (MixGRPO-Flash's tail joins it)"),
     ("algorithms/rollout.py", "rollout"): (frozenset({"zeros"}), LOG_PROBS + " (the behaviour log-probs [B, T])"),
     ("algorithms/rollout.py", "_data_prediction"): (

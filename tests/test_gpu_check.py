@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -233,3 +234,22 @@ def test_the_check_runs_from_the_checkout_without_an_install(tmp_path):
     _, init, gpu_file, value = line.split()
     assert Path(init) == ROOT / "flowzoo" / "__init__.py" and Path(gpu_file) == ROOT / "benchmark" / "perf" / "gpu.py"
     assert value == "42" and "total " in done.stdout and "expected on an H100" in done.stdout
+
+
+def test_host_syncs_are_counted_on_a_gpu_only(monkeypatch):
+    """``counted_syncs``: on a GPU the sync debug mode's warnings are counted and the previous mode restored (here the
+    mode switch is simulated: no GPU); elsewhere nothing is counted."""
+    from flowzoo.benchmark.perf.paired import counted_syncs
+
+    into: dict = {}
+    with counted_syncs("cpu", into):
+        pass
+    assert into == {}
+    modes = ["error"]
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append(mode))
+    with counted_syncs("cuda:0", into):
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+        warnings.warn("another warning", UserWarning)
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+    assert into == {"host_syncs": 2} and modes == ["error", "warn", 2]

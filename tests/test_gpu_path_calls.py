@@ -2,10 +2,10 @@
 the loop structure of each algorithm's released trainer (issue: 28 calls per Flow-GRPO iteration where the release
 makes 19).
 
-The models run on PyTorch's ``meta`` device (shapes, no values: ``tests/device_reads.py``), so an iteration at a
-paper suite's real per-GPU batch (144 samples for paper-sd3-ocr's Flow-GRPO at 8 GPUs) costs seconds; the
-architecture is the tiny one of the same transformer class (the calls' structure does not depend on the sizes, and
-``cfg_batch: auto`` decides by the device, not the size: ``test_auto_batches_the_cfg_pair_on_a_gpu_at_every_paper_size``).
+The models are random transformers of the same classes at tiny sizes on the CPU, so an iteration at a paper suite's
+real per-GPU batch (144 samples for paper-sd3-ocr's Flow-GRPO at 8 GPUs) costs seconds: the calls' structure does not
+depend on the sizes, and ``cfg_batch: auto`` decides by the device, batching on a GPU at every size
+(``test_auto_batches_the_cfg_pair_on_a_gpu_at_every_paper_size``) as it does here at the tiny size.
 
 Released structures (per GPU and iteration):
 
@@ -30,7 +30,6 @@ import pytest
 from flowzoo import algorithms
 from flowzoo.benchmark.perf import gpu, gpu_large
 from flowzoo.models.diffusers_common import cfg_split_pays
-from tests.device_reads import DeviceReads
 
 PROMPT = "a photo of a cat"
 
@@ -64,16 +63,16 @@ class Calls:
 
 def iteration(model, name: str, config: dict, prompts: int) -> dict[str, list[int]]:
     """The rows of every transformer call of the second training iteration (the first fills caches and, for
-    OP-GRPO, its buffer) on ``prompts`` prompts, on the meta device."""
+    OP-GRPO, its buffer) on ``prompts`` prompts."""
     alg = algorithms.get(name)(model, gpu_large.MeanBrightness(), config, seed=0)
+    assert not model.split_cfg_pays()  # batched, as on a GPU
     batch = [f"{PROMPT} {i}" for i in range(prompts)]
-    with DeviceReads():
+    alg.step(batch)
+    calls = Calls(alg)
+    try:
         alg.step(batch)
-        calls = Calls(alg)
-        try:
-            alg.step(batch)
-        finally:
-            calls.close()
+    finally:
+        calls.close()
     return calls.rows
 
 
@@ -96,12 +95,12 @@ def suite_cell(suite: str, name: str, tmp_path, **overrides) -> tuple[dict, int]
 
 @pytest.fixture(scope="module")
 def sd3():
-    return gpu.RandomSD3(gpu.TINY, resolution=32, device="meta", dtype="float32", lora_rank=4, text_tokens=6)
+    return gpu.RandomSD3(gpu.TINY, resolution=32, device="cpu", dtype="float32", lora_rank=4, text_tokens=6)
 
 
 @pytest.fixture(scope="module")
 def flux():
-    return gpu_large.RandomFlux(gpu_large.TINY_FLUX, 32, "meta", "float32", lora_rank=4, text_tokens=6)
+    return gpu_large.RandomFlux(gpu_large.TINY_FLUX, 32, "cpu", "float32", lora_rank=4, text_tokens=6)
 
 
 def test_auto_batches_the_cfg_pair_on_a_gpu_at_every_paper_size():

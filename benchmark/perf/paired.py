@@ -9,8 +9,10 @@ compares the updates on identical data, and each rollout is paid once. The first
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -20,6 +22,25 @@ from flowzoo.benchmark.perf.measure import _peak, _peak_reset, model_autocast
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def counted_syncs(device: str, into: dict):
+    """On a GPU, count into ``into["host_syncs"]`` the operations inside the block that make the host wait for the
+    device (``torch.cuda.set_sync_debug_mode("warn")``: a warning per synchronizing call: ``item()``, a blocking copy,
+    ``nonzero``, ...); elsewhere nothing is counted. The mode is restored whatever happens."""
+    if not device.startswith("cuda"):
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    into["host_syncs"] = sum("synchroniz" in str(w.message) for w in caught)
 
 
 def _capture_update(alg, seen: dict):
@@ -40,14 +61,16 @@ def time_pairs(alg, prompts, reference, repeats: int, device: str) -> dict:
     state, opt_state = model.trainable_state_dict(), alg.optimizer.state_dict()
     seen: dict = {}
     alg.update = _capture_update(alg, seen)
-    rows, peaks, calls = [], {"ours": 0.0, "reference": 0.0}, None
+    rows, peaks, calls, syncs = [], {"ours": 0.0, "reference": 0.0}, None, {}
     try:
         for pair in range(1 + repeats):
             model.load_trainable_state_dict(state)
             alg.optimizer.load_state_dict(opt_state)
             iteration = alg.iteration
             _peak_reset(device)
-            stats = alg.step(list(prompts))
+            # the untimed warm-up counts our iteration's host syncs (the debug mode's warnings cost time)
+            with counted_syncs(device, syncs) if pair == 0 else contextlib.nullcontext():
+                stats = alg.step(list(prompts))
             peaks["ours"] = max(peaks["ours"], _peak(device))
             traj, advantages = seen.pop("traj"), seen.pop("advantages")
             traj.live = None  # a kept rollout graph is spent; the released update recomputes
@@ -77,7 +100,8 @@ def time_pairs(alg, prompts, reference, repeats: int, device: str) -> dict:
     out.update(ratio=out["ours"] / out["reference"], pair_ratios=(min(pairs), max(pairs)),
                training_ratio=out["ours_training"] / out["reference_training"], peak_gib=peaks,
                reference_calls=calls, nfe_sampling=stats.nfe_sampling, num_steps=alg.num_steps,
-               keeps_rollout_graph=alg.keeps_rollout_graph(), config=dict(vars(alg.config)))
+               keeps_rollout_graph=alg.keeps_rollout_graph(), config=dict(vars(alg.config)),
+               host_syncs=syncs.get("host_syncs"))
     return out
 
 
@@ -135,6 +159,9 @@ def format_pairs(result: dict, device: str) -> str:
              f"{mem}: ours {result['peak_gib']['ours']:.2f} GiB, reference {result['peak_gib']['reference']:.2f} GiB; "
              f"recompute-free update {'on' if result['keeps_rollout_graph'] else 'off'}, cfg_batch "
              f"{result['config'].get('cfg_batch')}"]
+    if result.get("host_syncs") is not None:
+        lines.append(f"host syncs in one iteration of ours (the warm-up, torch.cuda sync debug mode): "
+                     f"{result['host_syncs']}")
     if result.get("grad_rel_diff") is not None:
         lines.append(f"gradient relative difference (float32 CPU check): {result['grad_rel_diff']:.2e}")
     return "\n".join(lines)
