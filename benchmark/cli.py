@@ -366,6 +366,13 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _no_memory_check_option(parser, what: str) -> None:
+    """``--no-memory-check`` of the commands that launch runs (train, bench)."""
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help=f"{what} even where the per-GPU memory estimate exceeds the GPU's memory (`flowzoo "
+                             "memory`; same as FLOWZOO_NO_MEMORY_CHECK=1)")
+
+
 def _command(sub, name: str, func, summary: str, description: str) -> argparse.ArgumentParser:
     """A subcommand: ``summary`` in the command list, ``summary`` + ``description`` on its own ``--help``."""
     command = sub.add_parser(name, help=summary, description=f"{summary}.\n\n{description}".rstrip(),
@@ -397,9 +404,7 @@ def parser() -> argparse.ArgumentParser:
                    "bench resolves it")
     t.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. train.steps=10 algorithm.lr=1e-3")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--no-memory-check", action="store_true",
-                   help="launch even where the per-GPU memory estimate exceeds the GPU's memory (`flowzoo memory`; "
-                        "same as FLOWZOO_NO_MEMORY_CHECK=1)")
+    _no_memory_check_option(t, "launch")
 
     b = _command(sub, "bench", _cmd_bench, "run a suite: a grid of algorithm x task x seed",
                  "Runs go to RUNS/<suite>/<task>/<algorithm>/s<seed>/; finished runs are skipped, killed ones "
@@ -437,9 +442,7 @@ def parser() -> argparse.ArgumentParser:
                    help="when done, write the report of this command's runs (the selected tasks, algorithms and "
                         "seeds; other runs under RUNS/SUITE are left out) into DIR")
     b.add_argument("--report", dest="out", action=_DeprecatedAlias, new="--out", metavar="DIR")
-    b.add_argument("--no-memory-check", action="store_true",
-                   help="launch runs even where the per-GPU memory estimate exceeds the GPU's memory (`flowzoo "
-                        "memory`; same as FLOWZOO_NO_MEMORY_CHECK=1)")
+    _no_memory_check_option(b, "launch runs")
 
     mem = _command(sub, "memory", _cmd_memory, "each cell's per-GPU memory estimate, by parts, and whether it fits",
                    "Resolves every cell of SUITE as bench does (no prompt file or weight is read) and prints a table "

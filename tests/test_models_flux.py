@@ -153,17 +153,23 @@ def test_lora_init_kaiming_is_peft_default_as_dance_grpo_and_starts_at_the_base(
         FluxModel(path=flux_dir, **ARGS, lora_init="zeros")
 
 
-def test_integer_timesteps_feed_the_releases_truncated_thousandths(flux_dir, model, monkeypatch):
-    """integer_timesteps (DanceGRPO's and MixGRPO's FLUX trainers): the transformer sees int(1000 sigma) / 1000."""
-    truncated = FluxModel(path=flux_dir, **ARGS, integer_timesteps=True)
+def timesteps_seen(model, monkeypatch) -> list:
+    """The timestep tensor of every call of ``model``'s transformer class, as they are made."""
     seen = []
-    original = type(truncated.transformer).forward
+    original = type(model.transformer).forward
 
     def spy(self, *args, **kwargs):
         seen.append(kwargs["timestep"].clone())
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(truncated.transformer), "forward", spy)
+    monkeypatch.setattr(type(model.transformer), "forward", spy)
+    return seen
+
+
+def test_integer_timesteps_feed_the_releases_truncated_thousandths(flux_dir, model, monkeypatch):
+    """integer_timesteps (DanceGRPO's and MixGRPO's FLUX trainers): the transformer sees int(1000 sigma) / 1000."""
+    truncated = FluxModel(path=flux_dir, **ARGS, integer_timesteps=True)
+    seen = timesteps_seen(truncated, monkeypatch)
     x = truncated.initial_noise([torch.Generator().manual_seed(3)] * 2)
     cond = truncated.encode(PROMPTS)
     with torch.no_grad():
@@ -182,14 +188,7 @@ def test_integer_timesteps_on_the_linspace_grid_are_the_releases(flux_dir, monke
     fastvideo/train_grpo_flux.py:311-313,231 and :506 at 15cc71d). At T 12 step 8 that is 599 (600 from a float64
     grid cast to float32)."""
     truncated = FluxModel(path=flux_dir, **ARGS, integer_timesteps=True)
-    seen = []
-    original = type(truncated.transformer).forward
-
-    def spy(self, *args, **kwargs):
-        seen.append(kwargs["timestep"].clone())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(truncated.transformer), "forward", spy)
+    seen = timesteps_seen(truncated, monkeypatch)
     t = torch.linspace(1, 0, steps + 1)  # the release's own computation, float32
     released = [int(sigma * 1000) for sigma in (3.0 * t) / (1 + 2.0 * t)][:steps]
     grid = sigma_schedule(steps, 3.0, grid="linspace")[:steps]
