@@ -8,11 +8,9 @@ name is stated once, there) and its default ``family``. A named preset (e.g. an 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Callable
 
-from flowzoo.registry import Registry
+from flowzoo.registry import Registry, discover
 
 REGISTRY: Registry[type] = Registry("algorithm")
 get = REGISTRY.get
@@ -73,8 +71,7 @@ def ablations() -> dict[str, list[str]]:
     return found
 
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+discover(__name__, __path__)
 
 from flowzoo.algorithms.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
 

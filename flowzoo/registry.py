@@ -1,12 +1,25 @@
-"""A name -> class registry used by ``algorithms``, ``models`` and ``rewards``."""
+"""A name -> class registry used by ``algorithms``, ``models`` and ``rewards``, and :func:`discover`, the one way a
+registry's package finds its modules."""
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import importlib
+import pkgutil
+from typing import Callable, Generic, Iterable, TypeVar
 
 from flowzoo.errors import ConfigError
 
 T = TypeVar("T")
+
+
+def discover(package: str, path: Iterable[str]) -> list[str]:
+    """Import every module of ``package`` (whose ``__path__`` is ``path``), in name order, so each module registers
+    what it defines: a new file in a registry's folder is found without being listed anywhere. Returns the
+    modules' names. Call it at the end of the package's ``__init__``, after ``register`` is defined."""
+    found = sorted(info.name for info in pkgutil.iter_modules(path))
+    for name in found:
+        importlib.import_module(f"{package}.{name}")
+    return found
 
 
 class Registry(Generic[T]):

@@ -11,10 +11,8 @@ Modules that need heavy libraries (diffusers, transformers) import them inside t
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 
-from flowzoo.registry import Registry
+from flowzoo.registry import Registry, discover
 from flowzoo.models.base import Condition, FlowModel
 
 REGISTRY: Registry[type[FlowModel]] = Registry("model")
@@ -22,7 +20,6 @@ register = REGISTRY.register_class  # sets the class's `name`
 get = REGISTRY.get
 names = REGISTRY.names
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+discover(__name__, __path__)
 
 __all__ = ["Condition", "FlowModel", "REGISTRY", "register", "get", "names"]

@@ -2,6 +2,10 @@
 
 ``rewards.get(name)`` returns a reward class, ``rewards.names()`` lists them, ``rewards.build(spec)`` makes the
 reward a config asks for: a name, or a mapping ``{name: weight}`` combined by :class:`MultiReward`.
+
+A new reward is one file in this package with a ``Reward`` subclass decorated ``@register("name")``: the package
+imports every module in it, so the file registers itself. Heavy libraries are imported inside the rewards that use
+them, so that importing ``rewards`` stays cheap.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from flowzoo.errors import ConfigError
-from flowzoo.registry import Registry
+from flowzoo.registry import Registry, discover
 from flowzoo.rewards.base import Reward, RewardOutput
 from flowzoo.rewards.multi import MultiReward
 
@@ -17,16 +21,6 @@ REGISTRY: Registry[type[Reward]] = Registry("reward")
 register = REGISTRY.register_class  # sets the class's `name`
 get = REGISTRY.get
 names = REGISTRY.names
-
-# Each module registers its rewards on import; heavy libraries are imported inside the rewards that use them.
-from flowzoo.rewards import toy  # noqa: E402,F401
-from flowzoo.rewards import ocr  # noqa: E402,F401
-from flowzoo.rewards import jpeg  # noqa: E402,F401
-from flowzoo.rewards import clip_family  # noqa: E402,F401
-from flowzoo.rewards import imagereward  # noqa: E402,F401
-from flowzoo.rewards import unifiedreward  # noqa: E402,F401
-from flowzoo.rewards import geneval  # noqa: E402,F401
-from flowzoo.rewards import shapes  # noqa: E402,F401
 
 
 def _weights(spec: str | Mapping[str, float]) -> dict[str, float]:
@@ -71,5 +65,7 @@ def bounds(spec: str | Mapping[str, float]) -> tuple[float, float] | None:
         low, high = low + min(ends), high + max(ends)
     return low, high
 
+
+discover(__name__, __path__)
 
 __all__ = ["Reward", "RewardOutput", "MultiReward", "REGISTRY", "register", "get", "names", "build", "bounds"]

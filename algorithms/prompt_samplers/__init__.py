@@ -7,13 +7,11 @@ hook and its contract: ``base.py``.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Mapping
 
 from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
 from flowzoo.errors import ConfigError
-from flowzoo.registry import Registry
+from flowzoo.registry import Registry, discover
 from flowzoo.schema import from_mapping
 
 REGISTRY: Registry[type] = Registry("prompt sampler")
@@ -52,8 +50,7 @@ def check(spec: Mapping[str, Any], pool: Pool, groups: int) -> None:
     cls.check_pool(pool, groups, config)
 
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+discover(__name__, __path__)
 
 __all__ = ["GroupOutcome", "Pool", "PromptDraw", "PromptSampler", "SamplerConfig", "REGISTRY", "get", "names",
            "register", "spec_of", "typed_config", "build", "check"]

@@ -5,8 +5,7 @@ with its ``claims:`` key; ``flowzoo list`` lists them."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from flowzoo.registry import discover
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
+
+discover(__name__, __path__)
