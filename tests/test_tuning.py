@@ -19,7 +19,6 @@ from flowzoo.benchmark.cli import main
 from flowzoo.benchmark.experiments import search_space
 from flowzoo.benchmark.tuning import tune as tuning
 from flowzoo.benchmark.experiments.loading import build_config
-from flowzoo.benchmark.experiments.recipes import recipe_files
 from flowzoo.benchmark.experiments.suite import expand, load_suite
 from flowzoo.errors import ConfigError
 
@@ -72,7 +71,7 @@ def states(study) -> list[str]:
 # ----------------------------------------------------------------------------------------------- declared spaces
 
 def _declared_points(name: str):
-    scopes = search_space.declared_scopes(recipe_files(name), search_space._preset_keys(name))
+    scopes = search_space.declared_scopes(search_space.space_paths(name), search_space._preset_keys(name))
     for scope, knobs in scopes.items():
         for knob in knobs.values():
             for value in knob.points():

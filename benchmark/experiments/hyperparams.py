@@ -229,6 +229,11 @@ def sampler_path(sampler: str) -> Path:
     return SAMPLERS_DIR / f"{sampler}.yaml"
 
 
+def default_space_path() -> Path:
+    """The default search space: read for an algorithm none of whose files declares a ``search_space:`` section."""
+    return RECIPES_DIR / "defaults" / "search_space.yaml"
+
+
 def algorithm_classes(algorithm: str) -> list[type]:
     """The algorithm's classes with a registry name, from the most basic to itself."""
     cls = algorithms.get(algorithm)

@@ -13,7 +13,9 @@ source or ``ours: why`` as a trailing comment::
 
 Knob types: ``float`` and ``int`` (``low``, ``high``, optional ``log``) and ``categorical`` (``choices``). An
 algorithm reads the spaces of the recipe files it reads (:func:`benchmark.experiments.hyperparams.read_algorithm_files`,
-base first, a later file's knob over an earlier one's); a preset (an ablation) inherits its parent's space less the keys
+base first, a later file's knob over an earlier one's); when none of them declares a space (a new algorithm with no
+file of its own), it reads the default space, ``benchmark/hyperparams/defaults/search_space.yaml`` (the learning
+rate), so adding an algorithm is one file and ``flowzoo tune`` still gives it a budget; a preset (an ablation) inherits its parent's space less the keys
 the preset fixes (``op_grpo_no_truncation`` never tunes ``t_off``: its ``t_off: null`` is what it ablates).
 
 Reading the files (the section, each knob's source comment, the chain of files an algorithm reads, the merge of
@@ -128,10 +130,24 @@ def _known(space: dict[str, Knob], config: type, owner: str) -> dict[str, Knob]:
     return space
 
 
+def _space_files(algorithm: str) -> list[hyperparams.HyperparamsFile]:
+    """The files the algorithm's space is read from: its recipe files when any declares a space, else the default."""
+    files = hyperparams.read_algorithm_files(algorithm)
+    if any(file.space for file in files):
+        return files
+    default = hyperparams.default_space_path()
+    return [hyperparams.read_hyperparams(default)] if default.is_file() else []
+
+
+def space_paths(algorithm: str) -> list[Path]:
+    """The paths of the files the algorithm's search space is read from, base first (:func:`_space_files`)."""
+    return [file.path for file in _space_files(algorithm)]
+
+
 def algorithm_space(algorithm: str, model: str | None = None, task: str | None = None) -> dict[str, Knob]:
     """The algorithm's knobs for a task on a model (no model/task: the ``default`` scope only)."""
     fixed = hyperparams.preset_keys(algorithm)
-    files = hyperparams.read_algorithm_files(algorithm)
+    files = _space_files(algorithm)
     space = hyperparams.merge_scopes([_file_space(file) for file in files], model, task)
     known = _known(space, algorithms.get(algorithm).Config, algorithm)
     return {name: knob for name, knob in known.items() if name not in fixed}
@@ -164,15 +180,19 @@ def declared_scopes(files: list[Path], fixed: set[str] = frozenset()) -> dict[st
 
 def listing(name: str) -> list[str]:
     """The search-space lines of an algorithm or prompt sampler for ``flowzoo list NAME`` (none: one line saying so)."""
+    default = ""
     if name in algorithms.names():
-        scopes = declared_scopes(hyperparams.algorithm_paths(name), hyperparams.preset_keys(name))
-        where = "benchmark/hyperparams/<algorithm>.yaml"
+        paths = space_paths(name)
+        scopes = declared_scopes(paths, hyperparams.preset_keys(name))
+        where = f"benchmark/hyperparams/{name}.yaml"
+        if paths == [hyperparams.default_space_path()]:
+            default = f"; the default space: none declared, add a `{SEARCH_SPACE}:` section to {where} to tune more"
     else:
         scopes = declared_scopes([hyperparams.sampler_path(name)])
         where = f"benchmark/hyperparams/samplers/{name}.yaml"
     if not any(scopes.values()):
         return [f"search space (flowzoo tune): none declared; add a `{SEARCH_SPACE}:` section to {where}"]
-    return ["search space (flowzoo tune; scopes: default < model < task):", *describe(scopes)]
+    return [f"search space (flowzoo tune; scopes: default < model < task{default}):", *describe(scopes)]
 
 
 def dump_value(value: Any) -> str:
