@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig
-from flowzoo.errors import ConfigError
+from flowzoo.named_spec import named_spec, split_spec
 from flowzoo.registry import Registry, discover
 from flowzoo.schema import from_mapping
 
@@ -22,21 +22,15 @@ register = REGISTRY.register_class
 
 def spec_of(value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``train.prompt_sampler`` as ``{name: ..., <arguments>}`` (a bare name is ``{name: name}``); None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return {"name": value}
-    if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
-        raise ConfigError(f"train.prompt_sampler: give a sampler name or {{name: ..., <arguments>}}, got {value!r}; "
-                          f"samplers: {', '.join(names())}")
-    return dict(value)
+    return named_spec(value, f"train.prompt_sampler: give a sampler name or {{name: ..., <arguments>}}, got "
+                             f"{value!r}; samplers: {', '.join(names())}")
 
 
 def typed_config(spec: Mapping[str, Any]) -> tuple[type[PromptSampler], SamplerConfig]:
     """The sampler class of ``spec`` and its typed arguments (unknown names and keys refused in one line)."""
-    cls = get(spec["name"])
-    args = {k: v for k, v in spec.items() if k != "name"}
-    return cls, from_mapping(cls.Config, args, where=f"train.prompt_sampler ({spec['name']})")
+    name, args = split_spec(spec)
+    cls = get(name)
+    return cls, from_mapping(cls.Config, args, where=f"train.prompt_sampler ({name})")
 
 
 def build(spec: Mapping[str, Any], pool: Pool, groups: int, seed: int) -> PromptSampler:

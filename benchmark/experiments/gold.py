@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.named_spec import named_spec
 
 #: the toy measure's targets: metadata key -> the reward that asks for it
 TOY_TARGETS = {"hard_target": "toy_target", "mode_target": "toy_mode"}
@@ -36,14 +37,8 @@ TOY_MEASURES = ("toy_w2",)
 
 def spec_of(value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``train.gold`` as ``{name: ..., <arguments>}`` (a bare name is ``{name: name}``); None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return {"name": value}
-    if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
-        raise ConfigError(f"train.gold: give a gold measure ({', '.join(TOY_MEASURES)}) or a reward name, or "
-                          f"{{name: ..., <arguments>}}, got {value!r}")
-    return dict(value)
+    return named_spec(value, f"train.gold: give a gold measure ({', '.join(TOY_MEASURES)}) or a reward name, or "
+                             f"{{name: ..., <arguments>}}, got {value!r}")
 
 
 def gaussian_w2(points: torch.Tensor, target: Sequence[float], std: float) -> float:

@@ -14,10 +14,11 @@ from flowzoo.benchmark.experiments.config import (
     ExperimentConfig, declared_secrets, read_yaml,
 )
 from flowzoo.benchmark.experiments import experiment, tracking
-from flowzoo.benchmark.experiments.resolve import Resolved, resolve_config_mapping
+from flowzoo.benchmark.experiments.resolve import DEFAULT_ALGORITHM, Resolved, algorithm_refusal, resolve_config_mapping
 from flowzoo.benchmark.experiments.prompts import check_source
 from flowzoo.errors import ConfigError
 from flowzoo.labels import reject_nul
+from flowzoo.named_spec import named_spec
 from flowzoo.schema import from_mapping, to_mapping
 from flowzoo.secrets import warn_literal_secrets
 from flowzoo.models.shipped import refuse_shipped
@@ -41,12 +42,8 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     the algorithm's own checks)."""
     reject_nul(data)  # before any value reaches the file system (a NUL there is a ValueError, not an OSError)
     data = dict(data)
-    algo = data.get("algorithm", {"name": "flow_grpo"})
-    if isinstance(algo, str):
-        algo = {"name": algo}
-    if not isinstance(algo, Mapping) or "name" not in algo:
-        raise ConfigError("algorithm: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {name: flow_grpo, ...}`")
-    data["algorithm"] = dict(algo)
+    data["algorithm"] = named_spec(data.get("algorithm", {"name": DEFAULT_ALGORITHM}), algorithm_refusal(),
+                                   optional=False, string_name=False)
     config = from_mapping(ExperimentConfig, data)
     config.resolve_algorithm()  # the name and every hyper-parameter, typed once
     refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there

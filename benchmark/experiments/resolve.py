@@ -31,6 +31,7 @@ from flowzoo.benchmark.experiments.recipes import recipe, recipe_files
 from flowzoo.benchmark.experiments.tuned import TunedValues, apply_tuned
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
+from flowzoo.named_spec import named_spec, split_spec
 
 DEFAULT_ALGORITHM = "flow_grpo"
 
@@ -82,15 +83,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
+def algorithm_refusal(where: str = "algorithm") -> str:
+    """The one line refusing an ``algorithm:`` value that is neither a name nor a mapping with ``name``."""
+    return f"{where}: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {{name: flow_grpo, ...}}`"
+
+
 def split_algorithm_block(block: Any, where: str = "algorithm") -> tuple[str, dict]:
     """A config's ``algorithm:`` value (a name, or a mapping with ``name``) as (name, its other keys)."""
     if block is None:
         return DEFAULT_ALGORITHM, {}
-    if isinstance(block, str):
-        return block, {}
-    if not isinstance(block, dict) or "name" not in block:
-        raise ConfigError(f"{where}: give a name, e.g. `algorithm: flow_grpo` or `algorithm: {{name: flow_grpo, ...}}`")
-    return block["name"], {k: v for k, v in block.items() if k != "name"}
+    return split_spec(named_spec(block, algorithm_refusal(where), string_name=False))
 
 
 def _final(data: dict, name: str, overrides: Sequence[str]) -> tuple[str, str, str, bool]:
