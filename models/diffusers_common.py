@@ -1,6 +1,6 @@
-"""What the diffusers-backed adapters (``sd3``, ``wan``) share: local-directory checks, dtype/device resolution,
-peft LoRA on the transformer, the reference (adapter disabled), the per-prompt embedding cache, autocast and the
-pipeline's own sigma schedule.
+"""What the diffusers-backed adapters (``sd3``, ``wan``, ``flux``, ``qwen_image``) share: local-directory checks,
+dtype/device resolution, peft LoRA on the transformer, the reference (adapter disabled), the per-prompt embedding
+cache, autocast, the pipeline's own sigma schedule, and one constructor the adapters hand their shared arguments.
 
 diffusers, transformers and peft are imported inside functions so that ``import models`` stays cheap.
 """
@@ -8,11 +8,12 @@ diffusers, transformers and peft are imported inside functions so that ``import 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import ClassVar, Iterator, Literal, Sequence, get_args
+from typing import Any, ClassVar, Iterator, Literal, Mapping, Sequence, get_args
 
 import torch
 
@@ -205,6 +206,8 @@ class DiffusersFlowModel(FlowModel):
 
     Subclasses set ``pipeline_class``/``env_var`` and implement ``_encode_prompts`` (uncached, batch-first tensors)
     and ``_transformer_forward``; the base does loading, freezing, LoRA, caching, reference, autocast and dtypes.
+    A subclass's constructor writes its whole signature (its own defaults: the config checks read them) and hands
+    this constructor its arguments in one call, ``super().__init__(path, **shared_arguments(locals()))``.
     """
 
     pipeline_class: ClassVar[str] = ""  # name of the diffusers pipeline class
@@ -518,3 +521,14 @@ class DiffusersFlowModel(FlowModel):
     def __repr__(self) -> str:  # pragma: no cover - cosmetic
         return f"{type(self).__name__}(path={str(self.path)!r}, dtype={self.dtype}, device={self.device})"
 
+
+#: the keyword arguments of :class:`DiffusersFlowModel`'s constructor, which every adapter passes on
+SHARED_ARGUMENTS = tuple(name for name, parameter in inspect.signature(DiffusersFlowModel.__init__).parameters.items()
+                         if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def shared_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The base constructor's keyword arguments among ``values``, an adapter constructor's ``locals()``: its own
+    arguments (resolution, frames, ...) and ``self`` are left out, so the adapter passes the shared ones on in one
+    call whatever order and defaults its signature gives them."""
+    return {name: values[name] for name in SHARED_ARGUMENTS if name in values}

@@ -35,7 +35,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
-from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune, shared_arguments
 from flowzoo.models.footprint import Arch, Footprint, image_footprint
 
 #: Flow-GRPO's FLUX LoRA targets (yifan123/flow_grpo scripts/train_flux.py:411-424 at 27b6ef8; LoraConfig(r=64,
@@ -158,20 +158,7 @@ class FluxModel(DiffusersFlowModel):
         distilled_guidance = float(distilled_guidance)
         if not math.isfinite(distilled_guidance) or distilled_guidance < 0:
             raise ConfigError(f"flux distilled_guidance must be a finite number >= 0, got {distilled_guidance!r}")
-        super().__init__(
-            path,
-            finetune=finetune,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_init=lora_init,
-            master_weights=master_weights,
-            lora_targets=lora_targets,
-            dtype=dtype,
-            device=device,
-            gradient_checkpointing=gradient_checkpointing,
-            max_sequence_length=max_sequence_length,
-            cache_size=cache_size,
-        )
+        super().__init__(path, **shared_arguments(locals()))
         self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, "flux")
         self.distilled_guidance = distilled_guidance
         self.integer_timesteps = integer_timesteps

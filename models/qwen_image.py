@@ -37,7 +37,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
-from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune
+from flowzoo.models.diffusers_common import DiffusersFlowModel, Finetune, shared_arguments
 from flowzoo.models.footprint import Arch, Footprint, image_footprint
 from flowzoo.models.flux import check_square_resolution, pipeline_shift
 
@@ -114,20 +114,7 @@ class QwenImageModel(DiffusersFlowModel):
         max_sequence_length: int = 512,  # QwenImagePipeline.__call__'s default
         text_padding: str = "masked",
     ) -> None:
-        super().__init__(
-            path,
-            finetune=finetune,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_init=lora_init,
-            master_weights=master_weights,
-            lora_targets=lora_targets,
-            dtype=dtype,
-            device=device,
-            gradient_checkpointing=gradient_checkpointing,
-            max_sequence_length=max_sequence_length,
-            cache_size=cache_size,
-        )
+        super().__init__(path, **shared_arguments(locals()))
         if self.max_sequence_length < 1:
             raise ConfigError(f"qwen_image max_sequence_length must be >= 1, got {max_sequence_length!r}")
         if text_padding not in TEXT_PADDINGS:

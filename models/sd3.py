@@ -17,7 +17,7 @@ import torch
 
 from flowzoo.models import register
 from flowzoo.models.base import Condition
-from flowzoo.models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune
+from flowzoo.models.diffusers_common import SD3_LORA_TARGETS, DiffusersFlowModel, Finetune, shared_arguments
 from flowzoo.models.footprint import Arch, Footprint, image_footprint
 from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
@@ -77,20 +77,7 @@ class SD3Model(DiffusersFlowModel):
         lora_init: str = "gaussian",
         master_weights: str = "float32",
     ) -> None:
-        super().__init__(
-            path,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_init=lora_init,
-            master_weights=master_weights,
-            lora_targets=lora_targets,
-            dtype=dtype,
-            device=device,
-            gradient_checkpointing=gradient_checkpointing,
-            max_sequence_length=max_sequence_length,
-            cache_size=cache_size,
-            finetune=finetune,
-        )
+        super().__init__(path, **shared_arguments(locals()))
         factor = self.pipe.vae_scale_factor * self.transformer.config.patch_size
         if int(resolution) <= 0 or int(resolution) % factor:
             raise ConfigError(f"sd3 resolution must be a positive multiple of {factor}, got {resolution!r}")

@@ -32,7 +32,8 @@ from flowzoo.errors import ConfigError
 from flowzoo.ranges import AT_LEAST_1
 from flowzoo.models import register
 from flowzoo.models.base import Condition
-from flowzoo.models.diffusers_common import WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument
+from flowzoo.models.diffusers_common import (WAN_LORA_TARGETS, DiffusersFlowModel, Finetune, check_dtype_argument,
+                                             shared_arguments)
 from flowzoo.models.footprint import Arch, Footprint
 
 
@@ -114,21 +115,7 @@ class WanModel(DiffusersFlowModel):
         lora_init: str = "gaussian",
         master_weights: str = "float32",
     ) -> None:
-        super().__init__(
-            path,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_init=lora_init,
-            master_weights=master_weights,
-            lora_targets=lora_targets,
-            dtype=dtype,
-            device=device,
-            gradient_checkpointing=gradient_checkpointing,
-            max_sequence_length=max_sequence_length,
-            cache_size=cache_size,
-            finetune=finetune,
-            component_dtypes={"vae": vae_dtype},
-        )
+        super().__init__(path, component_dtypes={"vae": vae_dtype}, **shared_arguments(locals()))
         temporal = self.pipe.vae_scale_factor_temporal
         spatial = self.pipe.vae_scale_factor_spatial * self.transformer.config.patch_size[1]
         if int(frames) < 1 or (int(frames) - 1) % temporal:
