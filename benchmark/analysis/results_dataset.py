@@ -12,7 +12,9 @@ the suites, seed sets, runs, code version and package versions. Anyone loads it 
     table = datasets.load_dataset("parquet", data_dir=DIR, split="train").to_pandas()
 
 A config value that is a list or a mapping, or whose type differs between runs, is stored as its JSON text. The
-folder is written all or nothing (a failed export leaves ``DIR`` as it was).
+folder is written all or nothing (a failed export leaves ``DIR`` as it was). ``DIR`` may not be the source, its runs
+or a folder above them, nor a folder whose README.md is no dataset card (e.g. a study page): refused before anything
+is written (:func:`check_out`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ ROWS_PER_SHARD = 100_000
 RUN_METRICS = "run-metrics"  # the folder a study page keeps its runs' config.yaml and metrics.csv in
 PACKAGES = ("flowzoo", "torch", "diffusers", "transformers", "datasets", "pandas", "numpy", "pyarrow")
 KEY_COLUMNS = ("run", "suite", "task", "algorithm", "seed", "seed_set")
+CARD_TITLE = "# FlowZoo results:"  # the dataset card's title line: a README.md without it is no earlier export's
 OUTSIDE = "outside the suite's seed sets"  # the card's name for seed_set "" (a seed no set of its suite holds)
 
 
@@ -149,7 +152,7 @@ def dataset_card(frame: pd.DataFrame, source: str | Path, shards: int) -> str:
         "  - split: train",
         "    path: data/train-*.parquet",
         "---",
-        f"# FlowZoo results: {', '.join(suites) or Path(source).name}",
+        f"{CARD_TITLE} {', '.join(suites) or Path(source).name}",
         "",
         f"Every run's configuration and per-step metrics, exported by `flowzoo export-results {source}` with "
         f"{_code_version()}: {len(runs)} runs, {len(frame)} rows (one per run and logged step), {shards} Parquet "
@@ -172,11 +175,28 @@ def dataset_card(frame: pd.DataFrame, source: str | Path, shards: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_out(source: str | Path, out: str | Path) -> None:
+    """A one-line ConfigError, before anything is written, for an ``out`` whose README.md and data/ would replace
+    what is not an earlier export's: the source itself (a study page's README.md), its runs, a folder above them, or
+    a folder whose README.md is no dataset card (another page's)."""
+    target = Path(out).resolve()
+    for read, what in ((Path(source).resolve(), str(source)), (runs_root(source).resolve(), "its runs")):
+        if target == read or target in read.parents:
+            where = f"is {what}" if target == read else f"holds {what}"
+            raise ConfigError(f"--out {out} {where}: the dataset's README.md and data/ would replace the source's "
+                              f"files or go among its runs; give a folder outside {source} (e.g. {source}/dataset)")
+    readme = target / "README.md"
+    if readme.is_file() and CARD_TITLE not in readme.read_text(errors="replace").split("\n---\n", 1)[-1][:200]:
+        raise ConfigError(f"--out {out}: its README.md is no dataset card (written by something else; export-results "
+                          f"would replace it); give a new folder or an earlier export's")
+
+
 def export_results(source: str | Path, out: str | Path, rows_per_shard: int = ROWS_PER_SHARD) -> Path:
     """Write the dataset (module docstring) into ``out``; returns it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    check_out(source, out)
     frame = results_frame(source)
     shards = max(1, math.ceil(len(frame) / rows_per_shard))
     with staged_directory(out) as stage:

@@ -13,7 +13,8 @@ stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>``
 ``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag, and
 ``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its normal 95% interval
 (the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). Nothing is
-written into the run directory.
+written into the run directory: an ``--out`` inside any run directory, or the config file evaluated, is refused before
+the evaluation.
 """
 
 from __future__ import annotations
@@ -80,14 +81,33 @@ class _TagRecorder:
         return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
 
 
-def check_out_file(out: Path) -> Path:
+#: what makes a folder a run directory for ``--out``: its config.yaml and one file training writes beside it
+RUN_FILES = ("metrics.csv", "done.json", "checkpoint.pt")
+
+
+def run_directory_above(path: Path) -> Path | None:
+    """The run directory (config.yaml and one of :data:`RUN_FILES`) that holds ``path``, at any depth, or None."""
+    for folder in path.resolve().parents:
+        if (folder / "config.yaml").is_file() and any((folder / name).exists() for name in RUN_FILES):
+            return folder
+    return None
+
+
+def check_out_file(out: Path, target: Path | None = None) -> Path:
     """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an
-    existing, writable directory, outside the shipped weights."""
+    existing, writable directory, outside the shipped weights, outside every run directory (the evaluated run's and
+    any other's: a run's files are its own) and not the config file it evaluates."""
     from flowzoo.models.shipped import refuse_shipped
 
     refuse_shipped(out, "--out")
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: need a file path in an existing directory")
+    if target is not None and target.is_file() and out.exists() and out.resolve() == target.resolve():
+        raise ConfigError(f"--out {str(out)!r} is the file it evaluates; give another path")
+    run = run_directory_above(out)
+    if run is not None:
+        raise ConfigError(f"--out {str(out)!r} is inside the run directory {str(run)!r}: a run's files are its own "
+                          f"(eval writes nothing into a run); give a path outside it")
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ConfigError(f"--out {str(out)!r}: {'the file' if out.exists() else 'its directory'} is not writable "
                           f"(permissions or a read-only file system)")
@@ -122,7 +142,7 @@ def evaluate(
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     if out is not None:
-        out = check_out_file(Path(out))
+        out = check_out_file(Path(out), Path(target))
     path = Path(target)
     config, state, checkpoint = _target(path, overrides)
     train = dataclasses.replace(

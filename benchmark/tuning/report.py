@@ -22,7 +22,7 @@ import yaml
 from flowzoo.benchmark.analysis import figures
 from flowzoo.benchmark.experiments.search_space import Knob
 from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
-from flowzoo.benchmark.tuning.tune import Cell, open_storage
+from flowzoo.benchmark.tuning.tune import Cell, open_storage, shown_url
 from flowzoo.benchmark.tuning.design import TuningDesign
 from flowzoo.benchmark.experiments.tuned import tuned_path
 from flowzoo.errors import ConfigError
@@ -213,8 +213,15 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
     an earlier report wrote (``from_trials/trials``: a committed report whose storage is gone); returns
     ``out/index.md``. The folder is written all or nothing (``staged_directory``: a full disk leaves no half-written
     report; an existing ``out`` keeps its other files)."""
-    records = (_records_from_tables(Path(from_trials) / "trials") if from_trials is not None
-               else _records_from_storage(open_storage(storage_url), suite_name))
+    if from_trials is not None:
+        records = _records_from_tables(Path(from_trials) / "trials")
+        check_source_holds(cells, suite_name, f"--from-trials {from_trials}: {Path(from_trials) / 'trials'}",
+                           "table", _tables_held(Path(from_trials) / "trials"), "an earlier report of the suite")
+    else:
+        storage = open_storage(storage_url)
+        records = _records_from_storage(storage, suite_name)
+        check_source_holds(cells, suite_name, f"--report: {shown_url(storage_url)}", "study",
+                           _studies_held(storage), "the storage the suite was tuned in", prefix=f"{suite_name}/")
     with staged_directory(out) as stage:
         _write_outputs(suite_name, design, cells, records, stage, budget)
         written = [(cell, tuned_path(stage / "tuned", cell.task, cell.algorithm).is_file()) for cell in cells]
@@ -227,6 +234,33 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
 
 
 EMPTY_COLUMNS = ["trial", "state", "objective"]
+
+
+def check_source_holds(cells: list[Cell], suite_name: str, source: str, kind: str, held: list[str], wanted: str,
+                       prefix: str = "") -> None:
+    """A one-line ConfigError, before anything is written, when the report's source (a storage or an earlier
+    report's trial tables) holds nothing of the report's cells: another suite's storage or tables would otherwise
+    write every cell as untried and remove the report's tuned picks."""
+    names = [f"{prefix}{cell.study_name}" for cell in cells]
+    if any(name in held for name in names):
+        return
+    holds = f"it holds {', '.join(held[:5])}{' ...' if len(held) > 5 else ''}" if held else f"it holds no {kind}"
+    raise ConfigError(f"{source} holds no {kind} of suite {suite_name}'s cells "
+                      f"({', '.join(cell.study_name for cell in cells)}); {holds}; nothing was written: give {wanted}")
+
+
+def _studies_held(storage) -> list[str]:
+    import optuna
+
+    return sorted(optuna.get_all_study_names(storage))
+
+
+def _tables_held(trials: Path) -> list[str]:
+    """The cells ``task/algorithm`` an earlier report's ``trials/`` holds a table of (an empty file is none)."""
+    if not trials.is_dir():
+        return []
+    return sorted(f"{p.parent.name}/{p.stem}" for p in trials.glob("*/*.csv")
+                  if not p.name.endswith(".confirmation.csv") and p.stat().st_size)
 
 
 def _records_from_storage(storage, suite_name: str):

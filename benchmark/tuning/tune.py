@@ -686,7 +686,7 @@ def check_storage(url: str, executor_kind: str = "local") -> str | None:
     if not parsed.drivername.startswith("sqlite"):
         return None
     if parsed.database in (None, "", ":memory:"):
-        raise ConfigError(f"--storage {url}: an in-memory SQLite database lives in one process, so workers, jobs and "
+        raise ConfigError(f"--storage {shown_url(url)}: an in-memory SQLite database lives in one process, so workers, jobs and "
                           f"--report would not share its trials; give a file (sqlite:////path/tune.db) or a server URL")
     from flowzoo.models.shipped import refuse_shipped
 
@@ -697,7 +697,7 @@ def check_storage(url: str, executor_kind: str = "local") -> str | None:
     local = [Path(d).resolve() for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR") or "/tmp")]
     under = next((d for d in local if path == d or d in path.parents), None)
     if under is not None:
-        raise ConfigError(f"--storage {url}: {path} is under {under}, a node-local directory SLURM jobs on other nodes "
+        raise ConfigError(f"--storage {shown_url(url)}: {path} is under {under}, a node-local directory SLURM jobs on other nodes "
                           f"do not see; put the database on a shared file system (--runs or --storage "
                           f"sqlite:////shared/dir/tune.db) or give a server URL (postgresql://host/db)")
     return (f"SQLite storage {path}: every job must see it on a shared file system; for jobs on many nodes give a "
