@@ -22,7 +22,7 @@ import yaml
 from flowzoo.benchmark.analysis import figures
 from flowzoo.benchmark.experiments.search_space import Knob
 from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
-from flowzoo.benchmark.tuning.tune import Cell, open_storage, shown_url
+from flowzoo.benchmark.tuning.tune import Cell, check_design, open_storage, shown_url
 from flowzoo.benchmark.tuning.design import TuningDesign
 from flowzoo.benchmark.experiments.tuned import tuned_path
 from flowzoo.errors import ConfigError
@@ -222,6 +222,7 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
         records = _records_from_storage(storage, suite_name)
         check_source_holds(cells, suite_name, f"--report: {shown_url(storage_url)}", "study",
                            _studies_held(storage), "the storage the suite was tuned in", prefix=f"{suite_name}/")
+        check_designs(storage, suite_name, design, cells)
     with staged_directory(out) as stage:
         _write_outputs(suite_name, design, cells, records, stage, budget)
         written = [(cell, tuned_path(stage / "tuned", cell.task, cell.algorithm).is_file()) for cell in cells]
@@ -276,6 +277,19 @@ def _records_from_storage(storage, suite_name: str):
         return table, (stored_rows(study) if len(table) else None)
 
     return records
+
+
+def check_designs(storage, suite_name: str, design: TuningDesign, cells: list[Cell]) -> None:
+    """A one-line ConfigError, before anything is written, when a cell's study was tuned under another design than
+    the report's (other tuning seeds, steps or space): the report refuses it as `tune` refuses to resume it, rather
+    than write its trials as this design's."""
+    import optuna
+
+    held = set(optuna.get_all_study_names(storage))
+    for cell in cells:
+        name = f"{suite_name}/{cell.study_name}"
+        if name in held:
+            check_design(optuna.load_study(study_name=name, storage=storage), design, cell)
 
 
 def _records_from_tables(trials: Path):

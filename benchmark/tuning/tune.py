@@ -572,14 +572,20 @@ def open_study(storage, suite: Suite, design: TuningDesign, cell: Cell, trial_se
     pruner = make_pruner(design.pruner.name, design.pruner.startup_trials, design.pruner.warmup_evaluations)
     study = optuna.create_study(storage=storage, study_name=f"{suite.name}/{cell.study_name}", direction="maximize",
                                 pruner=pruner, sampler=make_sampler(design, trial_seed), load_if_exists=True)
-    record = design_record(design, cell)
+    if check_design(study, design, cell) is None:
+        study.set_user_attr("design", design_record(design, cell))
+    return study
+
+
+def check_design(study, design: TuningDesign, cell: Cell) -> str | None:
+    """The design ``study`` was tuned under (None for a study no tune has bound yet); a one-line ConfigError when it
+    is not ``design``'s for ``cell``: trials of other seeds, steps or space must neither resume nor report as this
+    design's."""
     stored = study.user_attrs.get("design")
-    if stored is None:
-        study.set_user_attr("design", record)
-    elif stored != record:
+    if stored is not None and stored != design_record(design, cell):
         raise ConfigError(f"study {study.study_name} in the storage was tuned under another design (objective, steps, "
                           f"seeds, sampler, pruner or space changed); give another --storage or --runs")
-    return study
+    return stored
 
 
 #: how far apart the sampler seeds of two workers start (more trials than this in one cell would be needed to collide)
