@@ -13,14 +13,17 @@ the suites, seed sets, runs, code version and package versions. Anyone loads it 
 
 A config value that is a list or a mapping, or whose type differs between runs, is stored as its JSON text. The
 folder is written all or nothing (a failed export leaves ``DIR`` as it was). ``DIR`` may not be the source, its runs
-or a folder above them, nor a folder whose README.md is no dataset card (e.g. a study page): refused before anything
-is written (:func:`check_out`).
+or a folder above them, nor a folder whose README.md is no dataset card (e.g. a study page) or that holds a Parquet
+file no export wrote (``load_dataset`` would read it too): refused before anything is written (:func:`check_out`).
+Exporting again into an earlier export's folder replaces its shards: ``data/`` holds this export's only, and the
+card's shard and row counts are read from the files written.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,7 +32,7 @@ import pandas as pd
 
 from flowzoo.benchmark.analysis.loading import find_run_dirs, read_metrics
 from flowzoo.benchmark.experiments.config import read_stored_config
-from flowzoo.errors import ConfigError
+from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.io import staged_directory
 
 ROWS_PER_SHARD = 100_000
@@ -37,6 +40,7 @@ RUN_METRICS = "run-metrics"  # the folder a study page keeps its runs' config.ya
 PACKAGES = ("flowzoo", "torch", "diffusers", "transformers", "datasets", "pandas", "numpy", "pyarrow")
 KEY_COLUMNS = ("run", "suite", "task", "algorithm", "seed", "seed_set")
 CARD_TITLE = "# FlowZoo results:"  # the dataset card's title line: a README.md without it is no earlier export's
+SHARD = re.compile(r"train-\d{5}-of-\d{5}\.parquet")  # the name of a shard this module writes
 OUTSIDE = "outside the suite's seed sets"  # the card's name for seed_set "" (a seed no set of its suite holds)
 
 
@@ -73,13 +77,24 @@ def _seed_sets(suite_name: str) -> dict[int, str]:
     return {seed: name for name, seeds in load_suite(suite_name).seed_sets.items() for seed in seeds}
 
 
+def suite_of(run_dir: Path, config: dict) -> str:
+    """The suite a run belongs to, read from where bench put it (``RUNS/<suite>/<task>/<algorithm>/s<seed>``,
+    suite.run_dir_of): the folder above its task's, whether the export's source is the runs directory, a suite's
+    folder in it or a study page's run-metrics/; "" for a run outside that layout."""
+    path = Path(run_dir).resolve()
+    if (path.name == f"s{int(config.get('seed', 0))}" and len(path.parents) > 3
+            and path.parents[1].name == str(config.get("task", ""))):
+        return path.parents[2].name
+    return ""
+
+
 def run_rows(run_dir: Path, root: Path, seed_sets: dict) -> pd.DataFrame:
     """One run as rows: its key columns, its metrics and its flattened config on every step."""
     config = read_stored_config(run_dir / "config.yaml")
     metrics = read_metrics(run_dir / "metrics.csv")
     metrics = metrics.drop_duplicates("step", keep="last").sort_values("step", kind="stable").reset_index(drop=True)
     relative = run_dir.relative_to(root).as_posix()
-    suite = relative.split("/")[0] if relative.count("/") >= 3 else ""
+    suite = suite_of(run_dir, config)
     algorithm = config.get("algorithm", {})
     seed = int(config.get("seed", 0))
     keys = {"run": relative, "suite": suite, "task": str(config.get("task", "")),
@@ -107,8 +122,8 @@ def results_frame(source: str | Path) -> pd.DataFrame:
     run_dirs = find_run_dirs(root)
     if not run_dirs:
         raise ConfigError(f"no runs under {str(root)!r}: expected directories holding config.yaml and metrics.csv")
-    suites = {d.relative_to(root).parts[0] for d in run_dirs if len(d.relative_to(root).parts) >= 4}
-    seed_sets = {suite: _seed_sets(suite) for suite in suites}
+    suites = {suite_of(d, read_stored_config(d / "config.yaml")) for d in run_dirs}
+    seed_sets = {suite: _seed_sets(suite) for suite in suites if suite}
     frame = pd.concat([run_rows(d, root, seed_sets) for d in run_dirs], ignore_index=True, sort=False)
     for name in [c for c in frame.columns if c.startswith("config.")]:
         frame[name] = _uniform(frame[name].astype(object))
@@ -137,8 +152,8 @@ def _package_versions() -> list[str]:
     return found
 
 
-def dataset_card(frame: pd.DataFrame, source: str | Path, shards: int) -> str:
-    """README.md of the dataset: what it holds and how to load it."""
+def dataset_card(frame: pd.DataFrame, source: str | Path, shards: int, rows: int) -> str:
+    """README.md of the dataset: what it holds and how to load it (``shards`` and ``rows``: what its data/ holds)."""
     runs = frame.drop_duplicates("run")
     suites = sorted(s for s in runs["suite"].unique() if s)
     sets = runs.groupby("seed_set")["seed"].agg(lambda s: sorted(set(int(x) for x in s))).to_dict()
@@ -155,7 +170,7 @@ def dataset_card(frame: pd.DataFrame, source: str | Path, shards: int) -> str:
         f"{CARD_TITLE} {', '.join(suites) or Path(source).name}",
         "",
         f"Every run's configuration and per-step metrics, exported by `flowzoo export-results {source}` with "
-        f"{_code_version()}: {len(runs)} runs, {len(frame)} rows (one per run and logged step), {shards} Parquet "
+        f"{_code_version()}: {len(runs)} runs, {rows} rows (one per run and logged step), {shards} Parquet "
         f"shard(s) under `data/`.",
         "",
         "```python",
@@ -185,6 +200,10 @@ def check_out(source: str | Path, out: str | Path) -> None:
             where = f"is {what}" if target == read else f"holds {what}"
             raise ConfigError(f"--out {out} {where}: the dataset's README.md and data/ would replace the source's "
                               f"files or go among its runs; give a folder outside {source} (e.g. {source}/dataset)")
+    foreign = [p for p in target.rglob("*.parquet") if not (p.parent == target / "data" and SHARD.fullmatch(p.name))]
+    if foreign:
+        raise ConfigError(f"--out {out} holds {foreign[0]}, no shard of an earlier export: load_dataset would read it "
+                          f"with the dataset's; give a new folder or an earlier export's")
     readme = target / "README.md"
     if readme.is_file() and CARD_TITLE not in readme.read_text(errors="replace").split("\n---\n", 1)[-1][:200]:
         raise ConfigError(f"--out {out}: its README.md is no dataset card (written by something else; export-results "
@@ -206,5 +225,12 @@ def export_results(source: str | Path, out: str | Path, rows_per_shard: int = RO
             table = pa.Table.from_pandas(part, preserve_index=False)
             pq.write_table(table, stage / "data" / f"train-{index:05d}-of-{shards:05d}.parquet", compression="zstd",
                            compression_level=9)
-        (stage / "README.md").write_text(dataset_card(frame, source, shards))
+        written = sorted(p.name for p in (stage / "data").iterdir())
+        rows = sum(pq.read_metadata(stage / "data" / name).num_rows for name in written)
+        if rows != len(frame):
+            raise FlowZooError(f"export-results: the shards written hold {rows} rows, not the {len(frame)} read")
+        (stage / "README.md").write_text(dataset_card(frame, source, len(written), rows))
+    for stale in sorted((Path(out) / "data").glob("*.parquet")):  # an earlier export's shards: not this dataset's
+        if stale.name not in written:
+            stale.unlink()
     return Path(out)
