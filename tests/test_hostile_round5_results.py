@@ -107,3 +107,43 @@ def test_export_of_a_suites_folder_names_its_suite_and_seed_sets(tmp_path):
     above = export_results(runs, tmp_path / "above")
     keys = pq.read_table(above / "data").to_pandas().drop_duplicates("run").set_index("seed")
     assert keys[["suite", "seed_set"]].equals(table[["suite", "seed_set"]])
+
+
+# ------------------------------------------------------------------------------------- prompt datasets (item 8)
+
+def _hub_folder(folder: Path, splits: dict[str, list[str]]) -> Path:
+    import pandas as pd
+
+    folder.mkdir()
+    for split, prompts in splits.items():
+        pd.DataFrame({"prompt": prompts}).to_parquet(folder / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def test_a_hub_layout_folder_gives_each_split_its_own_files(tmp_path):
+    """Item 8: a folder in the Hugging Face Hub layout given as both prompts.train and prompts.test read both files
+    for both splits (the test prompts were trained on)."""
+    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, read_dataset_prompts
+
+    folder = _hub_folder(tmp_path / "hub", {"train": ["a cat", "a dog"], "test": ["a red cube"]})
+    assert [p for p, _ in read_dataset_prompts(str(folder), "train", DatasetSpec())] == ["a cat", "a dog"]
+    assert [p for p, _ in read_dataset_prompts(str(folder), "test", DatasetSpec())] == ["a red cube"]
+    # the split names of prompts.dataset pick the files, as they pick a DatasetDict's split
+    spec = DatasetSpec(test_split="train")
+    assert [p for p, _ in read_dataset_prompts(str(folder), "test", spec)] == ["a cat", "a dog"]
+
+
+def test_a_folder_naming_other_splits_or_mixing_names_is_refused(tmp_path):
+    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, read_dataset_prompts
+    from flowzoo.errors import ConfigError
+
+    folder = _hub_folder(tmp_path / "hub", {"train": ["a cat"], "validation": ["a red cube"]})
+    with pytest.raises(ConfigError, match=r"'test'.*train, validation") as error:
+        read_dataset_prompts(str(folder), "test", DatasetSpec())
+    assert len(str(error.value).splitlines()) == 1
+    mixed = _hub_folder(tmp_path / "mixed", {"train": ["a cat"], "extra": ["a red cube"]})
+    with pytest.raises(ConfigError, match="extra-00000-of-00001.parquet"):
+        read_dataset_prompts(str(mixed), "train", DatasetSpec())
+    # a folder whose files name no split is still one dataset, read whole for either split
+    plain = _hub_folder(tmp_path / "plain", {"part": ["a cat"], "more": ["a dog"]})
+    assert sorted(p for p, _ in read_dataset_prompts(str(plain), "test", DatasetSpec())) == ["a cat", "a dog"]

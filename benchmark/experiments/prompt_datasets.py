@@ -5,7 +5,10 @@
 * a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (read with ``load_from_disk``; of a
   DatasetDict the split ``prompts.dataset.train_split`` / ``test_split`` is taken, default ``train`` / ``test``);
 * a Parquet, Arrow, JSON / JSON Lines or CSV file, or a folder of files of one of those kinds (read with
-  ``load_dataset(<kind>, data_files=...)``).
+  ``load_dataset(<kind>, data_files=...)``). A folder in the Hub's layout, whose file names start with their split
+  (``train-00000-of-00001.parquet``, ``test-00000-of-00001.parquet``), gives each split only its own files (the split
+  ``prompts.dataset.train_split`` / ``test_split`` names); a folder mixing such files with files naming no split is
+  refused.
 
 ``prompts.dataset``: ``column`` (default ``prompt``), the text column; ``metadata`` (default none), the columns kept as
 each prompt's metadata (what rewards such as GenEval's read: ``tag``, ``include``, ...). A missing path, split or
@@ -14,6 +17,7 @@ column is one line naming it and what there is.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +65,38 @@ def read_dataset_prompts(path: str, split: str, spec: DatasetSpec) -> list[tuple
     return [(p, {c: values[i] for c, values in metadata.items()}) for i, p in enumerate(prompts)]
 
 
+#: the names the Hugging Face Hub reads as splits at the start of a data file's name (``train-00000-of-00001.parquet``)
+SPLIT_WORDS = ("train", "training", "test", "testing", "validation", "valid", "val", "dev", "eval", "evaluation")
+
+
+def split_of(file: Path) -> str:
+    """The split a data file's name starts with (``train-00000-of-00001.parquet``, ``test.csv``): its name up to the
+    first ``-``, ``_`` or ``.``."""
+    return re.split(r"[-_.]", file.name, maxsplit=1)[0]
+
+
+def split_files(files: list[Path], root: Path, where: str, split: str) -> list[Path]:
+    """The files of a folder that are ``split``'s: all of them when no name starts with a split's (one dataset); else
+    the Hub's layout, each file named for its split, and only ``split``'s are read (a folder given as both
+    prompts.train and prompts.test never trains on the test prompts). A folder mixing split files with files naming
+    none, or naming no file ``split``, is one line naming what it holds."""
+    named = {f: split_of(f) for f in files}
+    if not any(name in SPLIT_WORDS or name == split for name in named.values()):
+        return files
+    stray = [f.name for f, name in named.items() if name not in SPLIT_WORDS and name != split]
+    if stray:
+        splits = sorted({name for f, name in named.items() if f.name not in stray})
+        raise ConfigError(f"{where}: {root} names the splits {', '.join(splits)} in its file names "
+                          f"but {', '.join(stray)} names none; give a folder of one split's files or name each file "
+                          f"<split>-NNNNN-of-NNNNN")
+    chosen = [f for f, name in named.items() if name == split]
+    if not chosen:
+        raise ConfigError(f"{where}: {root} holds no file of the split {split!r} (prompts.dataset."
+                          f"{where.split('.')[-1]}_split); its files name the splits "
+                          f"{', '.join(sorted(set(named.values())))}")
+    return chosen
+
+
 def _load(root: Path, where: str, split: str):
     import datasets
 
@@ -74,6 +110,8 @@ def _load(root: Path, where: str, split: str):
             return loaded[split]
         return loaded
     files = [root] if root.is_file() else sorted(f for f in root.iterdir() if f.is_file() and not f.name.startswith("."))
+    if root.is_dir():
+        files = split_files(files, root, where, split)
     kinds = {BUILDERS.get(f.suffix.lower()) for f in files}
     if not files or None in kinds or len(kinds) != 1:
         found = ", ".join(sorted({f.suffix or f.name for f in files})) or "nothing"
