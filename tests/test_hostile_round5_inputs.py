@@ -76,3 +76,63 @@ def test_binary_prompt_file_is_one_line_naming_it(tmp_path):
         with pytest.raises(ConfigError) as error:
             read_prompts(path)
         _one_line(error, str(path), "not UTF-8 text")
+
+
+# ------------------------------------------------------------- hand-edited --from-trials tables (item 14)
+
+@pytest.fixture(scope="module")
+def tuned_tables(tmp_path_factory):
+    """The mini suite of tests/test_tuning.py tuned for one cell (2 trials) and its report: (suite file, report)."""
+    from flowzoo.benchmark.cli import main
+    from flowzoo.benchmark.tuning import tune as tuning
+    from tests.test_tuning import write_suite
+
+    tmp = tmp_path_factory.mktemp("tuned")
+    path, runs, report = write_suite(tmp), tmp / "runs", tmp / "report"
+    tuning.tune(str(path), runs, trials=2, tasks="toy2d_mode", algorithms="flow_grpo")
+    assert main(["tune", str(path), "--report", "--trials", "2", "--runs", str(runs), "--out", str(report),
+                 "--tasks", "toy2d_mode", "--algorithms", "flow_grpo"]) == 0
+    return path, report
+
+
+def _edit_binary(csv):
+    csv.write_bytes(bytes(range(256)) * 4)
+
+
+def _edit_no_state(csv):
+    import pandas as pd
+
+    pd.read_csv(csv).drop(columns=["state"]).to_csv(csv, index=False)
+
+
+def _edit_text_objective(csv):
+    import pandas as pd
+
+    table = pd.read_csv(csv)
+    table["objective"] = table["objective"].astype(object)
+    table.loc[0, "objective"] = "high"
+    table.to_csv(csv, index=False)
+
+
+@pytest.mark.parametrize("edit, says", [(_edit_binary, "cannot read"), (_edit_no_state, "has no column state"),
+                                        (_edit_text_objective, "objective is 'high', not a number")])
+def test_hand_edited_from_trials_table_is_one_line(tuned_tables, edit, says, tmp_path, capsys):
+    """Item 14: a binary table, one without its state column, or a text objective raised a pandas / KeyError /
+    TypeError traceback from `tune --report --from-trials`; now one line naming the table, and no output written."""
+    import shutil
+
+    from flowzoo.benchmark.cli import main
+
+    path, report = tuned_tables
+    source = tmp_path / "source"
+    shutil.copytree(report, source)
+    csv = source / "trials" / "toy2d_mode" / "flow_grpo.csv"
+    edit(csv)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = main(["tune", str(path), "--report", "--trials", "2", "--from-trials", str(source), "--out", str(out),
+                 "--tasks", "toy2d_mode", "--algorithms", "flow_grpo"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(csv) in err and says in err, err
+    assert not out.exists()
