@@ -136,3 +136,18 @@ def test_hand_edited_from_trials_table_is_one_line(tuned_tables, edit, says, tmp
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(csv) in err and says in err, err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------- a binary ANSWER.md (item 15)
+
+@pytest.mark.parametrize("content, says", [(bytes(range(256)) * 2, "not UTF-8 text"),
+                                           (b"the answer\x00\x00\x1b[2J", "control character")])
+def test_binary_answer_md_is_one_line_naming_it(content, says, tmp_path):
+    """Item 15: a binary ANSWER.md raised UnicodeDecodeError; one that decodes (NUL bytes, escapes) went onto the
+    page. Both are one line naming the file."""
+    from flowzoo.benchmark.analysis import study_answer
+
+    (tmp_path / "ANSWER.md").write_bytes(content)
+    with pytest.raises(ConfigError) as error:
+        study_answer.hand_written_answer(tmp_path)
+    _one_line(error, str(tmp_path / "ANSWER.md"), says)
