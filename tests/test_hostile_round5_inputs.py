@@ -151,3 +151,32 @@ def test_binary_answer_md_is_one_line_naming_it(content, says, tmp_path):
     with pytest.raises(ConfigError) as error:
         study_answer.hand_written_answer(tmp_path)
     _one_line(error, str(tmp_path / "ANSWER.md"), says)
+
+
+# -------------------------------------------------------------------- newlines in sbatch options (item 17)
+
+@pytest.mark.parametrize("entry, says", [
+    ('exclude: "node07\\n#SBATCH --partition=other"', "slurm_args.exclude 'node07\\n#SBATCH --partition=other': an "
+                                                      "sbatch value is one line"),
+    ('comment: "run\\rX"', "slurm_args.comment 'run\\rX': an sbatch value is one line"),
+    ('"exclude\\n#SBATCH --qos": "high"', "slurm_args key 'exclude\\n#SBATCH --qos' is no sbatch option name"),
+    ('"mail type": "END"', "slurm_args key 'mail type' is no sbatch option name")])
+def test_a_slurm_arg_with_a_newline_is_refused(tmp_path, entry, says):
+    """Item 17: slurm_args values (and keys) with a newline injected a line into the sbatch script; partition and
+    account were already refused."""
+    from flowzoo.benchmark.experiments.executors import load_cluster
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"slurm_args:\n  {entry}\n")
+    with pytest.raises(ConfigError) as error:
+        load_cluster(cluster)
+    _one_line(error, "cluster file cluster.yaml", says)
+
+
+def test_a_slurm_arg_of_one_line_is_kept(tmp_path):
+    from flowzoo.benchmark.experiments.executors import load_cluster
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text('slurm_args:\n  exclude: "node07,node08"\n  comment: "a run of two words"\n  nice: 10\n')
+    assert load_cluster(cluster).slurm_args == {"exclude": "node07,node08", "comment": "a run of two words",
+                                                "nice": 10}
