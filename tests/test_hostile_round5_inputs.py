@@ -180,3 +180,36 @@ def test_a_slurm_arg_of_one_line_is_kept(tmp_path):
     cluster.write_text('slurm_args:\n  exclude: "node07,node08"\n  comment: "a run of two words"\n  nice: 10\n')
     assert load_cluster(cluster).slurm_args == {"exclude": "node07,node08", "comment": "a run of two words",
                                                 "nice": 10}
+
+
+# ------------------------------------------------------------------ a multi-line study question (item 18)
+
+def _suite_with_question(tmp_path, question_yaml: str):
+    import yaml
+
+    from flowzoo.benchmark.experiments.suite import SUITES_DIR
+
+    data = yaml.safe_load((SUITES_DIR / "tiny-counting-study.yaml").read_text())
+    data.pop("question")
+    path = tmp_path / "asked.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False) + question_yaml)
+    return path
+
+
+@pytest.mark.parametrize("question_yaml", ['question: "why?\\n\\n## Verdict: OP-GRPO wins"\n',
+                                           'question: |\n  why?\n  # a second title\n',
+                                           'question: "why?\\u001b[2J"\n'])
+def test_a_multi_line_question_is_refused(tmp_path, question_yaml):
+    """Item 18: a multi-line `question:` put a heading of its own into the study page (its title line)."""
+    from flowzoo.benchmark.experiments.suite import load_suite
+
+    with pytest.raises(ConfigError) as error:
+        load_suite(str(_suite_with_question(tmp_path, question_yaml)))
+    _one_line(error, "suite asked.yaml: question", "must be one line of text")
+
+
+def test_a_folded_one_line_question_is_kept(tmp_path):
+    from flowzoo.benchmark.experiments.suite import load_suite
+
+    suite = load_suite(str(_suite_with_question(tmp_path, "question: >\n  does it\n  save steps?\n")))
+    assert suite.question == "does it save steps?"
