@@ -213,3 +213,36 @@ def test_a_folded_one_line_question_is_kept(tmp_path):
 
     suite = load_suite(str(_suite_with_question(tmp_path, "question: >\n  does it\n  save steps?\n")))
     assert suite.question == "does it save steps?"
+
+
+# ------------------------------------------------------- a prompt dataset replaced before the resume (item 16)
+
+def test_a_prompt_dataset_replaced_before_the_resume_is_refused(tmp_path, capsys):
+    """Item 16: a run killed after a checkpoint, its prompts.train dataset replaced (same path, other prompts), then
+    resumed, trained on the new prompts from the old checkpoint; now the resume is refused in one line, and resuming
+    on the original data still works."""
+    import datasets
+
+    from flowzoo.benchmark.cli import main
+
+    data = tmp_path / "prompts.parquet"
+    original = {"prompt": ["a red circle", "a blue square", "two green triangles"], "tag": ["a", "b", "c"]}
+    datasets.Dataset.from_dict(original).to_parquet(str(data))
+    run = tmp_path / "run"
+    args = ["benchmark/configs/tiny_flow_grpo.yaml", "prompts.source=dataset", f"prompts.train={data}",
+            f"prompts.test={data}", "reward=jpeg_compressibility", "model.args.weights=null",
+            "model.args.arch={layers: 1, heads: 2, head_dim: 8, text_width: 16, text_layers: 1, text_heads: 2}",
+            "algorithm.num_steps=2", "algorithm.group_size=2", "train.steps=2", "train.prompts_per_step=1",
+            "train.eval_prompts=2", "train.save_samples=false", "train.checkpoint_every=1", f"run_dir={run}",
+            "--quiet"]
+    assert main(["train", *args]) == 0
+    (run / "done.json").unlink()  # as if killed after its last checkpoint
+    datasets.Dataset.from_dict({**original, "prompt": ["a red square", "a blue circle", "two green circles"]}).to_parquet(str(data))
+    capsys.readouterr()
+    assert main(["train", *args]) != 0
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("flowzoo: error")]  # (datasets' progress bars)
+    assert len(errors) == 1 and "was written on other prompts" in errors[0] and str(run) in errors[0], err
+    assert not (run / "done.json").exists()
+    datasets.Dataset.from_dict(original).to_parquet(str(data))
+    assert main(["train", *args]) == 0 and (run / "done.json").is_file()
