@@ -246,3 +246,29 @@ def test_a_prompt_dataset_replaced_before_the_resume_is_refused(tmp_path, capsys
     assert not (run / "done.json").exists()
     datasets.Dataset.from_dict(original).to_parquet(str(data))
     assert main(["train", *args]) == 0 and (run / "done.json").is_file()
+
+
+# ------------------------------------------------------------- a study over two suites' runs of one cell (item 19)
+
+def test_a_study_over_two_suites_runs_of_one_cell_is_refused(tmp_path, capsys):
+    """Item 19: `flowzoo study RUNS` where RUNS holds suite-a/ and suite-b/, each with runs of one (task, algorithm)
+    at other seeds, pooled the two suites' seeds into one cell; now one line naming both suites' runs. A study of one
+    suite's folder, or of a runs directory holding only one suite, still runs."""
+    from flowzoo.benchmark.cli import main
+    from tests.synthetic_runs import write_run
+
+    steps, task = [0, 10, 20, 30], "toy2d_sep64_sparse"
+    for suite, seeds in (("suite-a", (0, 1, 2)), ("suite-b", (3, 4, 5))):
+        for seed in seeds:
+            write_run(tmp_path / "runs" / suite, task, "flow_grpo", seed, steps, [0.0, 0.1, 0.2, 0.3])
+            write_run(tmp_path / "runs" / suite, task, "op_grpo", seed, steps, [0.0, 0.3, 0.3, 0.3])
+    capsys.readouterr()
+    code = main(["study", str(tmp_path / "runs"), "--suite", "op-grpo-study", "--out", str(tmp_path / "page"), "--smooth", "1",
+                 "--resamples", "200", "--claims", "none"])
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1, err
+    assert "are runs of two suites (suite-a, suite-b)" in errors[0], err
+    assert not (tmp_path / "page" / "README.md").exists()
+    assert main(["study", str(tmp_path / "runs" / "suite-a"), "--suite", "op-grpo-study", "--out", str(tmp_path / "page-a"), "--smooth", "1",
+                 "--resamples", "200", "--claims", "none"]) == 0
