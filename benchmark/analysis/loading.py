@@ -376,11 +376,20 @@ def check_one_experiment_per_cell(frames: list[pd.DataFrame]) -> None:
     seed. ``ConfigError`` naming the runs and, for differing configs, the keys."""
     by_seed: dict[tuple, str] = {}
     by_cell: dict[tuple, tuple[str, dict]] = {}
+    by_suite: dict[tuple, tuple[str, str]] = {}
     for frame in frames:
         if not len(frame):
             continue
         first = frame.iloc[0]
         run, cell = str(first["run"]), (str(first["task"]), str(first["algorithm"]))
+        suite = suite_folder(run, *cell)
+        if cell in by_suite and suite is not None and by_suite[cell][1] != suite:
+            other, theirs = by_suite[cell]
+            raise ConfigError(f"runs {other} and {run} of task {cell[0]!r}, algorithm {cell[1]!r} are runs of two "
+                              f"suites ({theirs}, {suite}): a report pools the seeds of one suite's cell; give one "
+                              "suite's folder (RUNS/<suite>)")
+        if suite is not None:
+            by_suite.setdefault(cell, (run, suite))
         seed_key = (*cell, int(first["seed"]))
         if seed_key in by_seed:
             raise ConfigError(f"runs {by_seed[seed_key]} and {run} are both task {cell[0]!r}, algorithm {cell[1]!r}, "
@@ -395,6 +404,16 @@ def check_one_experiment_per_cell(frames: list[pd.DataFrame]) -> None:
                               f"{', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}: a report pools only seeds of "
                               "one config; move the others out of the runs directory")
         by_cell.setdefault(cell, (run, identity))
+
+
+def suite_folder(run: str, task: str, algorithm: str) -> str | None:
+    """The suite folder of a run at ``<suite>/<task>/<algorithm>/s<seed>`` (the folder ``flowzoo bench`` places it
+    in, named by ``run``, its path under the runs directory), or None for a run outside that layout."""
+    parts = run.split("/")
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == task and parts[i + 1] == algorithm:
+            return "/".join(parts[:i])
+    return None
 
 
 def check_budgets(runs: pd.DataFrame) -> None:

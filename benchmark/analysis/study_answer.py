@@ -39,7 +39,17 @@ def hand_written_answer(out: Path) -> list[str]:
     path = Path(out) / ANSWER_FILE
     if not path.is_file():
         return []
-    text = path.read_text().strip("\n")
+    try:
+        text = path.read_text(encoding="utf-8").replace("\r\n", "\n").strip("\n")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason}); a page's answer is a few "
+                          "lines of Markdown") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read it ({error.strerror or error})") from None
+    control = next((c for c in text if ord(c) < 32 and c not in "\t\n"), None)
+    if control is not None:
+        raise ConfigError(f"{path}: holds the control character {control!r} at character {text.index(control)}; a "
+                          "page's answer is a few lines of Markdown text")
     if not text.strip():
         return []
     lines = text.split("\n")

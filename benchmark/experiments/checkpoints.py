@@ -129,6 +129,14 @@ def payload_digest(state: dict) -> str:
     return digest.hexdigest()
 
 
+def prompts_digest(*prompt_sets) -> str:
+    """A SHA-256 of the prompts a run trains and evaluates on (each ``(prompt, metadata)`` in order): a checkpoint
+    stores it, so a resume on a prompt file or dataset replaced since (the same path in the config, other data) is
+    refused."""
+    text = json.dumps([[[p, m] for p, m in prompts] for prompts in prompt_sets], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def seal(state: dict, config) -> dict:
     state["seal"] = {"config": config_digest(config), "payload": payload_digest(state)}
     return state

@@ -139,9 +139,15 @@ def load_cluster(path: str | Path | None, partition: str | None = None) -> Clust
     for line in cluster.setup:
         if not isinstance(line, str):
             raise ConfigError(f"{where}: setup must be a list of shell lines, got {line!r}")
-    for key, value in cluster.slurm_args.items():
+    for key, value in cluster.slurm_args.items():  # each one ``#SBATCH --key=value`` line of the job's script
+        if not isinstance(key, str) or not key or not all(c.isalnum() or c in "-_" for c in key):
+            raise ConfigError(f"{where}: slurm_args key {key!r} is no sbatch option name (letters, digits, - and _; "
+                              f"its sbatch line would break)")
         if not isinstance(value, (str, int, float, bool)):
             raise ConfigError(f"{where}: slurm_args.{key} must be a string or a number, got {value!r}")
+        if isinstance(value, str) and not value.isprintable():
+            raise ConfigError(f"{where}: slurm_args.{key} {value!r}: an sbatch value is one line without newlines or "
+                              f"control characters (it would add a line to the job's script)")
     resolve_resources([(f"{where}: resources", cluster.resources)])
     return cluster
 

@@ -98,27 +98,52 @@ def split_files(files: list[Path], root: Path, where: str, split: str) -> list[P
 
 
 def _load(root: Path, where: str, split: str):
+    """The dataset at ``root``; a file ``datasets`` cannot read (damaged, binary, empty, a broken ``state.json``) is
+    one line naming it, and a dataset of no rows is refused as holding no prompts."""
     import datasets
 
     saved = root.is_dir() and any((root / name).is_file() for name in ("dataset_dict.json", "dataset_info.json"))
-    if saved:
-        loaded = datasets.load_from_disk(str(root))
-        if isinstance(loaded, datasets.DatasetDict):
-            if split not in loaded:
-                raise ConfigError(f"{where}: {root} has the splits {', '.join(loaded)}, not {split!r} "
-                                  f"(prompts.dataset.{where.split('.')[-1]}_split)")
-            return loaded[split]
-        return loaded
-    files = [root] if root.is_file() else sorted(f for f in root.iterdir() if f.is_file() and not f.name.startswith("."))
-    if root.is_dir():
-        files = split_files(files, root, where, split)
-    kinds = {BUILDERS.get(f.suffix.lower()) for f in files}
-    if not files or None in kinds or len(kinds) != 1:
-        found = ", ".join(sorted({f.suffix or f.name for f in files})) or "nothing"
-        raise ConfigError(f"{where}: {root} is no save_to_disk folder and holds {found}, not files of one kind of "
-                          f"{', '.join(BUILDERS)}")
+    if not saved:
+        files = [root] if root.is_file() else sorted(f for f in root.iterdir()
+                                                     if f.is_file() and not f.name.startswith("."))
+        if root.is_dir():
+            files = split_files(files, root, where, split)
+        kinds = {BUILDERS.get(f.suffix.lower()) for f in files}
+        if not files or None in kinds or len(kinds) != 1:
+            found = ", ".join(sorted({f.suffix or f.name for f in files})) or "nothing"
+            raise ConfigError(f"{where}: {root} is no save_to_disk folder and holds {found}, not files of one kind "
+                              f"of {', '.join(BUILDERS)}")
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own "Failed to load ..." lines: ours is the one
     try:
-        return datasets.load_dataset(kinds.pop(), data_files=[str(f) for f in files], split="train")
-    except (ValueError, OSError) as error:  # a damaged file: the builder's first line
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(f"{where}: cannot read {root} ({first})") from None
+        if saved:
+            loaded = datasets.load_from_disk(str(root))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise ConfigError(f"{where}: {root} has the splits {', '.join(loaded)}, not {split!r} "
+                                      f"(prompts.dataset.{where.split('.')[-1]}_split)")
+                loaded = loaded[split]
+        else:
+            kind = kinds.pop()
+            if kind == "parquet":  # a 0-row Parquet file fails inside the builder ("BatchSize must be > 0")
+                import pyarrow.parquet as pq
+
+                if sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 0:
+                    raise ConfigError(f"{where}: {root} holds no prompts (0 rows)")
+            loaded = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure to parse a user's file is one line naming it
+        raise ConfigError(f"{where}: cannot read {root} ({_first_line(error)})") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+    if len(loaded) == 0:
+        raise ConfigError(f"{where}: {root} holds no prompts (0 rows)")
+    return loaded
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of the innermost cause of ``error`` (``datasets`` wraps the parser's own message)."""
+    while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+        error = error.__cause__ or error.__context__
+    return (str(error).strip().splitlines() or [type(error).__name__])[0] or type(error).__name__

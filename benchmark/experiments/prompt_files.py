@@ -46,21 +46,26 @@ def read_prompts(path: str | os.PathLike, split: str = "train") -> list[tuple[st
     """``[(prompt, metadata), ...]`` in file order."""
     file = resolve_prompt_file(path, split)
     rows: list[tuple[str, dict]] = []
-    with open(file, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            if file.suffix == ".txt":
-                rows.append((line, {}))
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{file}:{number}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ConfigError(f"{file}:{number}: expected a JSON object with a string 'prompt' field")
-            rows.append((record["prompt"], record))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"prompt file {str(file)!r} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read prompt file {str(file)!r} ({err.strerror or err})") from None
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if file.suffix == ".txt":
+            rows.append((line, {}))
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{file}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise ConfigError(f"{file}:{number}: expected a JSON object with a string 'prompt' field")
+        rows.append((record["prompt"], record))
     if not rows:
         raise ConfigError(f"prompt file {str(file)!r} holds no prompts")
     return rows

@@ -35,7 +35,7 @@ from flowzoo.algorithms.distributed import SingleProcess, from_environment
 from flowzoo.algorithms.rollout import sample_generators, sample_ode
 from flowzoo.benchmark.experiments import experiment
 from flowzoo.benchmark.experiments.diversity import feature_spread, per_prompt_spread
-from flowzoo.benchmark.experiments.checkpoints import check_seal, config_digest, run_identity, seal
+from flowzoo.benchmark.experiments.checkpoints import check_seal, config_digest, prompts_digest, run_identity, seal
 from flowzoo.benchmark.experiments.config import (
     OPTIONAL_STORED_KEYS, ExperimentConfig, declared_secrets, read_stored_config, resolved_dict,
 )
@@ -270,8 +270,12 @@ class Runner:
             algorithm_state = self.algorithm.state_dict()
         if not self.dist.is_main:
             return
-        state = {"step": step, "algorithm": algorithm_state, "rows": rows, "wall_s": wall_s, "nfe": nfe}
+        state = {"step": step, "algorithm": algorithm_state, "rows": rows, "wall_s": wall_s, "nfe": nfe,
+                 "prompts": self._prompts_digest()}
         atomic_torch_save(seal(state, self.config), self.run_dir / "checkpoint.pt")  # bound to this config
+
+    def _prompts_digest(self) -> str:
+        return prompts_digest(self.train_prompts, self.eval_prompts, self.unseen_prompts or [])
 
     def _write_sharding(self, step: int) -> None:
         """``sharding.json``: what each process holds of the sharded model and its optimizer state (elements of its
@@ -368,6 +372,10 @@ class Runner:
             return run_dir
         checkpoint = run_dir / "checkpoint.pt"
         state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None  # refused before config.yaml
+        if state is not None and state.get("prompts", self._prompts_digest()) != self._prompts_digest():
+            raise RunError(f"checkpoint {checkpoint} was written on other prompts than prompts.train / prompts.test "
+                           f"(and the evaluation's) now hold: a prompt file or dataset was replaced since; restore it, "
+                           f"or delete the checkpoint to restart the run from step 0")
         self._resumable = state is not None
         if self.dist.is_main and killed_before_checkpoint(run_dir):  # we hold the lock: nobody else writes here
             _remove_fresh_run_files(run_dir)

@@ -90,6 +90,10 @@ def load_suite(name_or_path: str) -> Suite:
     data = read_yaml(path)
     suite = from_mapping(Suite, data, where=f"suite {path.name}")
     check_label(suite.name, "suite name")  # it names the runs' directory under --runs
+    if not isinstance(suite.question, str) or not suite.question.strip().isprintable():
+        raise ConfigError(f"suite {path.name}: question {suite.question!r} must be one line of text without newlines or "
+                          f"control characters (it is the study page's title)")
+    suite.question = suite.question.strip()  # a YAML block scalar's final newline
     if suite.seed_sets:
         union = check_seed_sets(suite.seed_sets, f"suite {path.name}")
         if "seeds" in data and sorted(suite.seeds) != sorted(union):

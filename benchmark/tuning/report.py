@@ -217,6 +217,8 @@ def write_tuning_report(suite_name: str, design: TuningDesign, cells: list[Cell]
         records = _records_from_tables(Path(from_trials) / "trials")
         check_source_holds(cells, suite_name, f"--from-trials {from_trials}: {Path(from_trials) / 'trials'}",
                            "table", _tables_held(Path(from_trials) / "trials"), "an earlier report of the suite")
+        read = {cell.study_name: records(cell) for cell in cells}  # a damaged table refuses before anything is written
+        records = lambda cell: read[cell.study_name]  # noqa: E731
     else:
         storage = open_storage(storage_url)
         records = _records_from_storage(storage, suite_name)
@@ -302,14 +304,52 @@ def _records_from_tables(trials: Path):
         csv = trials / cell.task / f"{cell.algorithm}.csv"
         if not csv.is_file() or not csv.stat().st_size:
             return pd.DataFrame(columns=EMPTY_COLUMNS), None
-        table = pd.read_csv(csv).fillna({"stopped": ""})
+        table = _read_table(csv, {"trial": "integer", "state": "state", "objective": "number"}).fillna({"stopped": ""})
         confirmation = csv.with_name(f"{cell.algorithm}.confirmation.csv")
         rows = None
         if confirmation.is_file():
-            rows = pd.read_csv(confirmation, dtype={"values": str, "candidate": str})
+            rows = _read_table(confirmation, {"candidate": "text", "trial": "any", "seed": "integer",
+                                              "objective": "number", "values": "any", "cpu_s": "any"},
+                               dtype={"values": str, "candidate": str})
         return table, rows
 
     return records
+
+
+def _read_table(csv: Path, needed: dict[str, str], **options) -> pd.DataFrame:
+    """A hand-editable trial or confirmation table, or a one-line ConfigError naming the file and what is wrong: not
+    a CSV (binary, damaged), a needed column missing, or a value not of its column's kind."""
+    try:
+        table = pd.read_csv(csv, **options)
+    except (ValueError, UnicodeDecodeError, OSError) as error:  # pandas' ParserError / EmptyDataError are ValueErrors
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"--from-trials: cannot read {csv} as a trial table ({first})") from None
+    missing = [c for c in needed if c not in table.columns]
+    if missing:
+        raise ConfigError(f"--from-trials: {csv} has no column {', '.join(missing)} (it has "
+                          f"{', '.join(map(str, table.columns)) or 'none'}); a table `flowzoo tune --out` wrote has "
+                          f"{', '.join(needed)}")
+    for column, kind in needed.items():
+        values = table[column]
+        if kind == "number":
+            bad = pd.to_numeric(values, errors="coerce").isna() & values.notna()
+        elif kind == "integer":
+            numbers = pd.to_numeric(values, errors="coerce")
+            bad = numbers.isna() | (numbers != numbers.round())
+        elif kind == "state":
+            bad = ~values.isin([s.lower() for s in COUNTED])
+        elif kind == "text":
+            bad = values.isna()
+        else:
+            continue
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            want = {"number": "a number", "integer": "an integer", "text": "a value",
+                    "state": " or ".join(s.lower() for s in COUNTED)}[kind]
+            raise ConfigError(f"--from-trials: {csv} row {row + 1}: {column} is {values.iloc[row]!r}, not {want}")
+        if kind in ("number", "integer"):
+            table[column] = pd.to_numeric(values)
+    return table
 
 
 def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], records, out: Path, budget: int) -> None:
