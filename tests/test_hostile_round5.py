@@ -30,14 +30,9 @@ def _one_line(capsys) -> str:
 @pytest.fixture(scope="module")
 def tuned_report(tmp_path_factory):
     """The mini suite of tests/test_tuning.py tuned for one cell (1 trial) and its report: (suite file, runs, report)."""
-    from flowzoo.benchmark.tuning import tune as tuning
-    from tests.test_tuning import write_suite
+    from tests.test_tuning import tuned_mini_report
 
-    tmp = tmp_path_factory.mktemp("tuned")
-    path, runs, report = write_suite(tmp), tmp / "runs", tmp / "report"
-    tuning.tune(str(path), runs, trials=1, tasks="toy2d_mode", algorithms="flow_grpo")
-    assert main(["tune", str(path), "--report", "--trials", "1", "--runs", str(runs), "--out", str(report),
-                 "--tasks", "toy2d_mode", "--algorithms", "flow_grpo"]) == 0
+    path, runs, report = tuned_mini_report(tmp_path_factory.mktemp("tuned"), trials=1)
     assert (report / "tuned" / "toy2d_mode" / "flow_grpo.yaml").is_file()
     return path, runs, report
 

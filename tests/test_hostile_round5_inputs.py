@@ -83,15 +83,9 @@ def test_binary_prompt_file_is_one_line_naming_it(tmp_path):
 @pytest.fixture(scope="module")
 def tuned_tables(tmp_path_factory):
     """The mini suite of tests/test_tuning.py tuned for one cell (2 trials) and its report: (suite file, report)."""
-    from flowzoo.benchmark.cli import main
-    from flowzoo.benchmark.tuning import tune as tuning
-    from tests.test_tuning import write_suite
+    from tests.test_tuning import tuned_mini_report
 
-    tmp = tmp_path_factory.mktemp("tuned")
-    path, runs, report = write_suite(tmp), tmp / "runs", tmp / "report"
-    tuning.tune(str(path), runs, trials=2, tasks="toy2d_mode", algorithms="flow_grpo")
-    assert main(["tune", str(path), "--report", "--trials", "2", "--runs", str(runs), "--out", str(report),
-                 "--tasks", "toy2d_mode", "--algorithms", "flow_grpo"]) == 0
+    path, _, report = tuned_mini_report(tmp_path_factory.mktemp("tuned"), trials=2)
     return path, report
 
 

@@ -56,6 +56,19 @@ def write_suite(tmp_path: Path, **changes) -> Path:
     return path
 
 
+def tuned_mini_report(tmp, trials: int):
+    """The mini suite (:func:`write_suite`) tuned for one cell (``trials`` trials) and its report written by
+    ``tune --report``: (suite file, runs, report)."""
+    from flowzoo.benchmark.cli import main
+    from flowzoo.benchmark.tuning import tune as tuning
+
+    path, runs, report = write_suite(tmp), tmp / "runs", tmp / "report"
+    tuning.tune(str(path), runs, trials=trials, tasks="toy2d_mode", algorithms="flow_grpo")
+    assert main(["tune", str(path), "--report", "--trials", str(trials), "--runs", str(runs), "--out", str(report),
+                 "--tasks", "toy2d_mode", "--algorithms", "flow_grpo"]) == 0
+    return path, runs, report
+
+
 def studies(runs: Path, suite: str = "mini") -> dict:
     import optuna
 
