@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -78,10 +78,11 @@ def rollout(
     latents = torch.zeros((batch, num_steps + 1, *x.shape[1:]), dtype=x.dtype, device=x.device)
     log_probs = torch.zeros((batch, num_steps), dtype=torch.float32, device=x.device)
     latents[:, start_step] = x
+    grid = StepGrid.of(plan, x.device)  # once per rollout, whatever its chunks
     spans = chunk_spans(batch, chunk)
     if len(spans) == 1:  # one call per step on every row, as before chunking existed
         _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
-                     cfg_batch, stop, prediction)
+                     cfg_batch, stop, prediction, grid)
         return latents, log_probs
     # every chunk keeps graphs at the steps the whole batch trains, so that the chunks' graphs line up
     chunk_plan = plan if plan.graph_steps is not None else dataclasses.replace(plan, graph_steps=plan.train.any(0))
@@ -93,7 +94,7 @@ def rollout(
         # basic slices: views, which the step loop fills in place
         gens = generators[span] if len(generators) == batch else generators
         _noisy_steps(model, cond.index(span), chunk_plan, x[span], gens, latents[span], log_probs[span], guidance,
-                     start_step, part_live, cfg_grad, cfg_batch, stop, part_prediction)
+                     start_step, part_live, cfg_grad, cfg_batch, stop, part_prediction, grid)
         if part_live is not None:
             lives.append(part_live)
         if part_prediction is not None:
@@ -117,27 +118,40 @@ def chunk_spans(batch: int, chunk: int | None) -> list[slice]:
     return [slice(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
 
+class StepGrid(NamedTuple):
+    """What the step loop reads of a plan's grid, made once per rollout: the sigmas on the latents' device (a host
+    grid would be copied there at every call) and the host mask of the zero-noise steps (``deterministic_steps``:
+    known without reading the device)."""
+
+    sigmas: torch.Tensor
+    quiet: torch.Tensor
+
+    @classmethod
+    def of(cls, plan: StepPlan, device: torch.device) -> "StepGrid":
+        return cls(plan.sigmas.to(device=device, dtype=torch.float32),
+                   deterministic_steps(plan.kind, plan.sigmas, plan.noise_level))
+
+
 def _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
-                 cfg_batch, stop_step, prediction) -> None:
+                 cfg_batch, stop_step, prediction, grid: StepGrid) -> None:
     """:func:`_run_steps` on rows ``x`` with their own noise streams (closed after, however the loop ends): each
     sample's noise for the run's noisy steps drawn at once where that gives the same values (``NoiseStreams``)."""
-    quiet = deterministic_steps(plan.kind, plan.sigmas, plan.noise_level)  # host-side: no device read per step
-    noisy = int((plan.sde[start_step:stop_step] & ~quiet[start_step:stop_step]).sum())
+    noisy = int((plan.sde[start_step:stop_step] & ~grid.quiet[start_step:stop_step]).sum())
     noise = NoiseStreams(generators, x.shape[1:], steps=noisy)  # each sample's own generator, as drawn step by step
     try:
         _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-                   stop_step, prediction, quiet)
+                   stop_step, prediction, grid)
     finally:
         noise.close()
 
 
 def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-               stop_step, prediction, quiet) -> None:
-    """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams, ``quiet`` the host-side
-    mask of the grid's zero-noise steps), filling ``latents`` and ``log_probs`` in place. Nothing in it reads a device
-    tensor on the host: the grid goes onto the latents' device once, the masks are the plan's host tensors."""
+               stop_step, prediction, grid: StepGrid) -> None:
+    """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams, ``grid`` the rollout's
+    :class:`StepGrid`), filling ``latents`` and ``log_probs`` in place. Nothing in it reads a device tensor on the
+    host or copies one there: the grid is on the device already, the masks are the plan's host tensors."""
     batch, num_steps = x.shape[0], plan.num_steps
-    sigmas = plan.sigmas.to(device=x.device, dtype=torch.float32)  # once per rollout, not once per call
+    sigmas, quiet = grid
     prev_x0 = prev_sigma = None
     for t in range(start_step, stop_step):
         sigma = sigmas[t].expand(batch)

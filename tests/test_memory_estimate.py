@@ -271,3 +271,19 @@ def test_docs_table_is_the_estimate(rollout_defaults):
         assert every_fit
         for line in text.splitlines()[3:]:
             assert line in section, line
+
+
+def test_an_algorithm_reading_more_than_the_stand_in_gets_the_template_plan(monkeypatch):
+    """The estimate builds the algorithm on the config check's model stand-in; where its plan reads more of the model,
+    the trained steps fall back to the template's ``timestep_fraction`` of T and the graph rule is still the
+    algorithm's own ``keeps_rollout_graph``."""
+    from types import SimpleNamespace
+
+    from flowzoo import algorithms
+
+    cls = algorithms.get("flow_grpo")
+    monkeypatch.setattr(cls, "step_plan", lambda self, batch: self.model.latent_shape)  # not on the stand-in
+    config = SimpleNamespace(algorithm_name="flow_grpo", model=SimpleNamespace(name="toy2d"), seed=0)
+    for reuse, minibatches, keeps in (("auto", 1, True), ("auto", 2, False), (False, 1, False), (True, 1, True)):
+        alg_cfg = cls.typed_config({"num_steps": 10, "minibatches": minibatches, "reuse_rollout_graph": reuse})
+        assert memory._plan_facts(config, alg_cfg, 8, 10) == (9, keeps)

@@ -169,22 +169,20 @@ def _defaults(model_cls: type) -> dict:
 def _plan_facts(config, alg_cfg, batch: int, num_steps: int) -> tuple[int, bool]:
     """(trained steps per sample, whether the rollout keeps its graphs): the algorithm's own step plan and
     ``keeps_rollout_graph`` on the stand-in model of the config check (``experiment.DeclaredDefaults``); an algorithm
-    that reads more of the model than the stand-in has gets ``timestep_fraction`` of T and the rule of
-    ``AlgorithmConfig.reuse_rollout_graph``."""
+    whose plan reads more of the model than the stand-in has gets the template's ``timestep_fraction`` of T, and its
+    graph rule is still ``Algorithm.keeps_rollout_graph`` (it reads only the config and the class)."""
+    from types import SimpleNamespace
+
     from flowzoo.benchmark.experiments.experiment import DeclaredDefaults
 
     alg_cls, model_cls = algorithms.get(config.algorithm_name), models.get(config.model.name)
     try:
         alg = alg_cls(DeclaredDefaults(model_cls), None, alg_cfg, seed=config.seed)
-        plan = alg.make_plan(batch)
-        return int(plan.train.sum(1).max()), bool(alg.keeps_rollout_graph()) and not alg_cls.likelihood_free
-    except NotImplementedError:
+        trained = int(alg.make_plan(batch).train.sum(1).max())
+    except NotImplementedError:  # the stand-in's NotOnTheStandIn, or a FlowModel method it does not implement
+        alg = SimpleNamespace(config=alg_cfg, rollout_graph_auto=alg_cls.rollout_graph_auto)
         trained = max(1, int(num_steps * getattr(alg_cfg, "timestep_fraction", 1.0)))
-        reuse = alg_cfg.reuse_rollout_graph
-        keeps = bool(reuse) if reuse != "auto" else (
-            alg_cls.rollout_graph_auto and (alg_cfg.inner_epochs, alg_cfg.minibatches) == (1, 1)
-            and alg_cfg.micro_batch is None)
-        return trained, keeps and not alg_cls.likelihood_free
+    return trained, bool(alg_cls.keeps_rollout_graph(alg)) and not alg_cls.likelihood_free
 
 
 def rollout_batch(alg_cfg, model_cls: type, samples: int) -> int:
