@@ -87,8 +87,8 @@ report-check: setup  ## check the example reports in headless Chromium (images, 
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
 		echo "report-check: could not install chromium from the OS packages (needs root and apt-get)"
-	$(PY) -m flowzoo.benchmark.analysis.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
-	$(PY) -m flowzoo.benchmark.analysis.freshness reports/example-quick --suite quick
+	$(PY) -m flowzoo.benchmark.render.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
+	$(PY) -m flowzoo.benchmark.render.freshness reports/example-quick --suite quick
 
 clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,7 +1,7 @@
 """Algorithm registry: ``algorithms.get(name)`` returns an Algorithm class, ``algorithms.names()`` lists them.
 
-A new algorithm is one file in this package with an ``Algorithm`` subclass decorated ``@register("name")``: the
-package imports every module in it, so the file registers itself. ``register`` gives the class its ``name`` (the
+A new algorithm is one file in ``algorithms/methods/`` with an ``Algorithm`` subclass decorated ``@register("name")``:
+this package imports every module of that folder, so the file registers itself. ``register`` gives the class its ``name`` (the
 name is stated once, there) and its default ``family``. A named preset (e.g. an ablation) is a subclass whose
 ``preset`` dict overrides config defaults; build it with :func:`register_preset`.
 """
@@ -71,9 +71,9 @@ def ablations() -> dict[str, list[str]]:
     return found
 
 
-discover(__name__, __path__)
+discover(f"{__name__}.methods", [f"{folder}/methods" for folder in __path__])
 
-from flowzoo.algorithms.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
+from flowzoo.algorithms.engine.base import Algorithm, AlgorithmConfig, StepStats  # noqa: E402
 
 __all__ = ["Algorithm", "AlgorithmConfig", "StepStats", "REGISTRY", "register", "register_preset", "get", "names",
            "find", "ablations"]

@@ -39,8 +39,8 @@ def _sections():
     from flowzoo import models
     from flowzoo import rewards
     from flowzoo.algorithms import prompt_samplers
-    from flowzoo.benchmark.analysis import study_claims
-    from flowzoo.benchmark.experiments.suite import load_suite, suite_names
+    from flowzoo.benchmark.study import claims as study_claims
+    from flowzoo.benchmark.run.suite import load_suite, suite_names
 
     def algorithm_line(name):
         cls = algorithms.get(name)
@@ -93,8 +93,8 @@ def detail(name: str) -> str:
     from flowzoo import models
     from flowzoo import rewards
     from flowzoo.algorithms import prompt_samplers
-    from flowzoo.benchmark.analysis import study_claims
-    from flowzoo.benchmark.experiments.suite import load_suite, suite_names
+    from flowzoo.benchmark.study import claims as study_claims
+    from flowzoo.benchmark.run.suite import load_suite, suite_names
 
     if name in algorithms.names():
         cls = algorithms.get(name)
@@ -134,7 +134,7 @@ def detail(name: str) -> str:
         raise ConfigError(f"nothing registered as {name!r}; known: {', '.join(known)}")
     lines = head + ([f"  {key} = {value!r}" for key, value in params] or ["  (none)"])
     if name in algorithms.names() or name in prompt_samplers.names():  # what flowzoo tune may change
-        from flowzoo.benchmark.experiments.search_space import listing
+        from flowzoo.benchmark.config.search_space import listing
 
         lines += listing(name)
     return "\n".join(lines)

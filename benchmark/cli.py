@@ -28,10 +28,10 @@ from flowzoo.errors import FlowZooError, one_line_errors, user_error
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from flowzoo.algorithms.distributed import process_group
-    from flowzoo.benchmark.experiments.run_source import load_run
-    from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished, train
-    from flowzoo.benchmark.experiments.suite import describe_differences
+    from flowzoo.algorithms.engine.distributed import process_group
+    from flowzoo.benchmark.run.run_source import load_run
+    from flowzoo.benchmark.run.runner import holds_other_config, is_finished, train
+    from flowzoo.benchmark.run.suite import describe_differences
     from flowzoo.errors import ConfigError
 
     _memory_check_option(args)
@@ -108,8 +108,8 @@ def at_most(high: int):
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.analysis.bench_report import write_suite_report
-    from flowzoo.benchmark.experiments.suite import load_suite, run_suite, select
+    from flowzoo.benchmark.render.bench_report import write_suite_report
+    from flowzoo.benchmark.run.suite import load_suite, run_suite, select
 
     if args.workers is not None and args.workers < 1:
         raise FlowZooError(f"--workers {args.workers}: give at least 1 (default: the number of CPUs)")
@@ -128,7 +128,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     suite = select(load_suite(args.suite), args.algorithms, args.seeds, args.tasks, args.seed_set)
     if args.tuned is not None:  # every cell at its algorithm's tuned recipe (checked where the cells expand)
         suite.tuned = args.tuned
-    from flowzoo.benchmark.experiments.executors import make_grid
+    from flowzoo.benchmark.run.executors import make_grid
 
     executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs), suite.name)
     failures = run_suite(suite, Path(args.runs), args.workers, args.overrides, args.budget_minutes, executor)
@@ -142,15 +142,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _memory_check_option(args: argparse.Namespace) -> None:
     """``--no-memory-check``: the launch's memory check is skipped here and in the runs it starts (their environment)."""
-    from flowzoo.benchmark.experiments.memory import BYPASS_ENV
+    from flowzoo.benchmark.run.memory import BYPASS_ENV
 
     if getattr(args, "no_memory_check", False):
         os.environ[BYPASS_ENV] = "1"
 
 
 def _cmd_memory(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.experiments.memory_table import report
-    from flowzoo.benchmark.experiments.suite import load_suite, select
+    from flowzoo.benchmark.run.memory_table import report
+    from flowzoo.benchmark.run.suite import load_suite, select
 
     if args.device_memory is not None and not (math.isfinite(args.device_memory) and args.device_memory > 0):
         raise FlowZooError(f"--device-memory {args.device_memory}: give the device's memory in GiB, a number > 0")
@@ -164,7 +164,7 @@ def _cmd_memory(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.analysis.report import write_report
+    from flowzoo.benchmark.render.report import write_report
 
     from flowzoo.benchmark.analysis.targets import parse_target
 
@@ -178,8 +178,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.analysis.study import StudyRequest, write_study
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.study.verdicts import StudyRequest, write_study
+    from flowzoo.benchmark.run.suite import load_suite
 
     suite = load_suite(args.suite)  # a bad name fails here, in one line, before anything is read
     out = args.out or str(Path("reports") / suite.name)
@@ -210,8 +210,8 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_grad_snr(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.experiments.grad_snr import measure
-    from flowzoo.benchmark.experiments.run_source import load_run
+    from flowzoo.benchmark.run.grad_snr import measure
+    from flowzoo.benchmark.run.run_source import load_run
 
     result = measure(load_run(args.config, args.overrides)[0], args.batches, args.fixed_prompts, not args.quiet)
     print(result.line())
@@ -219,7 +219,7 @@ def _cmd_grad_snr(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.experiments.recipes import recipe_table
+    from flowzoo.benchmark.config.recipes import recipe_table
     from flowzoo.io import atomic_write_text
 
     from flowzoo.models.shipped import refuse_shipped
@@ -235,7 +235,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from flowzoo.benchmark.experiments.export import export
+    from flowzoo.benchmark.run.export_lora import export
 
     out = export(Path(args.run_dir), Path(args.out))
     what = "transformer" if (Path(out) / "transformer").is_dir() else "LoRA"  # a full fine-tuning: its whole transformer
@@ -246,7 +246,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
-    from flowzoo.benchmark.experiments.eval_cmd import evaluate
+    from flowzoo.benchmark.run.eval_command import evaluate
 
     record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides)
     print(json.dumps(record))
@@ -305,8 +305,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     elif args.from_trials is not None:
         raise FlowZooError("--from-trials only writes a report from an earlier one's trial tables: add --report")
     else:
-        from flowzoo.benchmark.experiments.executors import make_grid
-        from flowzoo.benchmark.experiments.suite import load_suite
+        from flowzoo.benchmark.run.executors import make_grid
+        from flowzoo.benchmark.run.suite import load_suite
 
         executor = make_grid(args.executor, args.cluster, args.slurm_partition, Path(args.runs),
                              f"{load_suite(args.suite).name}/tune")  # job files beside bench's, not mixed
@@ -397,7 +397,7 @@ def parser() -> argparse.ArgumentParser:
                  "The run goes to the config's run_dir (default runs/<task>/<algorithm>/s<seed>; a suite's cell: "
                  "runs/<suite>/<task>/<algorithm>/s<seed>,\nas bench places it); a finished run is kept, a killed one "
                  "resumes from its last checkpoint. Bad configs fail\nbefore anything is written. The algorithm's "
-                 "released recipe (benchmark/hyperparams, docs/recipes.md) sits under\nthe config's own algorithm "
+                 "released recipe (benchmark/recipes, docs/recipes.md) sits under\nthe config's own algorithm "
                  "keys; the first line says which values it set (use_recipe=false: none).")
     t.add_argument("config", metavar="CONFIG", help="YAML config (see benchmark/configs/), or a suite's cell "
                    "SUITE:TASK/ALGORITHM (e.g. tiny-rare-counting-study:tiny_counting_rare/flow_grpo), resolved as "
@@ -488,7 +488,7 @@ def parser() -> argparse.ArgumentParser:
     claims = st.add_argument("--claims", default=None, metavar="SET",
                              help="claim set to judge: %(claim_sets)s, or none (default: the suite's claims: key, "
                                   "else the set whose task the suite holds; `flowzoo list` describes them)")
-    claims.claim_sets = _Names("flowzoo.benchmark.analysis.study_claims")  # read from the registry when --help is shown
+    claims.claim_sets = _Names("flowzoo.benchmark.study.claims")  # read from the registry when --help is shown
     st.add_argument("--vs", default=None, metavar="CELL,...", help="cells (algorithm or algorithm@variant) to pair "
                     "the others with besides the baseline (the claim set's own, e.g. op_grpo, are added when they ran)")
     st.add_argument("--baseline", default="flow_grpo", help="the cell every other is paired with; its gain sets the "
@@ -500,7 +500,7 @@ def parser() -> argparse.ArgumentParser:
                     help="say 'replicated' when the held-out 'replication' set and this set agree (default: when "
                          "exploration and replication agree)")
     st.add_argument("--timing", default=None, metavar="CSV",
-                    help="per-step costs measured interleaved (python -m flowzoo.benchmark.analysis.study_timing) for the "
+                    help="per-step costs measured interleaved (python -m flowzoo.benchmark.perf.cell_timing) for the "
                          "wall-clock-to-target estimates; copied into DIR as timing.csv")
     st.add_argument("--smooth", type=int, default=3, help="evaluations averaged into the final reward and the "
                     "curves the costs are read on")
@@ -561,7 +561,7 @@ def parser() -> argparse.ArgumentParser:
                     "log-probs drift from the rollout's in float32, bfloat16 and float16 (docs/perf.md)")
 
     rc = _command(sub, "recipes", _cmd_recipes, "the table of every algorithm's recipe values with their sources",
-                  "Reads benchmark/hyperparams/*.yaml and the registered algorithms' defaults.")
+                  "Reads benchmark/recipes/*.yaml and the registered algorithms' defaults.")
     rc.add_argument("--out", default=None, help="write the markdown here (e.g. docs/recipes.md) instead of printing it")
 
     ex = _command(sub, "export", _cmd_export, "write a run's trained LoRA in diffusers' format (load_lora_weights)",

@@ -1,7 +1,7 @@
 """Value ranges of constructor arguments (``model.args``, ``reward_args``) that the config check enforces.
 
 A model or reward class declares its own as ``argument_ranges = {"argument": Range(...) or check(value, where)}``;
-``benchmark.experiments.argument_ranges.check_ranges`` applies them to a config's arguments before anything is
+``benchmark.config.argument_ranges.check_ranges`` applies them to a config's arguments before anything is
 built, so a bad value is one line naming ``model.args.<name>``.
 """
 

@@ -5,8 +5,8 @@ resumed run repeats an uninterrupted one and no two purposes share a stream. Cha
 that draws from it (results are no longer bit-identical to earlier runs); a new purpose takes a new, distinct key
 (``tests/test_streams.py`` checks that they are).
 
-Streams derived as ``SeedSequence([seed, iteration, key])`` (``algorithms.rollout.sample_generators``, spawned per
-sample, and ``algorithms.plans.iteration_generator``):
+Streams derived as ``SeedSequence([seed, iteration, key])`` (``algorithms.engine.rollout.sample_generators``, spawned per
+sample, and ``algorithms.engine.plans.iteration_generator``):
 
 =================================  ===========  ==========================================  ============================
 key                                value        drawn by                                    what it decides

@@ -1,6 +1,6 @@
 """The FlowModel interface every algorithm talks to.
 
-Conventions (shared by every tier and by ``algorithms.sde``):
+Conventions (shared by every tier and by ``algorithms.engine.sde``):
 
 * ``sigma`` runs from 1 (pure noise) to 0 (clean data); ``x_sigma = (1 - sigma) * x0 + sigma * noise``.
 * The velocity is ``v = dx/dsigma = noise - x0``; an Euler step is ``x_next = x + v * (sigma_next - sigma)``.
@@ -69,7 +69,7 @@ class FlowModel:
     sample_kind: ClassVar[str] = "points"
     default_guidance: float = 1.0
     default_shift: float = 1.0
-    #: the sigma grid of the model's own pipeline (``algorithms.sde.sigma_schedule``'s ``grid``): "diffusers" (SD3's
+    #: the sigma grid of the model's own pipeline (``algorithms.engine.sde.sigma_schedule``'s ``grid``): "diffusers" (SD3's
     #: scheduler), "flux" (FluxPipeline / QwenImagePipeline: linspace(1, 1/T, T) shifted) or "unipc_flow" (Wan2.1's
     #: UniPCMultistepScheduler flow sigmas)
     default_sigma_grid: str = "diffusers"

@@ -18,7 +18,7 @@ Matches the pipeline (diffusers 0.42, pipelines/flux/pipeline_flux.py):
 * sigmas: ``linspace(1, 1/T, T)`` shifted with the resolution-dependent ``mu`` of ``calculate_shift`` (the
   scheduler's ``use_dynamic_shifting``), then 0. The exponential time shift with ``mu`` is the static shift
   ``e^mu``, so ``default_shift`` is ``e^mu`` of this resolution and ``default_sigma_grid`` is ``"flux"``
-  (``algorithms.sde.sigma_schedule``). DanceGRPO and MixGRPO instead train on ``sd3_time_shift(3,
+  (``algorithms.engine.sde.sigma_schedule``). DanceGRPO and MixGRPO instead train on ``sd3_time_shift(3,
   linspace(1, 0, T + 1))`` at 720 x 720 (finetune_flux_grpo_8gpus_lora.sh:39-40,50; their recipes' ``shift: 3`` and
   ``sigma_grid: linspace``), Flow-GRPO on the pipeline's own schedule at 512 x 512.
 """

@@ -1,4 +1,4 @@
-"""What the per-GPU memory estimate (``benchmark/experiments/memory.py``) reads of a model: its architecture's
+"""What the per-GPU memory estimate (``benchmark/run/memory.py``) reads of a model: its architecture's
 published facts (:class:`Arch`) and, at a config's model arguments, the sizes one sample takes (:class:`Footprint`).
 Each adapter states its own (``FlowModel.footprint``); the estimate holds no table of models."""
 
@@ -23,7 +23,7 @@ class Arch:
     #: LoRA parameters per unit of rank: sum of (in + out) features over the wrapped Linear layers, per target list
     lora_widths: dict = field(default_factory=dict)
     #: saved activations per (row, block, token, hidden unit), in numbers of the compute dtype, fit on the first GPU
-    #: run (benchmark/experiments/memory.py CALIBRATION)
+    #: run (benchmark/run/memory.py CALIBRATION)
     activation: float = 27.0
     source: str = ""
 

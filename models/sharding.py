@@ -9,7 +9,7 @@ sharded on dim 0 over a 1-D device mesh of all processes, so each process holds 
 built on these parameters afterwards, keeps its state (Adam's two moments) as DTensors of the same sharding, ~1/N
 per process too. Forward and backward all-gather one block at a time and free it after (``reshard_after_forward``);
 gradients are reduce-scattered with a **sum** (``set_gradient_divide_factor(1.0)`` with sum-only collectives), because
-each process's loss is already normalised by the global batch (``algorithms/distributed.py``): the sum over processes
+each process's loss is already normalised by the global batch (``algorithms/engine/distributed.py``): the sum over processes
 is the single-process gradient, as the replicated all-reduce makes it.
 
 Checkpoints stay **full** state dicts (``gathered``: each DTensor's ``full_tensor()``), so a checkpoint is the same
@@ -21,7 +21,7 @@ Every FSDP call is a collective: every process must run its sharded transformer 
 same kind, in the same order, whatever rows it holds. Rollouts do (every process rolls out an equal slice with the
 same step plan); where the rows differ (OP-GRPO's replayed rows, dropped zero-advantage rows, a filtering sampler's
 kept groups, the evaluation's last chunk) a process that holds fewer pads with calls of the same kind whose result is
-discarded (``algorithms/lockstep.py``: ``LockstepPadding``, and the check ``FLOWZOO_CHECK_LOCKSTEP=1``).
+discarded (``algorithms/engine/lockstep.py``: ``LockstepPadding``, and the check ``FLOWZOO_CHECK_LOCKSTEP=1``).
 """
 
 from __future__ import annotations

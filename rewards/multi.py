@@ -2,7 +2,7 @@
 
 ``MultiReward`` scores with every component and returns their weighted sum as ``score``; each component's raw
 score is kept in ``components`` (named by the reward) so the runner can log it and the advantage computation can
-aggregate per reward instead (MixGRPO's ``advantage_aggr``; see ``algorithms.advantages``).
+aggregate per reward instead (MixGRPO's ``advantage_aggr``; see ``algorithms.engine.advantages``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Bounds: an attempt ends when the server sends nothing for ``timeout`` seconds (c
 each read) or when the body is still arriving ``timeout`` seconds after the request was sent; a body over
 ``max_response_bytes`` (1 MB; a chat completion is a few kB) is refused; redirects are not followed (they would
 carry the key to another address). A config takes ``timeout`` <= 3600 s, ``retries`` <= 10 and ``retry_wait_s``
-<= 600 s (``benchmark/experiments/argument_ranges.py``), so a sample's wait is bounded.
+<= 600 s (``benchmark/config/argument_ranges.py``), so a sample's wait is bounded.
 
 The key: ``api_key_env: VARIABLE`` (read at run time; the default variable is ``FLOWZOO_UNIFIEDREWARD_API_KEY``)
 or a literal ``api_key`` (warned about; stored as ``***``). It is sent only as the ``Authorization`` header and

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flowzoo.algorithms.base import Algorithm  # noqa: E402
+from flowzoo.algorithms.engine.base import Algorithm  # noqa: E402
 from flowzoo.benchmark.cli import main  # noqa: E402
 
 _step = Algorithm.step

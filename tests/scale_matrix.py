@@ -3,7 +3,7 @@ fine-tuning x replicated data parallelism and FSDP2, each a 3-step tiny-tier run
 forked as tests/test_fsdp.py does) compared with the same run in 1 process.
 
 Each run is built so that processes are left with uneven or no rows, the cases the lockstep contract must survive
-(algorithms/lockstep.py):
+(algorithms/engine/lockstep.py):
 
 * the reward (``half_constant``, registered only while a matrix test runs) is the samples' mean brightness, except for
   prompts whose CRC-32 is even, which all score 0.5: their groups have zero advantages, so with
@@ -41,7 +41,7 @@ import torch
 from flowzoo import algorithms
 from flowzoo import rewards
 from flowzoo.algorithms import prompt_samplers
-from flowzoo.algorithms.base import FSDP_PADDING
+from flowzoo.algorithms.engine.base import FSDP_PADDING
 from flowzoo.benchmark.cli import main
 from flowzoo.rewards.base import Reward, RewardOutput
 from tests.test_fsdp import ARGS, CONFIG, _metrics, _two_processes

@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.config import resolved_dict
-from flowzoo.benchmark.experiments.suite import expand, load_suite
+from flowzoo.benchmark.config.schema import resolved_dict
+from flowzoo.benchmark.run.suite import expand, load_suite
 from tests.scale_matrix import compare
 from tests.test_fsdp import _checkpoint, _metrics, _two_processes
 

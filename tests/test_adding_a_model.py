@@ -19,7 +19,7 @@ import torch
 
 from flowzoo import models
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import build_config
+from flowzoo.benchmark.run.loading import build_config
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_no_table_keyed_by_model_name_outside_the_adapters():
 
 
 def test_per_adapter_facts_are_class_attributes():
-    from flowzoo.benchmark.experiments.export import exportable
+    from flowzoo.benchmark.run.export_lora import exportable
 
     assert models.get("toy2d").lora_format is None and models.get("toy2d").transformer_class is None
     assert models.get("sd3").lora_format == models.get("sd3").pipeline_class == "StableDiffusion3Pipeline"
@@ -110,7 +110,7 @@ def test_the_example_registers_and_its_ranges_are_checked(example):
 
 def test_the_example_is_the_exact_flow_of_its_mixture(example):
     """ODE samples of the untrained model land in class 1's modes at its weights 0.8 / 0.2."""
-    from flowzoo.algorithms.sde import sigma_schedule
+    from flowzoo.algorithms.engine.sde import sigma_schedule
 
     model = models.get("gmm2d")()
     n, sigmas = 2000, sigma_schedule(40, 1.0)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from flowzoo.algorithms.advantages import group_advantages
+from flowzoo.algorithms.engine.advantages import group_advantages
 
 EPS = 1e-4
 # interleaved and unequal: group 0 = {1, 2, 3} (mean 2), group 1 = {5, 7} (mean 6)

@@ -13,10 +13,10 @@ import pytest
 from flowzoo import algorithms
 from flowzoo import rewards
 from flowzoo.algorithms import register
-from flowzoo.algorithms.base import Algorithm, StepStats
-from flowzoo.algorithms.op_grpo import OPGRPO
-from flowzoo.benchmark.experiments import recipes
-from flowzoo.benchmark.analysis import report
+from flowzoo.algorithms.engine.base import Algorithm, StepStats
+from flowzoo.algorithms.methods.op_grpo import OPGRPO
+from flowzoo.benchmark.config import recipes
+from flowzoo.benchmark.render import report
 from flowzoo.benchmark.cli import main
 from flowzoo.errors import ConfigError
 from tests.test_report import baseline_curve, fast_curve, section, write_run
@@ -88,7 +88,7 @@ def test_recipes_are_looked_up_by_the_registered_name(registered):
 
     registered("test_api_fast_child", FastChild)
     assert FastChild.family == "flow_grpo"  # inherited from the registered base
-    assert recipes.recipe_files("test_api_fast_child") == recipes.recipe_files("flow_grpo_fast")
+    assert recipes.recipe_paths("test_api_fast_child") == recipes.recipe_paths("flow_grpo_fast")
     assert recipes.recipe("test_api_fast_child", "sd3_pickscore", "sd3") == recipes.recipe(
         "flow_grpo_fast", "sd3_pickscore", "sd3")
     assert recipes.recipe("flow_grpo_fast", "sd3_pickscore", "sd3")["sde_window_size"] == 3
@@ -246,10 +246,10 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
     for path in (ROOT / "models").iterdir():  # the shipped weights are linked, not copied
         if path.name != "__pycache__":
             (copy / "models" / path.name).symlink_to(path)
-    shutil.copy(EXAMPLE, copy / "algorithms" / EXAMPLE.name)
+    shutil.copy(EXAMPLE, copy / "algorithms" / "methods" / EXAMPLE.name)
     script = """
 from flowzoo import algorithms
-from flowzoo.benchmark.experiments import recipes
+from flowzoo.benchmark.config import recipes
 from flowzoo.benchmark.cli import main
 cls = algorithms.get("noise_decay_grpo")
 assert cls.family == "flow_grpo", cls.family

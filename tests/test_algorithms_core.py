@@ -7,10 +7,10 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.advantages import combined_advantages, group_advantages
-from flowzoo.algorithms.base import AlgorithmConfig
-from flowzoo.algorithms.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
-from flowzoo.algorithms.rollout import initial_noise, sample_generators
+from flowzoo.algorithms.engine.advantages import combined_advantages, group_advantages
+from flowzoo.algorithms.engine.base import AlgorithmConfig
+from flowzoo.algorithms.engine.losses import gaussian_mean_kl, kl_std, ppo_clip_loss, sequence_log_weight
+from flowzoo.algorithms.engine.rollout import initial_noise, sample_generators
 from flowzoo.errors import ConfigError
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
@@ -136,7 +136,7 @@ def test_second_epoch_moves_the_ratio(toy_model, toy_prompts):
 def test_minibatch_orders_take_the_releases_rows(toy_model):
     """shuffled: a fresh permutation per epoch; grouped: whole groups in turn (DanceGRPO's FLUX trainer); interleaved:
     the same slice of every group (MixGRPO's FLUX trainer: 12 samples per GPU, a step every 3); kept rows filtered."""
-    from flowzoo.algorithms.base import ordered_rows
+    from flowzoo.algorithms.engine.base import ordered_rows
 
     assert ordered_rows(8, 4, "grouped").tolist() == list(range(8))
     assert ordered_rows(8, 4, "interleaved").tolist() == [0, 4, 1, 5, 2, 6, 3, 7]

@@ -15,10 +15,10 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.awm import copy_decay, draw_times
-from flowzoo.algorithms.diffusion_nft import OldPolicy
-from flowzoo.algorithms.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
-from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.methods.awm import copy_decay, draw_times
+from flowzoo.algorithms.methods.diffusion_nft import OldPolicy
+from flowzoo.algorithms.engine.losses import awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from flowzoo.algorithms.engine.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
 from tests.adapter_training import needs_diffusers, random_lora_sd3

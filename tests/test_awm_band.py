@@ -10,8 +10,8 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.awm import band_steps, sa_solver_level
-from flowzoo.algorithms.sde import sde_step, sigma_schedule
+from flowzoo.algorithms.methods.awm import band_steps, sa_solver_level
+from flowzoo.algorithms.engine.sde import sde_step, sigma_schedule
 
 TAU = 0.4  # dgx_awm.py:48 (sample.noise_level)
 SD3 = sigma_schedule(14, 3.0)  # the scheduler's grid at AWM's 14 steps (dgx_awm.py:37), SD3.5's shift 3

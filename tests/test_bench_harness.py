@@ -13,12 +13,12 @@ Skipped by the default ``--benchmark-skip``; run with ``pytest tests/test_bench_
 import pytest
 import torch
 
-from flowzoo.algorithms.advantages import group_advantages
-from flowzoo.algorithms.losses import approx_kl, gaussian_mean_kl, ppo_clip_loss
-from flowzoo.algorithms.rollout import rollout, sample_generators
-from flowzoo.algorithms.sde import sigma_schedule
-from flowzoo.algorithms.trajectory import StepPlan
-from flowzoo.benchmark.experiments.runner import metrics_frame
+from flowzoo.algorithms.engine.advantages import group_advantages
+from flowzoo.algorithms.engine.losses import approx_kl, gaussian_mean_kl, ppo_clip_loss
+from flowzoo.algorithms.engine.rollout import rollout, sample_generators
+from flowzoo.algorithms.engine.sde import sigma_schedule
+from flowzoo.algorithms.engine.trajectory import StepPlan
+from flowzoo.benchmark.run.runner import metrics_frame
 from flowzoo.io import atomic_write
 from flowzoo.models.base import Condition, FlowModel
 

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis import study_claims
-from flowzoo.benchmark.analysis.study import analyze_study
+from flowzoo.benchmark.study import claims as study_claims
+from flowzoo.benchmark.study.verdicts import analyze_study
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.suite import expand, load_suite, suite_names
+from flowzoo.benchmark.run.suite import expand, load_suite, suite_names
 from flowzoo.errors import ConfigError
 from tests.synthetic_runs import write_run
 
@@ -152,7 +152,7 @@ def test_an_unknown_claim_set_is_one_error_naming_every_valid_one(example, tmp_p
 
 
 def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
-    """docs/examples/example_claim_set.py dropped into ``benchmark/analysis/claim_sets/`` of a copy of the analysis
+    """docs/examples/example_claim_set.py dropped into ``benchmark/study/claim_sets/`` of a copy of the analysis
     code, nothing else changed: it is registered, found by name and matched by its first task."""
     import shutil
     import subprocess
@@ -160,8 +160,8 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
     copy = tmp_path / "zoo"
     for part in ("benchmark", "flowzoo"):
         shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "suites", "perf"))
-    shutil.copy(EXAMPLE, copy / "benchmark" / "analysis" / "claim_sets" / EXAMPLE.name)
-    script = ("from flowzoo.benchmark.analysis import study_claims as s\n"
+    shutil.copy(EXAMPLE, copy / "benchmark" / "study" / "claim_sets" / EXAMPLE.name)
+    script = ("from flowzoo.benchmark.study import claims as s\n"
               "print(s.names()); print(s.claim_set('example-mix-grpo-flash').source)\n"
               "print(s.match_claim_set(['toy2d_target', 'toy2d_mode']).name)")
     env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -169,7 +169,7 @@ def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     names, source, matched = proc.stdout.splitlines()
     assert NAME in names and "op-grpo-toy" in names
-    assert source == "benchmark/analysis/claim_sets/example_claim_set.py" and matched == NAME
+    assert source == "benchmark/study/claim_sets/example_claim_set.py" and matched == NAME
 
 
 def test_every_suite_names_a_registered_claim_set_and_first_tasks_are_unique():

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS, Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml"
@@ -67,11 +67,11 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path):
     # ... so write the full config back, as a run killed at step 3 of 4 would have it (its checkpoint sealed for it)
     import torch
 
-    from flowzoo.benchmark.experiments.checkpoints import seal
+    from flowzoo.benchmark.run.checkpoints import seal
 
     state = torch.load(partial / "checkpoint.pt", weights_only=False)
     torch.save(seal(state, cfg_full), partial / "checkpoint.pt")
-    (partial / "config.yaml").write_text(yaml.safe_dump(__import__("flowzoo.benchmark.experiments.config").benchmark.experiments.config.resolved_dict(cfg_full), sort_keys=False))
+    (partial / "config.yaml").write_text(yaml.safe_dump(__import__("flowzoo.benchmark.config.schema").benchmark.config.schema.resolved_dict(cfg_full), sort_keys=False))
     assert main(["train", str(CONFIG), *FAST, f"run_dir={partial}", "train.checkpoint_every=2", "--quiet"]) == 0
     resumed = pd.read_csv(partial / "metrics.csv")
     pd.testing.assert_frame_equal(_deterministic(full), _deterministic(resumed))
@@ -166,7 +166,7 @@ def test_bench_smoke_suite_runs_and_skips_finished(tmp_path):
 
 
 def test_a_task_can_run_a_subset_of_algorithms_and_its_own_seeds(tmp_path):
-    from flowzoo.benchmark.experiments.suite import Suite, expand
+    from flowzoo.benchmark.run.suite import Suite, expand
 
     suite = Suite(name="s", algorithms=["flow_grpo", "op_grpo"], seeds=[0, 1, 2], tasks={
         "all": {"reward": "toy_mode"},
@@ -183,7 +183,7 @@ def test_a_task_can_run_a_subset_of_algorithms_and_its_own_seeds(tmp_path):
 def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkeypatch, capsys):
     from accelerate import tracking
 
-    import flowzoo.benchmark.experiments.tracking
+    import flowzoo.benchmark.run.tracking
 
     received = []
 
@@ -208,7 +208,7 @@ def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkey
             received.append(("finish", None))
 
     monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "fake", FakeTracker)  # what register_tracker_class does
-    monkeypatch.setattr(flowzoo.benchmark.experiments.tracking, "check_trackers", lambda names: None)  # "fake" is no LoggerType
+    monkeypatch.setattr(flowzoo.benchmark.run.tracking, "check_trackers", lambda names: None)  # "fake" is no LoggerType
     run_dir = _train(tmp_path, "tracked", "train.trackers=[fake]")
     assert received[0][:2] == ("config", "flow_grpo") and received[-1] == ("finish", None)
     assert received[0][2].endswith("/flow_grpo/s0") and Path(received[0][3]) == run_dir / "trackers"
@@ -216,7 +216,7 @@ def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkey
     assert received[1][1] is not None and received[2][1] is None  # evaluation rows carry eval_reward
 
     monkeypatch.undo()
-    monkeypatch.setattr(flowzoo.benchmark.experiments.tracking, "available_trackers", lambda: [])  # as without the trackers extra
+    monkeypatch.setattr(flowzoo.benchmark.run.tracking, "available_trackers", lambda: [])  # as without the trackers extra
     capsys.readouterr()
     assert main(["train", str(CONFIG), "train.trackers=[tensorboard]", f"run_dir={tmp_path / 'x'}"]) == 2
     assert "tracker 'tensorboard' is not installed" in capsys.readouterr().err
@@ -228,7 +228,7 @@ def test_trackers_receive_every_row_and_bad_trackers_fail_first(tmp_path, monkey
 def test_thread_count_is_no_part_of_a_runs_identity(tmp_path):
     """A grid run with several workers runs each config at threads 1; a rerun with another worker count (threads
     unset) must find it finished, not refuse it as a run of another config."""
-    from flowzoo.benchmark.experiments.runner import holds_other_config, is_finished
+    from flowzoo.benchmark.run.runner import holds_other_config, is_finished
 
     run_dir = _train(tmp_path, "a", "train.threads=1")
     again = load_config(CONFIG, [*FAST, f"run_dir={run_dir}"])

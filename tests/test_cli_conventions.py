@@ -11,7 +11,7 @@ import pytest
 
 import flowzoo
 from flowzoo.benchmark import cli
-from flowzoo.benchmark.experiments.suite import Suite, expand, load_suite, select
+from flowzoo.benchmark.run.suite import Suite, expand, load_suite, select
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +62,8 @@ def test_the_report_directory_is_out_and_bench_report_is_a_hidden_alias(capsys, 
     bench = _subparsers(cli.parser())["bench"]
     assert "--out DIR" in bench.format_help() and "--report" not in bench.format_help()
     written = []
-    monkeypatch.setattr("flowzoo.benchmark.experiments.suite.run_suite", lambda *args: [])
-    monkeypatch.setattr("flowzoo.benchmark.analysis.report.write_report", lambda runs, out, **kw: written.append((runs, out)) or out)
+    monkeypatch.setattr("flowzoo.benchmark.run.suite.run_suite", lambda *args: [])
+    monkeypatch.setattr("flowzoo.benchmark.render.report.write_report", lambda runs, out, **kw: written.append((runs, out)) or out)
     runs = tmp_path / "runs"
     assert cli.main(["bench", "smoke", "--runs", str(runs), "--out", str(tmp_path / "a")]) == 0
     assert "deprecated" not in capsys.readouterr().err
@@ -124,7 +124,7 @@ def test_makefile_targets_all_have_rules_and_make_help_lists_them():
                                            ("--budget-minutes", "-1"), ("--budget-minutes", "nan"),
                                            ("--budget-minutes", "inf")])
 def test_bench_refuses_a_worker_count_or_budget_that_means_nothing(option, value, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("flowzoo.benchmark.experiments.suite.run_suite", lambda *args: pytest.fail("a run started"))
+    monkeypatch.setattr("flowzoo.benchmark.run.suite.run_suite", lambda *args: pytest.fail("a run started"))
     assert cli.main(["bench", "smoke", "--runs", str(tmp_path), option, value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"flowzoo: error: {option} ") and not any(tmp_path.iterdir())

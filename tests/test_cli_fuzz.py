@@ -47,7 +47,7 @@ def guarded(sandbox, monkeypatch):
     import flowzoo.models.tiny as tiny
     import flowzoo.models.tiny_pretrain as tiny_pretrain
     from flowzoo.benchmark.perf import command as perf_command, measure as perf, gpu as perf_gpu
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.runner import Runner
 
     monkeypatch.setattr(tiny, "WEIGHTS_DIR", sandbox / "weights")
     monkeypatch.setattr(tiny_pretrain, "build_networks", _stop)

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from flowzoo.benchmark.cli import main  # noqa: E402
-from flowzoo.benchmark.experiments.config import resolved_dict  # noqa: E402
-from flowzoo.benchmark.experiments.loading import build_config, load_config
+from flowzoo.benchmark.config.schema import resolved_dict  # noqa: E402
+from flowzoo.benchmark.run.loading import build_config, load_config
 from flowzoo.errors import FlowZooError  # noqa: E402
 
 BASE = "benchmark/configs/toy_flow_grpo.yaml"

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from flowzoo.benchmark.analysis import costs
-from flowzoo.benchmark.analysis.cost_claims import gold_claim, narrowing_claim, unseen_claim
+from flowzoo.benchmark.render import gain_costs
+from flowzoo.benchmark.study.cost_claims import gold_claim, narrowing_claim, unseen_claim
 from tests.synthetic_runs import write_run
 
 TASK = "toy2d_sep64_sparse"
@@ -67,7 +68,7 @@ def test_the_cost_table_has_intervals_over_seeds_and_marks_the_front():
     assert flow["spread_kept"] == pytest.approx(0.9) and flow["spread_kept_low"] <= 0.9 <= flow["spread_kept_high"]
     assert op["reward_gain"] == pytest.approx(0.7) and flow["pareto"] and op["pareto"]  # each is best at one
     assert rows.loc[("two", "op_grpo"), "n"] == 2
-    lines = costs.cost_lines(costs.cost_table(table, {"all": None}), [], "all")
+    lines = gain_costs.cost_lines(costs.cost_table(table, {"all": None}), [], "all")
     assert any(line.startswith("| op_grpo | 4 | +0.700") for line in lines)
     assert "unseen-prompt gain" in lines[2] and "Not measured: CLIP spread kept, unseen-prompt gain." in lines[2]
 
@@ -128,7 +129,7 @@ def test_a_study_page_shows_the_cost_panel_table_and_judged_claims(tmp_path):
 
 
 def test_a_claim_whose_measure_only_the_held_out_runs_logged_is_held_out_only():
-    from flowzoo.benchmark.analysis.study_claims import replication
+    from flowzoo.benchmark.study.claims import replication
 
     pair = ["exploration", "replication"]
     assert replication(["not tested", "reproduced (x)"], pair) == "held-out only: reproduced"

@@ -33,8 +33,8 @@ from torch.overrides import TorchFunctionMode
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.rollout import sample_generators, sample_ode
-from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.engine.rollout import sample_generators, sample_ode
+from flowzoo.algorithms.engine.sde import sigma_schedule
 from flowzoo.rewards.base import Reward, RewardOutput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ CONSTRUCTORS = frozenset({
 })
 
 def _runner_path() -> str:
-    """The runner's file (``benchmark/experiments/runner.py``, or wherever a reorganisation of ``benchmark/`` puts it)."""
+    """The runner's file (``benchmark/run/runner.py``, or wherever a reorganisation of ``benchmark/`` puts it)."""
     for path in sorted((ROOT / "benchmark").glob("**/runner.py")):
         if "class Runner" in path.read_text():
             return path.relative_to(ROOT).as_posix()
@@ -63,7 +63,8 @@ RUNNER = _runner_path()
 #: functions) whose bodies are scanned; the toy tier's pretraining and the tiny tier's tokenizer run on the CPU
 #: by design and are not scanned
 SCANNED: dict[str, tuple[str, ...] | None] = {
-    **{f"algorithms/{p.name}": None for p in sorted((ROOT / "algorithms").glob("*.py"))},
+    **{p.relative_to(ROOT).as_posix(): None for part in ("engine", "methods")
+       for p in sorted((ROOT / "algorithms" / part).glob("*.py"))},
     **{f"algorithms/prompt_samplers/{p.name}": None
        for p in sorted((ROOT / "algorithms" / "prompt_samplers").glob("*.py"))},
     "models/base.py": None,
@@ -176,7 +177,7 @@ def scan_code() -> list[Finding]:
 # Reasons shared by several entries.
 GENERATOR = ("drawn from a CPU torch.Generator (the zoo's noise and orders are pure functions of seed, iteration and "
              "sample index, the same on every device): a host draw")
-HOST_PLAN = ("the step plan is host-side control data (algorithms/trajectory.py StepPlan): reading its masks needs no "
+HOST_PLAN = ("the step plan is host-side control data (algorithms/engine/trajectory.py StepPlan): reading its masks needs no "
              "device sync; the kernels move the sigmas they use onto the latents' device")
 HOST_GRID = ("the plan's zero-noise steps computed on the host from its host grid (a no-op move: plans are host-side), "
              "so that neither the rollout nor the update reads a device tensor to know them")
@@ -192,110 +193,110 @@ PLAN_VS_BUFFER = "the plan compared with the buffer's host entries (a no-op: pla
 #: (file, call source) -> why this constructor or move to the host is right. A call listed here is allowed wherever it
 #: appears in that file; a call of the same file whose source differs is a new finding.
 ALLOWED: dict[tuple[str, str], str] = {
-    # ---- the template (algorithms/base.py; docs/perf.md "Device placement" lists what is still to change there)
-    ("algorithms/base.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
+    # ---- the template (algorithms/engine/base.py; docs/perf.md "Device placement" lists what is still to change there)
+    ("algorithms/engine/base.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
         LOGGING + " (UpdateTally's clip counts, built from the host copy of its sums for the collective)",
-    ("algorithms/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/sde.py", "sigmas.detach().to(device='cpu', dtype=torch.float32)"): HOST_GRID,
-    ("algorithms/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/base.py", "batch.rewards.detach().cpu()"):
+    ("algorithms/engine/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/engine/sde.py", "sigmas.detach().to(device='cpu', dtype=torch.float32)"): HOST_GRID,
+    ("algorithms/engine/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/engine/base.py", "batch.rewards.detach().cpu()"):
         "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per step",
-    ("algorithms/base.py", "batch.group.cpu()"): HOST_INDEX + " (group ids of the sampler's outcomes)",
-    ("algorithms/base.py", "torch.arange(group_offset, group_offset + len(prompts))"): HOST_INDEX + " (group ids)",
-    ("algorithms/base.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
+    ("algorithms/engine/base.py", "batch.group.cpu()"): HOST_INDEX + " (group ids of the sampler's outcomes)",
+    ("algorithms/engine/base.py", "torch.arange(group_offset, group_offset + len(prompts))"): HOST_INDEX + " (group ids)",
+    ("algorithms/engine/base.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
         HOST_INDEX + " (the kept rows, permuted with the host update generator)",
-    ("algorithms/base.py", "torch.randperm(batch, generator=self.update_generator)"): GENERATOR,
-    ("algorithms/base.py", "torch.randperm(len(kept), generator=self.update_generator)"): GENERATOR,
-    ("algorithms/base.py", "torch.arange(batch)"):
+    ("algorithms/engine/base.py", "torch.randperm(batch, generator=self.update_generator)"): GENERATOR,
+    ("algorithms/engine/base.py", "torch.randperm(len(kept), generator=self.update_generator)"): GENERATOR,
+    ("algorithms/engine/base.py", "torch.arange(batch)"):
         HOST_INDEX + " (ordered_rows: the update's minibatch order, a host permutation as the generator's)",
     # ---- plans and kernels
-    ("algorithms/plans.py", "torch.zeros(num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/plans.py", "torch.randperm(candidates, generator=generator)"): GENERATOR,
-    ("algorithms/plans.py", "torch.zeros(batch, num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/plans.py", "torch.linspace(float(start), 0.0, points, dtype=torch.float64)"): HOST_PLAN,
-    ("algorithms/sde.py", "torch.randn(like.shape[1:], generator=g, dtype=torch.float32)"):
+    ("algorithms/engine/plans.py", "torch.zeros(num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/engine/plans.py", "torch.randperm(candidates, generator=generator)"): GENERATOR,
+    ("algorithms/engine/plans.py", "torch.zeros(batch, num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/engine/plans.py", "torch.linspace(float(start), 0.0, points, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/engine/sde.py", "torch.randn(like.shape[1:], generator=g, dtype=torch.float32)"):
         GENERATOR + "; moved onto the latents' device on the same line",
-    ("algorithms/sde.py", "torch.randn(like.shape, generator=generator, dtype=torch.float32)"):
+    ("algorithms/engine/sde.py", "torch.randn(like.shape, generator=generator, dtype=torch.float32)"):
         GENERATOR + "; moved onto the latents' device on the same line",
-    ("algorithms/sde.py", "torch.randn(size, generator=g, dtype=torch.float32)"):
+    ("algorithms/engine/sde.py", "torch.randn(size, generator=g, dtype=torch.float32)"):
         GENERATOR + "; NoiseStreams.draw moves each step's part onto the latents' device",
-    ("algorithms/sde.py", "torch.randn((self._used * self.numel,), generator=g, dtype=torch.float32)"):
+    ("algorithms/engine/sde.py", "torch.randn((self._used * self.numel,), generator=g, dtype=torch.float32)"):
         GENERATOR + " (NoiseStreams.close advances the host generators; the values are not used)",
-    ("algorithms/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32)"): HOST_PLAN
+    ("algorithms/engine/sde.py", "torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float32)"): HOST_PLAN
         + " (the linspace grid built in float32, as DanceGRPO and MixGRPO build it)",
-    ("algorithms/sde.py", "torch.linspace(1.0, 1.0 / num_train_timesteps, num_steps + 1, dtype=torch.float64)"):
+    ("algorithms/engine/sde.py", "torch.linspace(1.0, 1.0 / num_train_timesteps, num_steps + 1, dtype=torch.float64)"):
         HOST_PLAN + " (UniPC's flow grid, Wan's)",
-    ("algorithms/sde.py", "torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)"): HOST_PLAN,
-    ("algorithms/sde.py", "torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)"): HOST_PLAN,
-    ("algorithms/sde.py", "torch.zeros(1, dtype=torch.float64)"): HOST_PLAN,
-    ("algorithms/dance_grpo.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/mix_grpo.py", "torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/mix_grpo.py", "torch.randint(0, last + 1, (1,), generator=gen)"): GENERATOR + " (the window start)",
-    ("algorithms/flow_grpo_fast.py",
+    ("algorithms/engine/sde.py", "torch.linspace(1.0, sigma_min, num_steps, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/engine/sde.py", "torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/engine/sde.py", "torch.zeros(1, dtype=torch.float64)"): HOST_PLAN,
+    ("algorithms/methods/dance_grpo.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/mix_grpo.py", "torch.zeros(sigmas.shape[0] - 1, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/mix_grpo.py", "torch.randint(0, last + 1, (1,), generator=gen)"): GENERATOR + " (the window start)",
+    ("algorithms/methods/flow_grpo_fast.py",
      "torch.randint(0, self.window_range - self.config.sde_window_size + 1, (1,), generator=gen)"):
         GENERATOR + " (the window start)",
     # ---- trajectories, OP-GRPO and its replay buffer
-    ("algorithms/trajectory.py", "torch.zeros(b, dtype=torch.bool)"): HOST_INDEX + " (the off-policy flags)",
-    ("algorithms/trajectory.py", "torch.as_tensor(idx, dtype=torch.long, device='cpu')"):
+    ("algorithms/engine/trajectory.py", "torch.zeros(b, dtype=torch.bool)"): HOST_INDEX + " (the off-policy flags)",
+    ("algorithms/engine/trajectory.py", "torch.as_tensor(idx, dtype=torch.long, device='cpu')"):
         HOST_INDEX + ": select indexes the host fields (plan rows, groups, flags) as well as the device ones",
-    ("algorithms/op_grpo.py", "plan.sigmas.cpu()"): PLAN_VS_BUFFER,
-    ("algorithms/op_grpo.py", "batch.rewards.detach().to('cpu')"):
+    ("algorithms/methods/op_grpo.py", "plan.sigmas.cpu()"): PLAN_VS_BUFFER,
+    ("algorithms/methods/op_grpo.py", "batch.rewards.detach().to('cpu')"):
         "the buffer's admission reads the batch's rewards on the host, in one copy (not one read per group)",
-    ("algorithms/op_grpo.py", "traj.rewards.detach().to('cpu')"):
+    ("algorithms/methods/op_grpo.py", "traj.rewards.detach().to('cpu')"):
         "the buffer picks each group's best trajectory on the host, from one copy of the rewards",
-    ("algorithms/op_grpo.py", "torch.tensor([best for _, best in chosen], dtype=torch.long)"): HOST_INDEX
+    ("algorithms/methods/op_grpo.py", "torch.tensor([best for _, best in chosen], dtype=torch.long)"): HOST_INDEX
         + " (the groups' best rows, moved onto the device once to gather them)",
-    ("algorithms/op_grpo.py", "traj.latents[index.to(traj.latents.device), :keep].detach().to('cpu', copy=True)"):
+    ("algorithms/methods/op_grpo.py", "traj.latents[index.to(traj.latents.device), :keep].detach().to('cpu', copy=True)"):
         BUFFER + " (the groups' best latents in one copy)",
-    ("algorithms/op_grpo.py", "traj.log_probs[index.to(traj.log_probs.device)].detach().to('cpu', copy=True)"):
+    ("algorithms/methods/op_grpo.py", "traj.log_probs[index.to(traj.log_probs.device)].detach().to('cpu', copy=True)"):
         BUFFER + " (the groups' best log-probs in one copy)",
-    ("algorithms/op_grpo.py", "plan.sde.cpu()"): PLAN_VS_BUFFER,
-    ("algorithms/op_grpo.py", "plan.train.cpu()"): PLAN_VS_BUFFER,
-    ("algorithms/op_grpo.py", "torch.rand((), generator=gen)"): GENERATOR + " (which groups replay)",
-    ("algorithms/op_grpo.py", "torch.randperm(len(eligible), generator=gen)"): GENERATOR + " (which groups replay)",
-    ("algorithms/op_grpo.py", "torch.tensor([i for i, _ in order])"): HOST_INDEX + " (group ids)",
-    ("algorithms/op_grpo.py", "torch.tensor(idx)"): HOST_INDEX + " (group ids)",
-    ("algorithms/op_grpo.py", "torch.arange(len(everyone.prompts))"): HOST_INDEX + " (the off-policy flags)",
-    ("algorithms/op_grpo.py", "torch.zeros(traj.num_steps)"): LOGGING + " (per-step |log-ratio| sums and counts)",
-    ("algorithms/op_grpo.py", "torch.zeros(self.num_steps)"): LOGGING + " (per-step |log-ratio| sums and counts)",
-    ("algorithms/op_grpo.py", "torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu()"):
+    ("algorithms/methods/op_grpo.py", "plan.sde.cpu()"): PLAN_VS_BUFFER,
+    ("algorithms/methods/op_grpo.py", "plan.train.cpu()"): PLAN_VS_BUFFER,
+    ("algorithms/methods/op_grpo.py", "torch.rand((), generator=gen)"): GENERATOR + " (which groups replay)",
+    ("algorithms/methods/op_grpo.py", "torch.randperm(len(eligible), generator=gen)"): GENERATOR + " (which groups replay)",
+    ("algorithms/methods/op_grpo.py", "torch.tensor([i for i, _ in order])"): HOST_INDEX + " (group ids)",
+    ("algorithms/methods/op_grpo.py", "torch.tensor(idx)"): HOST_INDEX + " (group ids)",
+    ("algorithms/methods/op_grpo.py", "torch.arange(len(everyone.prompts))"): HOST_INDEX + " (the off-policy flags)",
+    ("algorithms/methods/op_grpo.py", "torch.zeros(traj.num_steps)"): LOGGING + " (per-step |log-ratio| sums and counts)",
+    ("algorithms/methods/op_grpo.py", "torch.zeros(self.num_steps)"): LOGGING + " (per-step |log-ratio| sums and counts)",
+    ("algorithms/methods/op_grpo.py", "torch.where(ok, (old_r - off_r).abs(), zero).sum(0).cpu()"):
         LOGGING + " (per-step |log-ratio| sums)",
-    ("algorithms/op_grpo.py", "ok.sum(0).float().cpu()"): LOGGING + " (per-step |log-ratio| counts)",
-    ("algorithms/op_grpo.py", "traj.train[best:best + 1].detach().to('cpu', copy=True)"): BUFFER + " (the entry's plan row)",
-    ("algorithms/replay.py", "torch.zeros(1, len(sde), dtype=torch.bool)"): HOST_PLAN + " (an old entry's grid)",
-    ("algorithms/trajectory.py", "self.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
-    ("algorithms/trajectory.py", "other.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
-    ("algorithms/trajectory.py", "self.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
-    ("algorithms/trajectory.py", "other.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
-    ("algorithms/op_grpo.py", "traj.sigmas.detach().to('cpu', copy=True)"): BUFFER,
-    ("algorithms/op_grpo.py", "traj.sde.detach().to('cpu', copy=True)"): BUFFER,
+    ("algorithms/methods/op_grpo.py", "ok.sum(0).float().cpu()"): LOGGING + " (per-step |log-ratio| counts)",
+    ("algorithms/methods/op_grpo.py", "traj.train[best:best + 1].detach().to('cpu', copy=True)"): BUFFER + " (the entry's plan row)",
+    ("algorithms/engine/replay.py", "torch.zeros(1, len(sde), dtype=torch.bool)"): HOST_PLAN + " (an old entry's grid)",
+    ("algorithms/engine/trajectory.py", "self.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/engine/trajectory.py", "other.sigmas.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/engine/trajectory.py", "self.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/engine/trajectory.py", "other.sde.cpu()"): HOST_PLAN + " (grids compared on the host)",
+    ("algorithms/methods/op_grpo.py", "traj.sigmas.detach().to('cpu', copy=True)"): BUFFER,
+    ("algorithms/methods/op_grpo.py", "traj.sde.detach().to('cpu', copy=True)"): BUFFER,
     ("algorithms/prompt_samplers/replay_buffer.py", "torch.randperm(len(stored), generator=gen)"): GENERATOR,
     ("algorithms/prompt_samplers/replay_buffer.py", "torch.zeros(0)"):
         "the sampler's own prompt list stores no trajectory: empty host placeholders, never replayed",
     # ---- the decoupled methods' forward-process draws
-    ("algorithms/diffusion_nft.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/diffusion_nft.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/diffusion_nft.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/diffusion_nft.py", "torch.randperm(self.num_steps, generator=gen)"):
+    ("algorithms/methods/diffusion_nft.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/diffusion_nft.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/diffusion_nft.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/diffusion_nft.py", "torch.randperm(self.num_steps, generator=gen)"):
         GENERATOR + " (indices into the host sigma grid)",
-    ("algorithms/plans.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
+    ("algorithms/engine/plans.py", "torch.randn((k, *like.shape[1:]), generator=gen, dtype=torch.float32)"):
         GENERATOR + "; stacked and moved onto the samples' device and dtype in the same function",
-    ("algorithms/diffusion_nft.py", "full_tensor(w.detach()).cpu()"): CHECKPOINT,
-    ("algorithms/awm.py", "torch.zeros(0, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
-    ("algorithms/awm.py", "torch.zeros(1, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
-    ("algorithms/awm.py", "torch.linspace(first, top, strata + 1)"): GENERATOR + " (the strata of the draws)",
-    ("algorithms/awm.py", "torch.rand(strata, generator=generator)"): GENERATOR,
-    ("algorithms/awm.py", "torch.rand(count, generator=generator)"): GENERATOR,
-    ("algorithms/awm.py", "torch.arange(count)"): GENERATOR + " (the strata of the draws)",
-    ("algorithms/awm.py", "torch.randperm(count, generator=generator)"): GENERATOR,
-    ("algorithms/awm.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/awm.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/awm.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/diffusion_nft.py", "full_tensor(w.detach()).cpu()"): CHECKPOINT,
+    ("algorithms/methods/awm.py", "torch.zeros(0, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
+    ("algorithms/methods/awm.py", "torch.zeros(1, dtype=torch.long)"): GENERATOR + " (index arithmetic on the draws)",
+    ("algorithms/methods/awm.py", "torch.linspace(first, top, strata + 1)"): GENERATOR + " (the strata of the draws)",
+    ("algorithms/methods/awm.py", "torch.rand(strata, generator=generator)"): GENERATOR,
+    ("algorithms/methods/awm.py", "torch.rand(count, generator=generator)"): GENERATOR,
+    ("algorithms/methods/awm.py", "torch.arange(count)"): GENERATOR + " (the strata of the draws)",
+    ("algorithms/methods/awm.py", "torch.randperm(count, generator=generator)"): GENERATOR,
+    ("algorithms/methods/awm.py", "torch.zeros(steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/awm.py", "torch.ones(steps, dtype=torch.bool)"): HOST_PLAN,
+    ("algorithms/methods/awm.py", "torch.zeros(batch, steps, dtype=torch.bool)"): HOST_PLAN,
     # ---- state and collectives
-    ("algorithms/ema.py", "full_tensor(t.detach()).cpu()"): CHECKPOINT,
-    ("algorithms/distributed.py", "tensor.detach().cpu()"): COLLECTIVE,
-    ("algorithms/distributed.py", "v.detach().cpu()"): COLLECTIVE,
-    ("algorithms/distributed.py", "value.detach().cpu()"): COLLECTIVE,
+    ("algorithms/engine/ema.py", "full_tensor(t.detach()).cpu()"): CHECKPOINT,
+    ("algorithms/engine/distributed.py", "tensor.detach().cpu()"): COLLECTIVE,
+    ("algorithms/engine/distributed.py", "v.detach().cpu()"): COLLECTIVE,
+    ("algorithms/engine/distributed.py", "value.detach().cpu()"): COLLECTIVE,
     # ---- models, rewards, evaluation
     ("models/base.py", "torch.as_tensor(list(idx), dtype=torch.long)"): HOST_INDEX + " (Condition.index of a list)",
     ("models/base.py", "torch.randn(self.latent_shape, generator=g, dtype=torch.float32)"):
@@ -375,9 +376,9 @@ def test_the_scan_flags_constructors_without_a_device_and_host_moves():
     }
 
 
-@pytest.mark.parametrize("path, function", [("algorithms/losses.py", "ppo_clip_loss"),
-                                            ("algorithms/base.py", "Algorithm.update"),
-                                            ("algorithms/replay.py", "ReplayBuffer.offer"),
+@pytest.mark.parametrize("path, function", [("algorithms/engine/losses.py", "ppo_clip_loss"),
+                                            ("algorithms/engine/base.py", "Algorithm.update"),
+                                            ("algorithms/engine/replay.py", "ReplayBuffer.offer"),
                                             ("rewards/base.py", "Reward.__call__")])
 def test_a_new_zeros_without_a_device_in_the_real_code_fails_the_scan(path, function):
     """``torch.zeros(n)`` added to a function of the update, replay or reward glue is caught."""
@@ -400,7 +401,7 @@ _DISPATCH = {Path(torch.__file__).parent / name for name in ("overrides.py", "_t
 
 #: (file, function) -> (the torch operations whose float32 results are expected there, why): what the contract
 #: computes in float32 whatever the model's dtype. A float32 result made anywhere else, or by another operation, fails.
-KERNELS = ("the transition kernels compute in float32 whatever the input dtype (algorithms/sde.py, module docstring): "
+KERNELS = ("the transition kernels compute in float32 whatever the input dtype (algorithms/engine/sde.py, module docstring): "
            "the log-probs, the KL and the sampler's arithmetic are float32 by contract; the latents keep their dtype")
 NOISE = ("noise is drawn in float32 from each sample's CPU generator, the same numbers whatever the model's dtype or "
          "device, then cast to the latents' dtype")
@@ -410,31 +411,31 @@ REWARD = ("decoded samples and rewards are float32 (RewardOutput): the reward bo
           "flows")
 HOST_LOGGING = "logging only: host values reduced for metrics.csv"
 FLOAT32_BY_CONTRACT: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    ("algorithms/sde.py", "sde_step"): (frozenset({"float"}), KERNELS),
-    ("algorithms/sde.py", "euler_step"): (frozenset({"float"}), KERNELS),
-    ("algorithms/sde.py", "dpm_solver_pp_2m_step"): (frozenset({"float"}), KERNELS),
-    ("algorithms/sde.py", "_noise"): (frozenset({"randn"}), NOISE),
-    ("algorithms/sde.py", "NoiseStreams.draw"): (frozenset({"randn"}), NOISE),
-    ("algorithms/sde.py", "NoiseStreams.close"): (frozenset({"randn"}), NOISE),
-    ("algorithms/sde.py", "sigma_schedule"): (frozenset({"float", "linspace"}), GRID),
-    ("algorithms/plans.py", "compressed_tail_sigmas"): (frozenset({"to"}), GRID + " (MixGRPO-Flash's tail joins it)"),
-    ("algorithms/rollout.py", "rollout"): (frozenset({"zeros"}), LOG_PROBS + " (the behaviour log-probs [B, T])"),
-    ("algorithms/rollout.py", "_data_prediction"): (
+    ("algorithms/engine/sde.py", "sde_step"): (frozenset({"float"}), KERNELS),
+    ("algorithms/engine/sde.py", "euler_step"): (frozenset({"float"}), KERNELS),
+    ("algorithms/engine/sde.py", "dpm_solver_pp_2m_step"): (frozenset({"float"}), KERNELS),
+    ("algorithms/engine/sde.py", "_noise"): (frozenset({"randn"}), NOISE),
+    ("algorithms/engine/sde.py", "NoiseStreams.draw"): (frozenset({"randn"}), NOISE),
+    ("algorithms/engine/sde.py", "NoiseStreams.close"): (frozenset({"randn"}), NOISE),
+    ("algorithms/engine/sde.py", "sigma_schedule"): (frozenset({"float", "linspace"}), GRID),
+    ("algorithms/engine/plans.py", "compressed_tail_sigmas"): (frozenset({"to"}), GRID + " (MixGRPO-Flash's tail joins it)"),
+    ("algorithms/engine/rollout.py", "rollout"): (frozenset({"zeros"}), LOG_PROBS + " (the behaviour log-probs [B, T])"),
+    ("algorithms/engine/rollout.py", "_data_prediction"): (
         frozenset({"float"}), "the last step's data prediction is float32, as DanceGRPO's released pred_original "
                               "(it is what the reward decodes) and as the DPM-Solver++ history"),
-    ("algorithms/trajectory.py", "Trajectory.__post_init__"): (
+    ("algorithms/engine/trajectory.py", "Trajectory.__post_init__"): (
         frozenset({"zeros"}), LOG_PROBS + " (OP-GRPO's log-weight, a sum of log-prob differences)"),
-    ("algorithms/losses.py", "sequence_log_weight"): (frozenset({"to"}), LOG_PROBS + " (the reused-step mask)"),
-    ("algorithms/op_grpo.py", "OPGRPO._weigh_replayed"): (frozenset({"zeros", "float"}),
+    ("algorithms/engine/losses.py", "sequence_log_weight"): (frozenset({"to"}), LOG_PROBS + " (the reused-step mask)"),
+    ("algorithms/methods/op_grpo.py", "OPGRPO._weigh_replayed"): (frozenset({"zeros", "float"}),
                                                          HOST_LOGGING + " (per-step |log-ratio| sums and counts)"),
-    ("algorithms/op_grpo.py", "OPGRPO._hybrid_batch"): (frozenset({"zeros"}), HOST_LOGGING + " (placeholders)"),
-    ("algorithms/op_grpo.py", "OPGRPO.after_update"): (frozenset({"float"}), HOST_LOGGING + " (off-policy share)"),
-    ("algorithms/op_grpo.py", "OPGRPO._choose_groups"): (frozenset({"rand"}),
+    ("algorithms/methods/op_grpo.py", "OPGRPO._hybrid_batch"): (frozenset({"zeros"}), HOST_LOGGING + " (placeholders)"),
+    ("algorithms/methods/op_grpo.py", "OPGRPO.after_update"): (frozenset({"float"}), HOST_LOGGING + " (off-policy share)"),
+    ("algorithms/methods/op_grpo.py", "OPGRPO._choose_groups"): (frozenset({"rand"}),
                                                         "a host draw that chooses the replaying groups"),
-    ("algorithms/awm.py", "draw_times"): (frozenset({"linspace", "rand"}),
+    ("algorithms/methods/awm.py", "draw_times"): (frozenset({"linspace", "rand"}),
                                           "AWM's training times are drawn in float32 from the sample's CPU generator, "
                                           "as the release draws them"),
-    ("algorithms/plans.py", "forward_draws"): (frozenset({"randn"}), NOISE),
+    ("algorithms/engine/plans.py", "forward_draws"): (frozenset({"randn"}), NOISE),
     ("models/base.py", "FlowModel.initial_noise"): (frozenset({"randn"}), NOISE),
     ("models/toy2d.py", "Toy2DModel.decode"): (frozenset({"float"}), REWARD),
     ("models/diffusers_common.py", "DiffusersFlowModel._to_unit_range"): (frozenset({"float"}), REWARD),

@@ -14,9 +14,9 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.diffusion_nft import old_policy_decay
-from flowzoo.algorithms.losses import nft_loss, nft_optimality
-from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.methods.diffusion_nft import old_policy_decay
+from flowzoo.algorithms.engine.losses import nft_loss, nft_optimality
+from flowzoo.algorithms.engine.rollout import sample_generators
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import DIFFUSION_NFT_FORWARD
 from tests.adapter_training import needs_diffusers, random_lora_sd3
@@ -387,11 +387,11 @@ def test_runner_resume_after_kill_gives_identical_metrics(tmp_path, monkeypatch,
     import pandas as pd
     import yaml
 
-    from flowzoo.benchmark.experiments.checkpoints import seal
+    from flowzoo.benchmark.run.checkpoints import seal
     from flowzoo.benchmark.cli import main
-    from flowzoo.benchmark.experiments.config import resolved_dict
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
+    from flowzoo.benchmark.config.schema import resolved_dict
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import TIMING_COLUMNS, Runner
 
     config = "benchmark/configs/toy_flow_grpo.yaml"
     fast = ["train.steps=4", "train.prompts_per_step=4", "train.eval_every=2", "train.eval_samples_per_prompt=8",

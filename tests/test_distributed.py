@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 import torch
 
-from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.algorithms.engine.distributed import SingleProcess
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError
 from tests.test_fsdp import _two_processes
 

@@ -1,4 +1,4 @@
-"""benchmark/experiments/diversity.py on samples with a known answer: a collapsed policy has no spread, the base's own
+"""benchmark/measures/diversity.py on samples with a known answer: a collapsed policy has no spread, the base's own
 samples a ratio of 1, Gaussian samples the closed-form mean distance, a toy mode's samples a spread of 1."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from flowzoo.benchmark.experiments.diversity import (
+from flowzoo.benchmark.measures.diversity import (
     feature_spread,
     mean_cosine_distance,
     mean_pairwise_distance,
@@ -67,8 +67,8 @@ def test_every_evaluation_logs_the_spread_of_each_prompts_samples(tmp_path):
     same samples the reward reads; absent with one sample per prompt."""
     from pathlib import Path
 
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import Runner
 
     config = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
     small = ["model.args.hidden=32", "model.args.pretrain_steps=50", "train.save_samples=false"]
@@ -108,8 +108,8 @@ def test_the_runner_logs_the_spread_of_clip_embeddings_of_its_images(tmp_path):
     distance averaged over prompts, from the same samples the reward reads; refused where it cannot be read."""
     from pathlib import Path
 
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import Runner
     from flowzoo.errors import ConfigError
     from tests.test_rewards_clip import write_tiny_clip
 

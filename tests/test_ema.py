@@ -13,11 +13,11 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.base import Algorithm
-from flowzoo.algorithms.ema import WeightEMA, load_average
-from flowzoo.benchmark.experiments.checkpoints import run_identity
+from flowzoo.algorithms.engine.base import Algorithm
+from flowzoo.algorithms.engine.ema import WeightEMA, load_average
+from flowzoo.benchmark.run.checkpoints import run_identity
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_bad_ema_settings_are_refused(toy_model, key, value, message):
 def test_export_writes_the_average_of_a_tiny_run(tmp_path):
     """``flowzoo export`` of a run with the EMA on writes the average, the weights its evaluations used."""
     pytest.importorskip("peft")
-    from flowzoo.benchmark.experiments.export import WEIGHTS_NAME
+    from flowzoo.benchmark.run.export_lora import WEIGHTS_NAME
     from flowzoo.models.tiny import TinyModel, build_networks, load_networks, read_weights, transformer_velocity
 
     run, out = tmp_path / "run", tmp_path / "lora"

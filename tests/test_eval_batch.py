@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from flowzoo.benchmark.experiments.checkpoints import config_digest
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.runner import Runner
+from flowzoo.benchmark.run.checkpoints import config_digest
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.runner import Runner
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.eval_cmd import _TagRecorder
+from flowzoo.benchmark.run.eval_command import _TagRecorder
 from flowzoo.rewards.base import RewardOutput
 
 ROOT = Path(__file__).resolve().parents[1]

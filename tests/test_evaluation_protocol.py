@@ -1,4 +1,4 @@
-"""One evaluation sampler for every cell (``train.eval_sampler``, benchmark/experiments/evaluation.py): cells that
+"""One evaluation sampler for every cell (``train.eval_sampler``, benchmark/measures/evaluation.py): cells that
 train with different shifts or CFG scales are scored by the same sampler, unless a config asks for each algorithm's
 own; the algorithm's own evaluation is an extra column when asked for; the protocol is part of a run's identity only
 where it changes the samples; each paper suite states one protocol for all its cells; reports name it."""
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowzoo.algorithms.sde import sigma_schedule
-from flowzoo.benchmark.analysis.loading import evaluation_protocol, protocol_line
-from flowzoo.benchmark.experiments.checkpoints import config_digest
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.runner import Runner
-from flowzoo.benchmark.experiments.suite import expand, load_suite
+from flowzoo.algorithms.engine.sde import sigma_schedule
+from flowzoo.benchmark.analysis.runs import evaluation_protocol, protocol_line
+from flowzoo.benchmark.run.checkpoints import config_digest
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.runner import Runner
+from flowzoo.benchmark.run.suite import expand, load_suite
 from flowzoo.errors import ConfigError
 from tests.test_recipes import PAPER_SUITES, prompt_dir  # noqa: F401 (prompt_dir: the paper suites' prompt files)
 

@@ -1,4 +1,4 @@
-"""The bench grid on a scheduler (benchmark/experiments/executors.py): resources per task, the cluster file, SLURM jobs' sbatch
+"""The bench grid on a scheduler (benchmark/run/executors.py): resources per task, the cluster file, SLURM jobs' sbatch
 options, and submitit's local executor for real (subprocess jobs, pickling, job states, a job preempted mid-run and
 requeued, a job killed mid-run and resubmitted by a rerun), with metrics equal to `--workers 1`.
 
@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.executors import (ClusterConfig, Resources, RunJob, SubmititGrid, load_cluster, make_grid,
+from flowzoo.benchmark.run.executors import (ClusterConfig, Resources, RunJob, SubmititGrid, load_cluster, make_grid,
                                  resolve_resources, slurm_parameters)
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_a_slurm_job_asks_for_its_tasks_resources_and_launches_one_process_per_g
 
 def test_the_checkpoint_hook_stops_a_launched_training_and_resubmits_the_same_run(tmp_path):
     _submitit()
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     config = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", [f"run_dir={tmp_path / 'r'}"])
     job = RunJob(config, Resources(processes=2, cpus=2), cwd=str(tmp_path))
     job._child = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -180,7 +180,7 @@ def test_the_checkpoint_hook_stops_a_launched_training_and_resubmits_the_same_ru
 
 def test_a_rerun_waits_for_a_live_slurm_job_instead_of_submitting_it_again(tmp_path, monkeypatch):
     _submitit()
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     config = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", [f"run_dir={tmp_path / 'r'}"])
     grid = SubmititGrid("slurm", ClusterConfig(poll_s=0.01), tmp_path / "jobs")
     (tmp_path / "jobs").mkdir()

@@ -1,4 +1,4 @@
-"""benchmark/experiments/experiment.py: the experiment is built in one place and every check runs before a run directory exists;
+"""benchmark/run/experiment.py: the experiment is built in one place and every check runs before a run directory exists;
 a fresh run that fails before its first checkpoint leaves no run directory behind."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from flowzoo import algorithms
-from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
-from flowzoo.algorithms.distributed import SingleProcess
-from flowzoo.benchmark.experiments import experiment
+from flowzoo.algorithms.engine.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.benchmark.run import experiment
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.run.loading import load_config
 from flowzoo.errors import ConfigError
 
 CONFIG = "benchmark/configs/toy_flow_grpo.yaml"
@@ -80,18 +80,18 @@ def test_bench_refuses_a_grid_with_one_bad_run_before_any_run_starts(tmp_path, c
 def test_the_algorithm_config_is_resolved_once(monkeypatch):
     """Presets are applied once, at load (Algorithm.typed_config): building the experiment parses no algorithm config
     again."""
-    import flowzoo.algorithms.base
+    import flowzoo.algorithms.engine.base
 
     config = load_config(CONFIG, [*SMALL, "algorithm.name=op_grpo_no_correction"])
     calls = []
-    original = flowzoo.algorithms.base.from_mapping
+    original = flowzoo.algorithms.engine.base.from_mapping
 
     def counting(cls, data, *args, **kwargs):
         if isinstance(cls, type) and issubclass(cls, AlgorithmConfig):
             calls.append(cls)
         return original(cls, data, *args, **kwargs)
 
-    monkeypatch.setattr(flowzoo.algorithms.base, "from_mapping", counting)
+    monkeypatch.setattr(flowzoo.algorithms.engine.base, "from_mapping", counting)
     built = experiment.build(config)
     assert calls == []
     assert built.algorithm.config.correction == "none" and config.algorithm["correction"] == "none"

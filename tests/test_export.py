@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo.benchmark.cli import main  # noqa: E402
-from flowzoo.benchmark.experiments.export import WEIGHTS_NAME  # noqa: E402
+from flowzoo.benchmark.run.export_lora import WEIGHTS_NAME  # noqa: E402
 from flowzoo.models.sd3 import SD3Model  # noqa: E402
 from tests.test_models_sd3 import MAX_SEQ, RESOLUTION, build_tiny_sd3  # noqa: E402
 
@@ -146,8 +146,8 @@ def test_wan_checkpoint_exports_for_wan_pipeline(tmp_path):
     """A (hand-made, sealed) checkpoint of a wan run: WanPipeline.load_lora_weights gives its LoRA's velocity."""
     from diffusers import WanPipeline
 
-    from flowzoo.benchmark.experiments.checkpoints import seal
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.checkpoints import seal
+    from flowzoo.benchmark.run.loading import load_config
     from flowzoo.io import atomic_torch_save
     from flowzoo.models.wan import WanModel
     from tests.test_models_wan import FRAMES, HEIGHT, WIDTH, build_tiny_wan
@@ -194,8 +194,8 @@ def test_flux_and_qwen_image_checkpoints_export_for_their_pipelines(tmp_path, na
     import diffusers
 
     from flowzoo import models
-    from flowzoo.benchmark.experiments.checkpoints import seal
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.checkpoints import seal
+    from flowzoo.benchmark.run.loading import load_config
     from flowzoo.io import atomic_torch_save
     from tests import tiny_pipelines as tiny
 

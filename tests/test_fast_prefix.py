@@ -8,8 +8,8 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.distributed import SingleProcess
-from flowzoo.algorithms.rollout import branched_rollout
+from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.algorithms.engine.rollout import branched_rollout
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}
 

@@ -12,8 +12,8 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.advantages import combined_advantages, group_advantages, zero_std_fraction
-from flowzoo.algorithms.losses import gaussian_mean_kl, kl_std
+from flowzoo.algorithms.engine.advantages import combined_advantages, group_advantages, zero_std_fraction
+from flowzoo.algorithms.engine.losses import gaussian_mean_kl, kl_std
 from flowzoo.errors import ConfigError
 from flowzoo.models.base import FlowModel
 from flowzoo.rewards.base import Reward, RewardOutput

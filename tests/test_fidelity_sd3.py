@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo import algorithms  # noqa: E402
-import flowzoo.algorithms.base  # noqa: E402
+import flowzoo.algorithms.engine.base  # noqa: E402
 from flowzoo.models.sd3 import SD3Model  # noqa: E402
 from flowzoo.benchmark.perf.reference import released_gradient, released_pair_loss  # noqa: E402,F401
 from tests.adapter_training import MeanBrightness  # noqa: E402
@@ -127,7 +127,7 @@ def test_flow_grpo_recipe_second_optimizer_step_clips(model, monkeypatch):
               "kl_beta": 0.04, "kl_variance": "release", "adv_std": "batch", "lr": 1e-3, "timestep_fraction": 0.99}
     alg = algorithms.get("flow_grpo")(model, MeanBrightness(), config, seed=0)
     steps = [[]]  # per optimizer step: (clipped flags, log-prob differences) of every scored pair
-    plain_loss = flowzoo.algorithms.base.ppo_clip_loss
+    plain_loss = flowzoo.algorithms.engine.base.ppo_clip_loss
 
     def spy(log_prob, old, adv, clip_range):
         terms = plain_loss(log_prob, old, adv, clip_range)
@@ -140,7 +140,7 @@ def test_flow_grpo_recipe_second_optimizer_step_clips(model, monkeypatch):
         steps.append([])
         return plain_step(*args, **kwargs)
 
-    monkeypatch.setattr(flowzoo.algorithms.base, "ppo_clip_loss", spy)
+    monkeypatch.setattr(flowzoo.algorithms.engine.base, "ppo_clip_loss", spy)
     alg.optimizer.step = step
     try:
         stats = alg.step(PROMPTS)

@@ -1,11 +1,12 @@
-"""flowzoo.benchmark.analysis.figures: seaborn draws the seed means with the bands of stats.bootstrap_ci; its theme stays per figure."""
+"""flowzoo.benchmark.render.figures: seaborn draws the seed means with the bands of stats.bootstrap_ci; its theme stays per figure."""
 
 import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
 
-from flowzoo.benchmark.analysis import figures, stats
+from flowzoo.benchmark.render import figures
+from flowzoo.benchmark.analysis import stats
 
 #: three seeds at x = 0, 1, 2 and a lone seed at x = 3 (no band there: n < 2)
 SEEDS = pd.DataFrame({"x": [0, 0, 0, 1, 1, 1, 2, 2, 2, 3],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis import freshness
+from flowzoo.benchmark.render import freshness
 from flowzoo.benchmark.cli import main as flowzoo
 from flowzoo.errors import ConfigError
 
@@ -106,7 +106,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, made):
 
 def test_the_committed_quick_example_has_a_fingerprint_of_every_cell():
     """reports/example-quick can be checked: `make report-check` reruns its cells (not here: ~1 CPU-minute)."""
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.run.suite import load_suite
 
     data = freshness.read_fingerprint(ROOT / "reports" / "example-quick")
     suite = load_suite("quick")

@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 import torch
 
-from flowzoo.algorithms.base import FSDP_PADDING
+from flowzoo.algorithms.engine.base import FSDP_PADDING
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS, Runner
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS, Runner
 from flowzoo.errors import ConfigError, RunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _rank(rank: int, port: int, args: list[str], env: dict[str, str], stop_at: i
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
                        "FLOWZOO_CHECK_LOCKSTEP": "1", **env})  # every sharded test checks the lockstep contract
     if stop_at is not None:  # the run is stopped when step ``stop_at`` begins (after the checkpoint before it)
-        from flowzoo.algorithms.base import Algorithm
+        from flowzoo.algorithms.engine.base import Algorithm
 
         train_step = Algorithm.train_step
 

@@ -1,4 +1,4 @@
-"""Gold measures (benchmark/experiments/gold.py) and unseen prompts on samples with a known answer, and the runner's
+"""Gold measures (benchmark/measures/gold.py) and unseen prompts on samples with a known answer, and the runner's
 columns: the toy W2 is 0 for the ideal density, the shift for a shifted one, sqrt(2) mode_std for a policy collapsed
 onto the target; a reward judge is its mean score; eval_unseen_reward scores prompts never trained on."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowzoo.benchmark.experiments import gold
-from flowzoo.benchmark.experiments.gold import gaussian_w2
+from flowzoo.benchmark.measures import gold
+from flowzoo.benchmark.measures.gold import gaussian_w2
 from flowzoo.errors import ConfigError
 
 TOY_CONFIG = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
@@ -77,8 +77,8 @@ def test_gold_specs_are_checked_with_one_line_errors():
 
 
 def test_a_bad_gold_reward_argument_fails_the_dry_run():
-    from flowzoo.benchmark.experiments import experiment
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run import experiment
+    from flowzoo.benchmark.run.loading import load_config
 
     with pytest.raises(ConfigError, match="gold 'toy_mode': unknown argument 'width'; valid: scale"):
         load_config(TOY_CONFIG, ["train.gold={name: toy_mode, width: 2}"])
@@ -89,8 +89,8 @@ def test_a_bad_gold_reward_argument_fails_the_dry_run():
 
 
 def _runner(tmp_path, overrides):
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import Runner
 
     runner = Runner(load_config(TOY_CONFIG, SMALL + [f"run_dir={tmp_path}", *overrides]), progress=False)
     runner.build()
@@ -131,7 +131,7 @@ def _prompt_file(path: Path, prompts: list[str]) -> str:
 def test_unseen_prompts_are_scored_beside_the_test_prompts(tmp_path):
     """prompts.unseen: scored at every evaluation with the same sampler as eval_unseen_reward; refused when it shares
     a prompt with the training file or with a source that has no files."""
-    from flowzoo.benchmark.experiments.prompts import PromptSection, check_source, load_prompts, load_unseen
+    from flowzoo.benchmark.prompts.sources import PromptSection, check_source, load_prompts, load_unseen
 
     train = _prompt_file(tmp_path / "train.jsonl", ["two blue circles", "one red square"])
     unseen = _prompt_file(tmp_path / "unseen.jsonl", ["three green circles"])
@@ -149,8 +149,8 @@ def test_unseen_prompts_are_scored_beside_the_test_prompts(tmp_path):
 
 
 def test_the_runner_logs_the_unseen_prompts_reward(tmp_path):
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import Runner
 
     toy = tmp_path / "toy"
     toy.mkdir()
@@ -183,9 +183,9 @@ def test_the_runner_logs_the_unseen_prompts_reward(tmp_path):
 def test_toy_conditions_held_out_from_training_are_the_unseen_prompts(tmp_path):
     """prompts.unseen_every K: every K-th toy condition is in neither the training nor the test prompts and is
     scored as eval_unseen_reward."""
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.prompts import PromptSection, check_source, load_prompts, load_unseen
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.prompts.sources import PromptSection, check_source, load_prompts, load_unseen
+    from flowzoo.benchmark.run.runner import Runner
 
     section = PromptSection(source="toy2d", classes=16, layout="separable", unseen_every=4)
     check_source(section)

@@ -79,7 +79,7 @@ def iteration(model, name: str, config: dict, prompts: int) -> dict[str, list[in
 def suite_cell(suite: str, name: str, tmp_path, **overrides) -> tuple[dict, int]:
     """(the algorithm config, prompts per GPU) of a paper suite's cell at its released GPU count, as ``bench``
     resolves it (recipe, suite defaults, per-algorithm batch), with ``overrides``."""
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.suite import expand, load_suite
     from flowzoo.cells import base_task
 
     for split in ("train", "test"):

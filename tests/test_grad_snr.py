@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.grad_snr import (
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.run.grad_snr import (
     batch_gradients, gradients_at, jackknife_se, measure, pairwise_cosines, significant_fraction,
 )
-from flowzoo.benchmark.experiments.runner import Runner
+from flowzoo.benchmark.run.runner import Runner
 
 CONFIG = Path(__file__).resolve().parents[1] / "benchmark" / "configs" / "toy_flow_grpo.yaml"
 SMALL = ["train.prompts_per_step=4", "algorithm.group_size=4"]

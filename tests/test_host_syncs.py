@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flowzoo import algorithms
-from flowzoo.algorithms import sde
+from flowzoo.algorithms.engine import sde
 from flowzoo.benchmark.perf import gpu, gpu_large
 from tests.device_reads import DeviceReads
 
@@ -69,7 +69,7 @@ def test_the_counter_sees_a_read_in_the_step_loop(sd3, monkeypatch):
         kwargs["deterministic"] = None  # read it from the step's std, on the device
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("flowzoo.algorithms.rollout.sde_step", reading)
+    monkeypatch.setattr("flowzoo.algorithms.engine.rollout.sde_step", reading)
     short, long = (reads_of_an_iteration(sd3, "flow_grpo", t) for t in (3, 6))
     assert long.total - short.total >= 3
 

@@ -87,8 +87,8 @@ def test_lr_one_diverges_with_one_line_naming_the_policy_not_the_reward(tmp_path
 
 
 def test_guard_names_a_non_finite_gradient_norm_loss_or_parameter():
-    from flowzoo.algorithms.base import AlgorithmConfig, StepStats
-    from flowzoo.benchmark.experiments.divergence import DivergenceError, DivergenceGuard
+    from flowzoo.algorithms.engine.base import AlgorithmConfig, StepStats
+    from flowzoo.benchmark.measures.divergence import DivergenceError, DivergenceGuard
 
     def stats(loss=0.1, grad_norm=1.0):
         return StepStats(0.5, 0.1, 0.0, 0.0, 0.0, 1.0, loss, grad_norm, 1, 1, 0.0, 0.0, 0.0)
@@ -193,14 +193,14 @@ def test_non_finite_samples_are_not_blamed_on_the_reward_in_evaluation():
     ("algorithm.group_size=9223372036854775808", "algorithm.group_size: 9223372036854775808 does not fit in a 64-bit"),
 ])
 def test_bad_numbers_fail_at_load_naming_key_and_value(override, message):
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     with pytest.raises(ConfigError) as error:
         load_config("benchmark/configs/toy_flow_grpo.yaml", [override])
     assert message in str(error.value)
 
 
 def test_algorithm_config_range_checks_reject_nan_built_directly():
-    from flowzoo.algorithms.base import AlgorithmConfig
+    from flowzoo.algorithms.engine.base import AlgorithmConfig
 
     for name in ("clip_range", "adv_clip", "lr", "max_grad_norm", "kl_beta", "noise_level", "adv_eps", "adam_eps",
                  "weight_decay"):
@@ -228,7 +228,7 @@ def test_toy_reward_scale_zero_is_refused_before_anything_is_written(tmp_path, c
 
 
 def test_empty_seed_or_algorithm_list_is_refused():
-    from flowzoo.benchmark.experiments.suite import load_suite, select
+    from flowzoo.benchmark.run.suite import load_suite, select
 
     suite = load_suite("smoke")
     with pytest.raises(ConfigError, match="--seeds: no seed in ','"):
@@ -254,8 +254,8 @@ def test_step_checks_fail_at_load_and_the_corrected_rerun_is_accepted(tmp_path, 
 def test_runner_runs_the_step_plan_before_writing(tmp_path):
     """A check the config load cannot see still fails before the run directory is created: the runner builds the
     algorithm and its step plan first."""
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import Runner
 
     config = load_config("benchmark/configs/toy_flow_grpo.yaml",
                          [*TOY[3:], "algorithm.name=flow_grpo_fast", f"run_dir={tmp_path / 'run'}"])
@@ -275,7 +275,7 @@ def test_run_dir_under_a_file_is_one_line_naming_the_path(tmp_path, capsys):
 def test_full_disk_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
     import errno
 
-    import flowzoo.benchmark.experiments.runner as runner
+    import flowzoo.benchmark.run.runner as runner
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -287,7 +287,7 @@ def test_full_disk_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
 
 def test_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
     """A group of 2**31 samples passes every check and is refused by the allocator: one line, exit 2."""
-    import flowzoo.benchmark.experiments.runner as runner
+    import flowzoo.benchmark.run.runner as runner
 
     def allocate(self):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "

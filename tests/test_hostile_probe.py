@@ -101,7 +101,7 @@ def test_a_reward_that_raises_in_training_is_one_line_and_leaves_no_run_dir(tmp_
 
 
 def test_read_only_run_dir_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
-    import flowzoo.benchmark.experiments.runner as runner
+    import flowzoo.benchmark.run.runner as runner
 
     def read_only(path, what=""):  # what a read-only file system answers to the lock file's creation
         raise OSError(errno.EROFS, "Read-only file system", str(path))

@@ -160,7 +160,7 @@ def test_model_args_out_of_range_fail_at_load(tmp_path, capsys, override, messag
     (["model.name=wan", "reward=video_ocr", "model.args.height=0"], "model.args.height must be >= 1, got 0"),
 ])
 def test_model_and_reward_arguments_are_range_checked_at_load(args, message):
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     with pytest.raises(ConfigError) as error:
         load_config(CONFIG, ["task=t", *args])
     assert message in str(error.value)
@@ -178,7 +178,7 @@ def test_tiny_arch_sizes_are_range_checked():
 def test_a_device_this_build_lacks_is_refused_at_load(monkeypatch):
     import torch
 
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"model\.args\.device: 'cuda' asks for CUDA, which torch .* cannot use "
                                           r"here; valid: cpu"):
@@ -281,7 +281,7 @@ def test_update_knobs_that_train_nothing_or_other_than_recorded_are_refused(tmp_
 def test_valid_minibatch_counts_are_exactly_the_splits_torch_chunk_makes():
     import torch
 
-    from flowzoo.benchmark.experiments.experiment import minibatch_counts
+    from flowzoo.benchmark.run.experiment import minibatch_counts
 
     for samples in (1, 2, 7, 8, 32, 64, 96):
         assert minibatch_counts(samples) == [k for k in range(1, samples + 1)
@@ -324,8 +324,8 @@ def test_usage_does_not_list_overrides_as_required(capsys, command):
 def test_eval_out_into_an_unwritable_directory_fails_before_evaluating(tmp_path, capsys, monkeypatch):
     import os
 
-    from flowzoo.benchmark.experiments import eval_cmd
-    from flowzoo.benchmark.experiments.runner import Runner
+    from flowzoo.benchmark.run import eval_command as eval_cmd
+    from flowzoo.benchmark.run.runner import Runner
 
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -339,7 +339,7 @@ def test_eval_out_into_an_unwritable_directory_fails_before_evaluating(tmp_path,
 # ---- principles -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("task", ["a/b", "..", ".", "a\\b", "tab\there", "", " "])
 def test_task_is_a_label_not_a_path(task):
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     with pytest.raises(ConfigError, match=r"^(config\.)?task: "):
         load_config(None, [f"task={task}"])
 
@@ -352,9 +352,9 @@ def test_task_label_errors_from_the_command_line(tmp_path, capsys):
 def test_a_finished_run_is_bound_to_its_config(tmp_path, capsys):
     """An edited config.yaml does not make another config's finished run pass for this one's: the rerun is refused
     by the checkpoint seal instead of skipped, and eval/export see it as no finished run of that config."""
-    from flowzoo.benchmark.experiments.config import resolved_dict
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.runner import finished_summary, is_finished
+    from flowzoo.benchmark.config.schema import resolved_dict
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.run.runner import finished_summary, is_finished
 
     run = tmp_path / "run"
     assert main([*TOY, f"run_dir={run}"]) == 0

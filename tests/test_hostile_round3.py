@@ -117,7 +117,7 @@ def _short_row(path: Path) -> None:
     (_short_row, "line 6 has 3 fields, the header 5"),
 ])
 def test_a_damaged_metrics_file_is_refused_by_the_reader(tmp_path, damage, cause):
-    from flowzoo.benchmark.analysis.loading import read_metrics
+    from flowzoo.benchmark.analysis.runs import read_metrics
     from flowzoo.errors import RunError
 
     path = _write_run(tmp_path, "a", 0, [0.0, 0.1, 0.2, 0.3, 0.1042])
@@ -130,7 +130,7 @@ def test_a_damaged_metrics_file_is_refused_by_the_reader(tmp_path, damage, cause
 @pytest.mark.parametrize("damage", [_cut_inside_eval_reward, _nan_last_evaluation])
 def test_report_and_study_skip_a_damaged_run_and_say_so(tmp_path, capsys, damage):
     """The damaged seed (final 0.1042) would otherwise be read as a final reward of 0.0 or of its earlier 0.0625."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(3):
@@ -183,7 +183,7 @@ def test_guidance_0_with_a_detached_unconditional_branch_is_refused(tmp_path, ca
 
 def test_guidance_0_is_not_refused_where_a_gradient_flows():
     """cfg_grad both at g = 0 trains the unconditional branch (d v = d u), which a g = 0 evaluation samples."""
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
 
     load_config(TOY, ["algorithm.guidance=0", "algorithm.cfg_grad=both"])  # negative: tests/test_hostile_round4.py
 
@@ -215,7 +215,7 @@ def test_an_ema_that_never_moves_is_refused(tmp_path, capsys, overrides, total):
     assert main(["train", TOY, "algorithm.ema=true", *overrides, f"run_dir={tmp_path / 'run'}"]) == 2
     err = _one_error_line(capsys)
     assert f"the run takes at most {total}" in err and "base model" in err and f"ema_every <= {total + 1}" in err
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
 
     load_config(TOY, ["algorithm.ema=true", "algorithm.ema_every=5", "train.steps=4"])  # moves after step 4
 
@@ -246,7 +246,7 @@ def test_grad_snr_on_a_zero_gradient_says_so(tmp_path, capsys):
 
 
 def test_grad_snr_line_with_some_zero_batches_and_too_few_for_an_se():
-    from flowzoo.benchmark.experiments.grad_snr import SNRResult
+    from flowzoo.benchmark.run.grad_snr import SNRResult
 
     line = SNRResult(4, 8, 0.25, math.nan, 0.01, 0.1, 1.0, zero_batches=2).line()
     assert "cosine +0.2500 (no se: it needs 3 batches with a non-zero gradient)" in line
@@ -318,7 +318,7 @@ def test_every_atomic_write_on_a_full_disk_names_its_path(tmp_path, capsys, monk
 
 
 def test_report_and_study_on_a_full_disk_leave_no_output_folder(tmp_path, capsys, monkeypatch):
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -345,7 +345,7 @@ def test_a_failed_report_into_an_existing_folder_keeps_its_files(tmp_path, monke
     assert main(["report", str(runs), "--out", str(out)]) == 0
     (out / "notes.txt").write_text("mine")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    monkeypatch.setattr("flowzoo.benchmark.analysis.report.markdown_to_html", _enospc)
+    monkeypatch.setattr("flowzoo.benchmark.render.report.markdown_to_html", _enospc)
     assert main(["report", str(runs), "--out", str(out)]) == 2
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     _no_partial_siblings(tmp_path)
@@ -390,7 +390,7 @@ def test_bench_algorithms_outside_the_suite_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("option", ["--out", "--save-metrics"])
 def test_study_refuses_an_output_in_the_shipped_weights(tmp_path, capsys, monkeypatch, option):
     import flowzoo.models.tiny as tiny
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -409,7 +409,7 @@ def test_study_refuses_an_output_in_the_shipped_weights(tmp_path, capsys, monkey
 
 
 def test_study_refuses_an_existing_file_as_out(tmp_path, capsys):
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -420,7 +420,7 @@ def test_study_refuses_an_existing_file_as_out(tmp_path, capsys):
 
 
 def test_study_of_baseline_only_runs_is_one_line(tmp_path, capsys):
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(3):
@@ -548,7 +548,7 @@ def test_report_and_study_skip_a_damaged_config_in_one_line(tmp_path, capsys, te
     (which read config.yaml on its own); an alias bomb there took minutes in every reader (yaml.safe_load)."""
     import time
 
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -570,7 +570,7 @@ def test_report_and_study_skip_a_damaged_config_in_one_line(tmp_path, capsys, te
 
 def test_study_save_metrics_skips_a_binary_config(tmp_path):
     """--save-metrics read each config.yaml as text itself: a binary one was a UnicodeDecodeError traceback."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -606,7 +606,7 @@ def test_a_metrics_file_with_a_header_and_no_rows_is_skipped_and_said(tmp_path):
 def test_freshness_of_a_damaged_fingerprint_is_one_line(tmp_path, capsys, fingerprint, cause):
     import json
 
-    from flowzoo.benchmark.analysis.freshness import main as fresh_main
+    from flowzoo.benchmark.render.freshness import main as fresh_main
 
     (tmp_path / "fingerprint.json").write_text(json.dumps(fingerprint))
     assert fresh_main([str(tmp_path), "--suite", "smoke"]) == 2  # each was a TypeError/ValueError traceback
@@ -626,7 +626,7 @@ def test_bench_tuned_without_a_tuned_cell_is_refused(tmp_path, capsys):
 def test_a_number_written_as_text_in_reward_args_is_read_as_the_number():
     """YAML 1.1 reads 1e9 (no dot) as text: the config's own fields took it as a number, reward_args passed the string
     on ('<=' not supported between 'str' and 'int', or a range check skipped); now it is the number, range-checked."""
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
     from flowzoo.errors import ConfigError
 
     config = load_config(TOY, ["reward_args={toy_mode: {scale: 2e-1}}"])
@@ -658,7 +658,7 @@ def _claims(path: Path, rows: list[str]) -> Path:
     (["c1,yes,yes,replicated"], ["c1,yes,yes,replicated", "c1,no,no,contradicted"], "lists the claim 'c1' twice"),
 ])
 def test_recipe_compare_of_degenerate_claims_is_one_line(tmp_path, capsys, shared_rows, tuned_rows, cause):
-    from flowzoo.benchmark.analysis.recipe_compare import main as compare_main
+    from flowzoo.benchmark.study.recipe_compare import main as compare_main
 
     shared, tuned = _claims(tmp_path / "shared", shared_rows), _claims(tmp_path / "tuned", tuned_rows)
     assert compare_main([str(shared), str(tuned), "--out", str(tmp_path / "out.md")]) == 2
@@ -669,7 +669,7 @@ def test_recipe_compare_refuses_the_shipped_weights_and_names_a_full_disk(tmp_pa
     import os
 
     import flowzoo.models.tiny as tiny
-    from flowzoo.benchmark.analysis.recipe_compare import main as compare_main
+    from flowzoo.benchmark.study.recipe_compare import main as compare_main
 
     shared = _claims(tmp_path / "shared", ["c1,yes,yes,replicated"])
     weights = tmp_path / "weights"
@@ -738,7 +738,7 @@ def test_tune_report_without_a_storage_and_on_a_full_disk(tmp_path, capsys, monk
 def test_eval_of_a_tracked_run_does_not_need_its_tracker(tmp_path, capsys, monkeypatch):
     """A run trained with a tracker was refused by eval (and export) where the tracker is not installed, or where its
     server is down: they log to none. Training with it is still refused there, before anything is written."""
-    import flowzoo.benchmark.experiments.tracking as tracking
+    import flowzoo.benchmark.run.tracking as tracking
 
     class Recorder:
         def __init__(self, *args, **kwargs):
@@ -757,7 +757,7 @@ def test_eval_of_a_tracked_run_does_not_need_its_tracker(tmp_path, capsys, monke
     run = tmp_path / "run"
     with monkeypatch.context() as elsewhere:  # the machine it was trained on: tensorboard installed
         elsewhere.setattr(tracking, "available_trackers", lambda: ["tensorboard"])
-        elsewhere.setattr("flowzoo.benchmark.experiments.runner.Trackers", Recorder)
+        elsewhere.setattr("flowzoo.benchmark.run.runner.Trackers", Recorder)
         assert main(["train", TOY, *TOY_TRAIN, "train.trackers=[tensorboard]", f"run_dir={run}"]) == 0
     monkeypatch.setattr(tracking, "available_trackers", lambda: [])  # here: none
     capsys.readouterr()
@@ -785,7 +785,7 @@ def test_a_reward_servers_wait_is_bounded(tmp_path, capsys, argument, value, bou
 def test_study_save_metrics_into_the_runs_directory_is_refused(tmp_path, capsys, inside):
     """--save-metrics RUNS_DIR rewrote each run's own metrics.csv trimmed to the study's columns (a run's loss and
     every other column gone); inside RUNS_DIR, the copies were read as more runs by the next report."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -807,7 +807,7 @@ def test_study_save_metrics_into_the_runs_directory_is_refused(tmp_path, capsys,
 @pytest.mark.parametrize("cost", ["nan", "0", "-1", ""])
 def test_study_timing_with_a_cost_that_is_no_positive_number_is_one_line(tmp_path, capsys, cost):
     """A per-step cost of nan, 0 or < 0 gave a wall-clock table of 'nan (nan-nan)' or negative ratios, exit 0."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
 
     runs = tmp_path / "runs"
     for seed in range(2):
@@ -834,8 +834,8 @@ def test_a_difficulty_threshold_outside_the_reward_range_is_refused(tmp_path, ca
 
 
 def test_a_difficulty_threshold_is_kept_where_the_band_or_the_reward_allows_it():
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.inert import check_threshold_in_reward_range
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.config.inert import check_threshold_in_reward_range
 
     def check(*overrides):
         config = load_config(TOY, ["train.prompt_sampler.name=difficulty", *overrides])

@@ -95,7 +95,7 @@ def _tuned_copy(tmp_path, edit=None):
     (None, [1000], "seed 1000: "),
 ])
 def test_bench_tuned_refuses_a_file_of_another_cell_or_a_tuning_seed(tmp_path, edit, seeds, expected):
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.suite import expand, load_suite
 
     suite = load_suite("op-grpo-study")
     suite.tuned = str(_tuned_copy(tmp_path, edit))
@@ -108,7 +108,7 @@ def test_bench_tuned_refuses_a_file_of_another_cell_or_a_tuning_seed(tmp_path, e
 
 
 def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.suite import expand, load_suite
 
     suite = load_suite("op-grpo-study")
     suite.tuned = str(_tuned_copy(tmp_path))
@@ -121,7 +121,7 @@ def test_bench_tuned_takes_the_committed_tuning_as_written(tmp_path):
 def test_study_save_metrics_never_replaces_another_runs_files(tmp_path, capsys):
     """--save-metrics B where B holds other runs at the same relative paths cut their metrics.csv to the study's
     columns and replaced their config.yaml; an earlier copy of the same runs is still refreshed."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
     from tests.test_hostile_round3 import _write_run
 
     runs, other = tmp_path / "runs", tmp_path / "other"
@@ -144,7 +144,7 @@ def test_study_save_metrics_never_replaces_another_runs_files(tmp_path, capsys):
 def test_recipe_compare_refuses_to_write_over_its_own_input(tmp_path, capsys):
     import shutil
 
-    from flowzoo.benchmark.analysis.recipe_compare import main as compare_main
+    from flowzoo.benchmark.study.recipe_compare import main as compare_main
 
     shared, tuned = tmp_path / "shared", tmp_path / "tuned"
     for folder in (shared, tuned):
@@ -205,7 +205,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     (["huge=0-1000000000000"], "--seed-sets 'huge=0-1000000000000': more than 10,000 seeds in one set"),
 ])
 def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expected):
-    from flowzoo.benchmark.analysis.study_sets import parse_seed_sets
+    from flowzoo.benchmark.study.seed_sets import parse_seed_sets
 
     with pytest.raises(ConfigError) as err:
         parse_seed_sets(values)
@@ -218,7 +218,7 @@ def test_study_seed_sets_refuse_a_set_given_twice_or_a_huge_range(values, expect
     ({"sampler": {"seed": -1}}, "tuning.sampler.seed must be >= 0, got -1"),
 ])
 def test_tuning_designs_refuse_steps_0_and_a_negative_sampler_seed(extra, expected):
-    from flowzoo.benchmark.tuning.design import read_design
+    from flowzoo.benchmark.config.tuning_design import read_design
 
     section = {"objective": "auc", "trials": 4, "seeds": [1000], "validation": {"eval_seed": 7}, **extra}
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
@@ -244,7 +244,7 @@ def test_tune_report_refuses_a_trial_count_below_1(tmp_path, capsys):
 
 def test_report_check_fails_a_folder_without_a_readable_page_in_one_line(tmp_path, capsys):
     """An empty folder or a binary index.md was a traceback; --screenshots naming a file is the usage error."""
-    from flowzoo.benchmark.analysis.report_check import main as check_main
+    from flowzoo.benchmark.render.report_check import main as check_main
 
     empty, binary = tmp_path / "empty", tmp_path / "binary"
     empty.mkdir()
@@ -265,7 +265,7 @@ def test_a_fingerprint_with_nothing_to_compare_is_not_called_fresh(tmp_path):
     """freshness with `cells: {}` or a cell with `rows: []` reported "fresh" having compared nothing."""
     import json
 
-    from flowzoo.benchmark.analysis import freshness
+    from flowzoo.benchmark.render import freshness
 
     path = tmp_path / freshness.FINGERPRINT_FILE
     path.write_text(json.dumps({"steps": 3, "columns": [], "cells": {}}))
@@ -280,7 +280,7 @@ def test_a_fingerprint_with_nothing_to_compare_is_not_called_fresh(tmp_path):
 
 @pytest.mark.parametrize("value", ["gpu\nmalicious", "a b", "tab\there"])
 def test_a_slurm_name_with_a_newline_or_space_is_refused(tmp_path, value):
-    from flowzoo.benchmark.experiments.executors import load_cluster
+    from flowzoo.benchmark.run.executors import load_cluster
 
     with pytest.raises(ConfigError, match=r"--slurm-partition .*: a SLURM name is one word"):
         load_cluster(None, value)
@@ -291,7 +291,7 @@ def test_a_slurm_name_with_a_newline_or_space_is_refused(tmp_path, value):
 
 
 def test_negative_tuning_seeds_are_named_as_such():
-    from flowzoo.benchmark.tuning.design import read_design
+    from flowzoo.benchmark.config.tuning_design import read_design
 
     section = {"objective": "auc", "trials": 2, "seeds": [-1], "validation": {"eval_seed": 7}}
     with pytest.raises(ConfigError, match=r"tuning.seeds: -1 is no seed; seeds are integers in \[0, 2\*\*63\)"):
@@ -332,7 +332,7 @@ def test_report_refuses_a_foreign_or_empty_sqlite_file_and_writes_nothing_into_i
 def test_a_timing_file_with_a_repeated_row_or_other_cells_is_one_line(tmp_path, capsys, rows, message):
     """A copied timing row counted as a second repeat; a timing file of other cells gave an empty wall-clock table,
     exit 0. Both are one line now, nothing written."""
-    from flowzoo.benchmark.analysis.study import main as study_main
+    from flowzoo.benchmark.study.verdicts import main as study_main
     from tests.test_hostile_round3 import _one_error_line, _write_run
 
     runs = tmp_path / "runs"

@@ -56,7 +56,7 @@ def _damaged_dataset(kind: str, tmp_path):
                                   "bad-dataset-dict-json"])
 def test_damaged_prompt_dataset_is_one_line_naming_it(kind, tmp_path):
     """Item 12: each of these raised a DatasetGenerationError / JSONDecodeError traceback (or, 0 rows, went on)."""
-    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, read_dataset_prompts
+    from flowzoo.benchmark.prompts.local_datasets import DatasetSpec, read_dataset_prompts
 
     path, named = _damaged_dataset(kind, tmp_path)
     with pytest.raises(ConfigError) as error:
@@ -68,7 +68,7 @@ def test_damaged_prompt_dataset_is_one_line_naming_it(kind, tmp_path):
 
 def test_binary_prompt_file_is_one_line_naming_it(tmp_path):
     """Item 12 (the Flow-GRPO formats): a binary .txt / .jsonl raised UnicodeDecodeError."""
-    from flowzoo.benchmark.experiments.prompt_files import read_prompts
+    from flowzoo.benchmark.prompts.files import read_prompts
 
     for name in ("train.txt", "train_metadata.jsonl"):
         path = tmp_path / name
@@ -139,7 +139,7 @@ def test_hand_edited_from_trials_table_is_one_line(tuned_tables, edit, says, tmp
 def test_binary_answer_md_is_one_line_naming_it(content, says, tmp_path):
     """Item 15: a binary ANSWER.md raised UnicodeDecodeError; one that decodes (NUL bytes, escapes) went onto the
     page. Both are one line naming the file."""
-    from flowzoo.benchmark.analysis import study_answer
+    from flowzoo.benchmark.study import answer as study_answer
 
     (tmp_path / "ANSWER.md").write_bytes(content)
     with pytest.raises(ConfigError) as error:
@@ -158,7 +158,7 @@ def test_binary_answer_md_is_one_line_naming_it(content, says, tmp_path):
 def test_a_slurm_arg_with_a_newline_is_refused(tmp_path, entry, says):
     """Item 17: slurm_args values (and keys) with a newline injected a line into the sbatch script; partition and
     account were already refused."""
-    from flowzoo.benchmark.experiments.executors import load_cluster
+    from flowzoo.benchmark.run.executors import load_cluster
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(f"slurm_args:\n  {entry}\n")
@@ -168,7 +168,7 @@ def test_a_slurm_arg_with_a_newline_is_refused(tmp_path, entry, says):
 
 
 def test_a_slurm_arg_of_one_line_is_kept(tmp_path):
-    from flowzoo.benchmark.experiments.executors import load_cluster
+    from flowzoo.benchmark.run.executors import load_cluster
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text('slurm_args:\n  exclude: "node07,node08"\n  comment: "a run of two words"\n  nice: 10\n')
@@ -181,7 +181,7 @@ def test_a_slurm_arg_of_one_line_is_kept(tmp_path):
 def _suite_with_question(tmp_path, question_yaml: str):
     import yaml
 
-    from flowzoo.benchmark.experiments.suite import SUITES_DIR
+    from flowzoo.benchmark.run.suite import SUITES_DIR
 
     data = yaml.safe_load((SUITES_DIR / "tiny-counting-study.yaml").read_text())
     data.pop("question")
@@ -195,7 +195,7 @@ def _suite_with_question(tmp_path, question_yaml: str):
                                            'question: "why?\\u001b[2J"\n'])
 def test_a_multi_line_question_is_refused(tmp_path, question_yaml):
     """Item 18: a multi-line `question:` put a heading of its own into the study page (its title line)."""
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.run.suite import load_suite
 
     with pytest.raises(ConfigError) as error:
         load_suite(str(_suite_with_question(tmp_path, question_yaml)))
@@ -203,7 +203,7 @@ def test_a_multi_line_question_is_refused(tmp_path, question_yaml):
 
 
 def test_a_folded_one_line_question_is_kept(tmp_path):
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.run.suite import load_suite
 
     suite = load_suite(str(_suite_with_question(tmp_path, "question: >\n  does it\n  save steps?\n")))
     assert suite.question == "does it save steps?"

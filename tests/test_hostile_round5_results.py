@@ -123,7 +123,7 @@ def _hub_folder(folder: Path, splits: dict[str, list[str]]) -> Path:
 def test_a_hub_layout_folder_gives_each_split_its_own_files(tmp_path):
     """Item 8: a folder in the Hugging Face Hub layout given as both prompts.train and prompts.test read both files
     for both splits (the test prompts were trained on)."""
-    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, read_dataset_prompts
+    from flowzoo.benchmark.prompts.local_datasets import DatasetSpec, read_dataset_prompts
 
     folder = _hub_folder(tmp_path / "hub", {"train": ["a cat", "a dog"], "test": ["a red cube"]})
     assert [p for p, _ in read_dataset_prompts(str(folder), "train", DatasetSpec())] == ["a cat", "a dog"]
@@ -134,7 +134,7 @@ def test_a_hub_layout_folder_gives_each_split_its_own_files(tmp_path):
 
 
 def test_a_folder_naming_other_splits_or_mixing_names_is_refused(tmp_path):
-    from flowzoo.benchmark.experiments.prompt_datasets import DatasetSpec, read_dataset_prompts
+    from flowzoo.benchmark.prompts.local_datasets import DatasetSpec, read_dataset_prompts
     from flowzoo.errors import ConfigError
 
     folder = _hub_folder(tmp_path / "hub", {"train": ["a cat"], "validation": ["a red cube"]})

@@ -1,6 +1,7 @@
-"""Dependencies point one way (README, Layout): ``benchmark -> algorithms -> models, rewards -> flowzoo``, and inside
-``benchmark`` the command line over ``analysis`` and ``perf`` over ``experiments``; no module imports another that
-imports it back, function-level imports included."""
+"""Dependencies point one way (docs/architecture.md): ``benchmark -> algorithms -> models, rewards -> flowzoo``;
+inside ``algorithms`` the methods and prompt samplers over the engine; inside ``benchmark`` its rooms stand on floors
+(``FLOORS``) and a room imports only rooms on lower floors; no module imports another that imports it back,
+function-level imports included."""
 
 from __future__ import annotations
 
@@ -15,21 +16,28 @@ FORBIDDEN = {
     "flowzoo.models": ("flowzoo.algorithms", "flowzoo.benchmark"),
     "flowzoo.rewards": ("flowzoo.algorithms", "flowzoo.benchmark"),
     "flowzoo.algorithms": ("flowzoo.benchmark",),
-    "flowzoo.benchmark": (),  # the command line, the catalog: the top floor
+    # the engine names no method: the methods stand on it (it drives the prompt-sampler hook through that registry)
+    "flowzoo.algorithms.engine": ("flowzoo.benchmark", "flowzoo.algorithms.methods"),
+    "flowzoo.algorithms.prompt_samplers": ("flowzoo.benchmark", "flowzoo.algorithms.methods"),
+    "flowzoo.benchmark": (),
     "flowzoo.__main__": (),  # python -m flowzoo: the command line's entry point
-    # the suite loader reads its tuning: section with the tuning room's design reader (which, with the pruner names
-    # it checks, imports nothing of experiments); the rest of the room (trials, report) sits above experiments
-    "flowzoo.benchmark.experiments": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.perf", "flowzoo.benchmark.cli",
-                                      "flowzoo.benchmark.catalog", "flowzoo.benchmark.tuning.tune",
-                                      "flowzoo.benchmark.tuning.report"),
-    "flowzoo.benchmark.analysis": ("flowzoo.benchmark.perf", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog",
-                                   "flowzoo.benchmark.tuning"),
-    "flowzoo.benchmark.tuning.design": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
-                                        "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.report"),
-    "flowzoo.benchmark.tuning.pruners": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
-                                         "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.design"),
-    "flowzoo.benchmark.perf": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
 }
+#: benchmark's rooms and their floors: a room imports only rooms on lower floors (two rooms of one floor know nothing
+#: of each other); the package's own modules (cli.py, catalog.py) stand above every room
+FLOORS = {
+    "prompts": 1,  # a task's prompt sources
+    "config": 2, "measures": 2,  # resolving a run's keys; what a run measures beside its reward
+    "run": 3,  # building and running runs, suites, executors, the one-run commands
+    "analysis": 4,  # statistics over run directories
+    "render": 5, "perf": 5,  # pages, tables and figures; timing against the released loops
+    "tuning": 6, "study": 6,  # flowzoo tune; studies, claims and their pages
+}
+
+
+def room(name: str) -> str | None:
+    """The benchmark room of a module name, or None outside the rooms."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["flowzoo", "benchmark"] and parts[2] in FLOORS else None
 
 
 def module_name(path: Path) -> str:
@@ -72,6 +80,19 @@ def test_no_layer_imports_one_above_it():
     assert not bad, "\n".join(sorted(bad))
 
 
+def test_benchmark_rooms_import_only_lower_floors():
+    bad = []
+    for name, deps in graph().items():
+        here = room(name)
+        if name.startswith("flowzoo.benchmark.") and here is None and name.count(".") > 2:
+            bad.append(f"{name} lies in no room of FLOORS")
+        for dep in deps:
+            there = room(dep)
+            if here and there and there != here and FLOORS[there] >= FLOORS[here]:
+                bad.append(f"{name} (floor {FLOORS[here]}) imports {dep} (floor {FLOORS[there]})")
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_no_import_cycles_between_modules():
     edges = graph()
     # a package's __init__ importing its own modules (the registries) is how they register: not a cycle
@@ -96,18 +117,25 @@ def test_no_import_cycles_between_modules():
 def test_the_checks_catch_a_layer_violation_and_a_cycle(monkeypatch):
     import tests.test_layering as this
 
-    fake = {"flowzoo.benchmark.experiments.a": {"flowzoo.benchmark.analysis.b"}, "flowzoo.benchmark.analysis.b": {"flowzoo.benchmark.experiments.a"}}
+    fake = {"flowzoo.benchmark.run.a": {"flowzoo.benchmark.study.b"}, "flowzoo.benchmark.study.b": {"flowzoo.benchmark.run.a"},
+            "flowzoo.algorithms.engine.c": {"flowzoo.algorithms.methods.d"}, "flowzoo.algorithms.methods.d": set()}
 
     monkeypatch.setattr(this, "graph", lambda: fake)
     try:
         this.test_no_layer_imports_one_above_it()
     except AssertionError as error:
-        assert "flowzoo.benchmark.experiments.a imports flowzoo.benchmark.analysis.b" in str(error)
+        assert "flowzoo.algorithms.engine.c imports flowzoo.algorithms.methods.d" in str(error)
     else:
-        raise AssertionError("the layer check missed experiments -> analysis")
+        raise AssertionError("the layer check missed engine -> methods")
+    try:
+        this.test_benchmark_rooms_import_only_lower_floors()
+    except AssertionError as error:
+        assert "flowzoo.benchmark.run.a (floor 3) imports flowzoo.benchmark.study.b (floor 6)" in str(error)
+    else:
+        raise AssertionError("the floor check missed run -> study")
     try:
         this.test_no_import_cycles_between_modules()
     except AssertionError as error:
-        assert "flowzoo.benchmark.analysis.b -> flowzoo.benchmark.experiments.a -> flowzoo.benchmark.analysis.b" in str(error)
+        assert "flowzoo.benchmark.run.a -> flowzoo.benchmark.study.b -> flowzoo.benchmark.run.a" in str(error)
     else:
         raise AssertionError("the cycle check missed a two-module cycle")

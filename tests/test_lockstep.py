@@ -1,4 +1,4 @@
-"""The lockstep check (algorithms/lockstep.py): what the ledger records of a model's transformer calls, and the one-line
+"""The lockstep check (algorithms/engine/lockstep.py): what the ledger records of a model's transformer calls, and the one-line
 error when processes differ; the torch version FSDP sharding needs; the FLUX and Qwen-Image adapters' full
 fine-tuning (the path the paper suites' sharded rehearsal runs)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowzoo.algorithms.distributed import SingleProcess
-from flowzoo.algorithms.lockstep import CallLedger, LockstepError, describe
+from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.algorithms.engine.lockstep import CallLedger, LockstepError, describe
 from flowzoo.errors import ConfigError
 from flowzoo.models.tiny import TinyModel
 

@@ -1,6 +1,6 @@
 """The report's HTML page: markdown-it-py's rendering of the markdown the report writes."""
 
-from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
+from flowzoo.benchmark.render.markdown_html import markdown_to_html
 
 
 def test_report_markdown_renders_headings_code_lists_tables_images():

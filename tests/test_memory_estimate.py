@@ -1,4 +1,4 @@
-"""The per-GPU memory estimate (benchmark/experiments/memory.py), its table (``flowzoo memory``) and the launch check of
+"""The per-GPU memory estimate (benchmark/run/memory.py), its table (``flowzoo memory``) and the launch check of
 ``flowzoo train`` / ``bench``."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 
 from flowzoo import models
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments import memory
-from flowzoo.benchmark.experiments.memory import (
+from flowzoo.benchmark.run import memory
+from flowzoo.benchmark.run.memory import (
     CALIBRATION, CALIBRATION_ERROR, GIB, estimate, fit_run, run_shape,
 )
-from flowzoo.benchmark.experiments.memory_table import cell_config, suite_estimates
-from flowzoo.benchmark.experiments.suite import load_suite, suite_names
+from flowzoo.benchmark.run.memory_table import cell_config, suite_estimates
+from flowzoo.benchmark.run.suite import load_suite, suite_names
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_auto_reuse_flips_only_when_the_kept_graphs_do_not_fit(rollout_defaults)
     flipped, note = fit_run(config, 1, budget=(between, "a test GPU"))
     assert flipped.algorithm["reuse_rollout_graph"] is False and "reuse_rollout_graph auto -> false" in note
     assert config.algorithm["reuse_rollout_graph"] == "auto"  # the caller's config is left as it was
-    from flowzoo.benchmark.experiments.checkpoints import config_digest
+    from flowzoo.benchmark.run.checkpoints import config_digest
 
     assert config_digest(flipped) == config_digest(config)  # an execution key: the same run
     roomy = kept.total + memory.RESERVE_GIB + 1
@@ -202,7 +202,7 @@ def test_auto_reuse_flips_only_when_the_kept_graphs_do_not_fit(rollout_defaults)
 
 
 def test_cpu_runs_are_unchecked_and_unchanged(tmp_path, monkeypatch, capsys):
-    from flowzoo.benchmark.experiments.loading import load_config
+    from flowzoo.benchmark.run.loading import load_config
 
     config = load_config(ROOT / "benchmark" / "configs" / "toy_flow_grpo.yaml", ["train.steps=2", "train.eval_every=0",
                          "train.eval_samples_per_prompt=2", f"run_dir={tmp_path / 'a'}"])
@@ -216,7 +216,7 @@ def test_cpu_runs_are_unchecked_and_unchanged(tmp_path, monkeypatch, capsys):
     import pandas as pd
 
     a, b = (pd.read_csv(tmp_path / d / "metrics.csv") for d in ("a", "b"))
-    from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
+    from flowzoo.benchmark.run.runner import TIMING_COLUMNS
 
     pd.testing.assert_frame_equal(a.drop(columns=TIMING_COLUMNS, errors="ignore"),
                                   b.drop(columns=TIMING_COLUMNS, errors="ignore"))
@@ -264,7 +264,7 @@ def test_memory_command_prints_every_cell_with_its_parts(capsys, rollout_default
 def test_docs_table_is_the_estimate(rollout_defaults):
     docs = (ROOT / "docs" / "perf.md").read_text()
     section = docs.split("## Memory at the paper recipes", 1)[1]
-    from flowzoo.benchmark.experiments.memory_table import report
+    from flowzoo.benchmark.run.memory_table import report
 
     for name in PAPER_SUITES:
         text, every_fit = report(load_suite(name))

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo import models  # noqa: E402
-from flowzoo.algorithms.sde import sigma_schedule  # noqa: E402
+from flowzoo.algorithms.engine.sde import sigma_schedule  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FLUX_LORA_TARGETS, FluxModel, pipeline_shift  # noqa: E402
 from tests.adapter_training import EVERY_ALGORITHM  # noqa: E402

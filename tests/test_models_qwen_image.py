@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo import models  # noqa: E402
-from flowzoo.algorithms.sde import sigma_schedule  # noqa: E402
+from flowzoo.algorithms.engine.sde import sigma_schedule  # noqa: E402
 from flowzoo.errors import ConfigError  # noqa: E402
 from flowzoo.models.qwen_image import QWEN_IMAGE_LORA_TARGETS, QwenImageModel  # noqa: E402
 from tests.adapter_training import EVERY_ALGORITHM  # noqa: E402

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.engine.sde import sigma_schedule
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.engine.sde import sigma_schedule
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
@@ -127,7 +127,7 @@ def test_training_and_the_pipeline_evaluation_sample_on_the_unipc_grid(model):
     from types import SimpleNamespace
 
     from flowzoo import algorithms
-    from flowzoo.benchmark.experiments.evaluation import protocol_sampler
+    from flowzoo.benchmark.measures.evaluation import protocol_sampler
     from tests.adapter_training import MeanBrightness
 
     alg = algorithms.get("flow_grpo")(model, MeanBrightness(), {"group_size": 2, "clip_range": 1e-3, "lr": 1e-4},

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from flowzoo.algorithms import prompt_samplers
-from flowzoo.benchmark.experiments import gold
-from flowzoo.benchmark.experiments.loading import build_config
-from flowzoo.benchmark.experiments.resolve import split_algorithm_block
+from flowzoo.benchmark.measures import gold
+from flowzoo.benchmark.run.loading import build_config
+from flowzoo.benchmark.config.resolve import split_algorithm_block
 from flowzoo.errors import ConfigError
 from flowzoo.named_spec import named_spec, split_spec
 

@@ -9,10 +9,10 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
-from flowzoo.algorithms.plans import window_plan
-from flowzoo.benchmark.experiments import hyperparams, recipes, search_space
-from flowzoo.benchmark.experiments.loading import build_config
+from flowzoo.algorithms.engine.base import Algorithm, AlgorithmConfig
+from flowzoo.algorithms.engine.plans import window_plan
+from flowzoo.benchmark.config import recipe_files, recipes, search_space
+from flowzoo.benchmark.run.loading import build_config
 from flowzoo.benchmark.tuning import tune as tuning
 from flowzoo.errors import ConfigError
 
@@ -61,18 +61,18 @@ def test_registers_validates_and_trains(toy_model, toy_prompts):
 
 
 def test_without_a_recipe_file_it_runs_the_class_defaults_and_tunes_over_the_default_space(tmp_path):
-    """Adding an algorithm is one file: with no benchmark/hyperparams/<name>.yaml its recipe is empty on every task,
+    """Adding an algorithm is one file: with no benchmark/recipes/<name>.yaml its recipe is empty on every task,
     docs/recipes.md stays current, and ``flowzoo tune`` tunes its learning rate over the default space (the shipped
     files' lr ranges) instead of refusing the cell."""
     import yaml
 
     name = LastStepsGRPO.name
-    assert not hyperparams.recipe_path(name).is_file()
+    assert not recipe_files.recipe_path(name).is_file()
     for task, model in (("sd3_geneval", "sd3"), ("toy2d_mode", "toy2d"), ("tiny_counting_rare", "tiny")):
         assert recipes.recipe(name, task, model) == {}
     assert (ROOT / "docs" / "recipes.md").read_text() == recipes.recipe_table()
 
-    assert search_space.space_paths(name) == [hyperparams.default_space_path()]
+    assert search_space.space_paths(name) == [recipe_files.default_space_path()]
     for model in (None, "toy2d", "tiny"):  # the default space's ranges are those the shipped files declare
         ours, shipped = search_space.algorithm_space(name, model), search_space.algorithm_space("flow_grpo", model)
         assert list(ours) == ["lr"] and ours["lr"].describe() == shipped["lr"].describe()

@@ -1,4 +1,4 @@
-"""A rollout's step noise drawn several steps at a time for small latents (algorithms.sde.NoiseStreams) is the noise
+"""A rollout's step noise drawn several steps at a time for small latents (algorithms.engine.sde.NoiseStreams) is the noise
 of step-by-step draws, value for value, and leaves every generator where step-by-step draws leave it."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms import sde
-from flowzoo.algorithms.rollout import initial_noise, rollout, sample_generators
+from flowzoo.algorithms.engine import sde
+from flowzoo.algorithms.engine.rollout import initial_noise, rollout, sample_generators
 
 
 @pytest.mark.parametrize("serial", [True, False])
@@ -73,7 +73,7 @@ def test_rollout_wide_noise_equals_step_by_step(stop, monkeypatch):
     """Latents of 64 values: the rollout draws each sample's noise for all its noisy steps at once and moves it to the
     device in one copy; the latents, log-probs and generator states equal step-by-step draws (a rollout stopped
     early draws only the steps it runs)."""
-    from flowzoo.algorithms.trajectory import StepPlan
+    from flowzoo.algorithms.engine.trajectory import StepPlan
 
     sigmas = sde.sigma_schedule(8, 3.0)
     plan = StepPlan(sigmas, torch.ones(8, dtype=torch.bool), torch.ones(4, 8, dtype=torch.bool), "flow_grpo", 0.7)

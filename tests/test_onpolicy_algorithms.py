@@ -7,10 +7,10 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.plans import compressed_tail_sigmas
-from flowzoo.algorithms.rollout import rollout
-from flowzoo.algorithms.sde import dpm_solver_pp_2m_step, sigma_schedule
-from flowzoo.algorithms.trajectory import StepPlan
+from flowzoo.algorithms.engine.plans import compressed_tail_sigmas
+from flowzoo.algorithms.engine.rollout import rollout
+from flowzoo.algorithms.engine.sde import dpm_solver_pp_2m_step, sigma_schedule
+from flowzoo.algorithms.engine.trajectory import StepPlan
 from flowzoo.errors import ConfigError
 from flowzoo.models.base import Condition, FlowModel
 
@@ -376,7 +376,7 @@ def test_fast_window_start_fixed_as_the_qwen_image_release_runs_it(toy_model):
     recipe fixes sde_window_start 3; SD3's draws it; a start that puts the window outside the range is refused."""
     import random
 
-    from flowzoo.benchmark.experiments.recipes import recipe
+    from flowzoo.benchmark.config.recipes import recipe
 
     random.seed(0)
     assert random.randint(0, 10 // 2 - 2) == 3  # what the release computes on every call
@@ -388,7 +388,7 @@ def test_fast_window_start_fixed_as_the_qwen_image_release_runs_it(toy_model):
     assert {fixed.sde_window_start(i) for i in range(20)} == {1}
     drawn = build("flow_grpo_fast", toy_model, {"sde_window_size": 2})
     assert len({drawn.sde_window_start(i) for i in range(20)}) > 1
-    from flowzoo.algorithms.flow_grpo_fast import FlowGRPOFastConfig
+    from flowzoo.algorithms.methods.flow_grpo_fast import FlowGRPOFastConfig
 
     with pytest.raises(ConfigError, match="sde_window_start 4 puts the window outside the first 5 of 10 steps"):
         FlowGRPOFastConfig(sde_window_size=2, sde_window_start=4).check_num_steps(10)

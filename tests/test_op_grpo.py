@@ -1,4 +1,4 @@
-"""OP-GRPO (algorithms/op_grpo.py): hybrid rollout, sequence weight, truncation, ablations, resume, learning."""
+"""OP-GRPO (algorithms/methods/op_grpo.py): hybrid rollout, sequence weight, truncation, ablations, resume, learning."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.losses import sequence_log_weight
-from flowzoo.algorithms.op_grpo import OPGRPO
-from flowzoo.algorithms.rollout import sample_generators, sample_ode
-from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.engine.losses import sequence_log_weight
+from flowzoo.algorithms.methods.op_grpo import OPGRPO
+from flowzoo.algorithms.engine.rollout import sample_generators, sample_ode
+from flowzoo.algorithms.engine.sde import sigma_schedule
 from flowzoo.errors import ConfigError
 from flowzoo.models.toy2d import prompt_set
 

@@ -10,9 +10,9 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.replay import ReplayEntry, admits
+from flowzoo.algorithms.engine.replay import ReplayEntry, admits
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.run.loading import load_config
 from flowzoo.algorithms.prompt_samplers.replay_buffer import share_count
 from flowzoo.errors import ConfigError
 from flowzoo.models.toy2d import prompt_set
@@ -91,7 +91,7 @@ LIST_SIZES = {"paper-sd3-pickscore": (25_432,), "paper-sd3-geneval": (1_000, 50_
 
 
 def _paper_op_grpo_cells(suite_name, tmp_path):
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.suite import expand, load_suite
 
     for split in ("train", "test"):
         (tmp_path / f"{split}.txt").write_text("a photo of a cat\n")
@@ -217,7 +217,7 @@ def test_buffer_admission_any_is_the_papers_rule():
 
 
 def test_the_gate_is_marked_ours_in_the_recipe():
-    recipe = (Path(__file__).resolve().parents[1] / "benchmark" / "hyperparams" / "op_grpo.yaml").read_text()
+    recipe = (Path(__file__).resolve().parents[1] / "benchmark" / "recipes" / "op_grpo.yaml").read_text()
     line = next(ln for ln in recipe.splitlines() if ln.strip().startswith("buffer_admission:"))
     assert "above_group_mean  # ours:" in line and "buffer_admission: any" in line.split("#", 1)[1]
 

@@ -1,4 +1,4 @@
-"""OP-GRPO's hybrid batch (algorithms/op_grpo.py ``_hybrid_rollout``, ``_recompute_old``): the fresh and replayed
+"""OP-GRPO's hybrid batch (algorithms/methods/op_grpo.py ``_hybrid_rollout``, ``_recompute_old``): the fresh and replayed
 samples share their model calls, and the batch holds the samples that separate rollouts give."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.rollout import rollout, sample_generators
+from flowzoo.algorithms.engine.rollout import rollout, sample_generators
 from flowzoo.streams import OP_GRPO_REGENERATION
 from flowzoo.models.toy2d import prompt_set
 

@@ -1,5 +1,5 @@
 """The OP-GRPO study: the many-condition toy task (models/toy2d.py ``classes``), its prompt source, and the analysis
-(benchmark/analysis/study.py: steps to target with censoring, paired effects, minimum detectable effect)."""
+(benchmark/study/verdicts.py: steps to target with censoring, paired effects, minimum detectable effect)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 import yaml
 from scipy import stats as sps
 
-from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+from flowzoo.benchmark.prompts.sources import PromptSection, load_prompts
 from flowzoo.benchmark.analysis.effects import minimum_detectable_effect
-from flowzoo.benchmark.analysis.study import analyze_study, mean_curves
+from flowzoo.benchmark.study.verdicts import analyze_study, mean_curves
 from flowzoo.errors import ConfigError
 from flowzoo.models.toy2d import (MANY_TARGET_OFFSET, MANY_TARGET_SIZE, MODE_STD, RADIUS, Toy2DModel, class_metadata,
                           prompt_set, sample_data)
@@ -167,7 +167,7 @@ def test_missing_baseline_or_reference_is_one_line(tmp_path):
 
 
 def test_seed_list_compresses_consecutive_seeds():
-    from flowzoo.benchmark.analysis.study import _seed_list
+    from flowzoo.benchmark.study.verdicts import _seed_list
 
     assert _seed_list([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
 
@@ -215,7 +215,7 @@ def test_layout_is_checked_against_the_model_and_the_prompt_source():
 
 
 def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
-    from flowzoo.benchmark.experiments.suite import expand, load_suite, select
+    from flowzoo.benchmark.run.suite import expand, load_suite, select
 
     suite = load_suite("op-grpo-study")
     assert set(suite.seed_sets) == {"exploration", "replication"} and len(suite.seed_sets["replication"]) >= 10
@@ -236,7 +236,7 @@ def test_study_suite_names_disjoint_seed_sets_and_cuts_by_task(tmp_path):
 
 
 def test_seed_sets_must_be_disjoint(tmp_path):
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.run.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "tasks": {"t": {}}, "seed_sets": {"a": [0, 1], "b": [1, 2]}}))
@@ -248,7 +248,7 @@ def test_seed_sets_must_be_disjoint(tmp_path):
 
 
 def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
-    from flowzoo.benchmark.experiments.suite import load_suite
+    from flowzoo.benchmark.run.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "../elsewhere", "tasks": {"t": {}}}))
@@ -259,9 +259,9 @@ def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
 def test_unseen_conditions_task_trains_on_56_conditions_and_evaluates_the_8_it_never_saw(tmp_path):
     """The held-out-conditions task (issue 57): every 8th condition is out of training and of the test prompts, and is
     the unseen set; its claims are part of the study's claim set (not tested until its runs exist)."""
-    from flowzoo.benchmark.analysis.claim_sets.op_grpo_paper import UNSEEN_LABEL, UNSEEN_TASK, toy_claims
-    from flowzoo.benchmark.experiments.prompts import load_unseen
-    from flowzoo.benchmark.experiments.suite import expand, load_suite, select
+    from flowzoo.benchmark.study.claim_sets.op_grpo_paper import UNSEEN_LABEL, UNSEEN_TASK, toy_claims
+    from flowzoo.benchmark.prompts.sources import load_unseen
+    from flowzoo.benchmark.run.suite import expand, load_suite, select
 
     cut = select(load_suite("op-grpo-study"), tasks_csv=f"{UNSEEN_TASK},{UNSEEN_TASK}@dynamic", seed_set="replication")
     configs = expand(cut, tmp_path)

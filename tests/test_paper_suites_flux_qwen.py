@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from flowzoo.benchmark.cli import main  # noqa: E402
-from flowzoo.benchmark.experiments.suite import load_suite  # noqa: E402
+from flowzoo.benchmark.run.suite import load_suite  # noqa: E402
 from tests import tiny_pipelines as tiny  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import pytest
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.benchmark.experiments.checkpoints import run_identity
+from flowzoo.benchmark.run.checkpoints import run_identity
 from flowzoo.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""flowzoo.benchmark.analysis.pilot_table: pilot runs named by their config's differences from a reference, with gains."""
+"""flowzoo.benchmark.render.pilot_table: pilot runs named by their config's differences from a reference, with gains."""
 
 from pathlib import Path
 
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis.pilot_table import main, pilot_rows, variant_summary
-from flowzoo.benchmark.experiments.config import resolved_dict
-from flowzoo.benchmark.experiments.run_source import load_run
+from flowzoo.benchmark.render.pilot_table import main, pilot_rows, variant_summary
+from flowzoo.benchmark.config.schema import resolved_dict
+from flowzoo.benchmark.run.run_source import load_run
 from flowzoo.errors import ConfigError
 
 REFERENCE = "tiny-counting-study:tiny_counting_sparse/flow_grpo"  # the study's Flow-GRPO cell

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from flowzoo.algorithms.losses import ppo_clip_loss
+from flowzoo.algorithms.engine.losses import ppo_clip_loss
 from tests.value_helpers import META, PROMPTS, build, grads, params, perturb, transition_log_prob
 
 # (ratio, advantage) -> (loss, d loss / d log_prob, counted as clipped) with clip range 0.2, by hand:

@@ -8,7 +8,7 @@ import torch
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo import rewards
-from flowzoo.algorithms.base import ONPOLICY_DRIFT
+from flowzoo.algorithms.engine.base import ONPOLICY_DRIFT
 from flowzoo.models.toy2d import prompt_set
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
-from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+from flowzoo.benchmark.run.loading import load_config
+from flowzoo.benchmark.prompts.sources import PromptSection, load_prompts
 from flowzoo.errors import ConfigError
 
 datasets = pytest.importorskip("datasets")

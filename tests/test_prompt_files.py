@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flowzoo.errors import ConfigError
-from flowzoo.benchmark.experiments.prompt_files import read_prompts, resolve_prompt_file
+from flowzoo.benchmark.prompts.files import read_prompts, resolve_prompt_file
 
 GENEVAL = [
     {"tag": "counting", "include": [{"class": "wine glass", "count": 2}],

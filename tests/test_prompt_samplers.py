@@ -19,9 +19,9 @@ from flowzoo.algorithms import prompt_samplers
 from flowzoo.algorithms.prompt_samplers import GroupOutcome
 from flowzoo.algorithms.prompt_samplers.filters import BalancedDifficulty, DynamicSampling
 from flowzoo.algorithms.prompt_samplers.variance import VariancePrioritised, largest_remainder
-from flowzoo.benchmark.experiments.checkpoints import run_identity
+from flowzoo.benchmark.run.checkpoints import run_identity
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.loading import load_config
+from flowzoo.benchmark.run.loading import load_config
 from flowzoo.errors import ConfigError
 from flowzoo.rewards.base import Reward, RewardOutput
 from tests.value_helpers import TINY, build

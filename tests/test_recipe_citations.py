@@ -1,6 +1,6 @@
 """Every citation of released code in the recipe files names a file, a commit and lines that exist.
 
-A citation is a `file.py` or `file.sh` token in a comment of ``benchmark/hyperparams/*.yaml`` (and of the paper
+A citation is a `file.py` or `file.sh` token in a comment of ``benchmark/recipes/*.yaml`` (and of the paper
 suites, ``benchmark/suites/paper-*.yaml``), optionally with lines
 (`:12`, `:12-20,31`) and a commit (`at abc1234`). It must resolve, through the file's short names or its full path, to
 an entry of ``benchmark/released_files.yaml`` (the index of the released files read: repository, path, commit, line
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowzoo.benchmark.experiments import recipes
+from flowzoo.benchmark.config import recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "benchmark" / "released_files.yaml"
@@ -134,7 +134,7 @@ def test_a_wrong_path_commit_or_line_fails(tmp_path, comment, problem):
 
 def test_good_citations_pass(tmp_path):
     (tmp_path / "flow_grpo.yaml").write_text(
-        "# Sources: \"grpo.py\" = config/grpo.py at 31c71b9; see algorithms/flow_grpo_fast.py\n"
+        "# Sources: \"grpo.py\" = config/grpo.py at 31c71b9; see algorithms/methods/flow_grpo_fast.py\n"
         "sd3:\n  lr: 1.0e-4  # grpo.py:1-367 and base.py:127, train_sd3.py:796-797,816-817\n"
         "  kl_beta: 0.0  # sd3_sde_with_logprob.py:68 at ac4c86e; scripts/train_wan2_1.py at 32b48fd\n"
     )

@@ -1,9 +1,9 @@
-"""The shared-vs-tuned verdict table (benchmark/analysis/recipe_compare.py) on hand-made claims files."""
+"""The shared-vs-tuned verdict table (benchmark/study/recipe_compare.py) on hand-made claims files."""
 
 import pandas as pd
 import pytest
 
-from flowzoo.benchmark.analysis.recipe_compare import compare, main, read_claims
+from flowzoo.benchmark.study.recipe_compare import compare, main, read_claims
 from flowzoo.errors import ConfigError
 
 

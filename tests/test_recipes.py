@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from flowzoo import algorithms
-from flowzoo.benchmark.experiments import hyperparams, recipes
+from flowzoo.benchmark.config import recipe_files, recipes
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.suite import Suite, expand, load_suite
+from flowzoo.benchmark.run.suite import Suite, expand, load_suite
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 
@@ -224,7 +224,7 @@ def _recipe_dir(tmp_path, monkeypatch, files: dict[str, str]) -> Path:
     folder.mkdir()
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
-    monkeypatch.setattr(hyperparams, "RECIPES_DIR", folder)  # the one reader of the files
+    monkeypatch.setattr(recipe_files, "RECIPES_DIR", folder)  # the one reader of the files
     return folder
 
 
@@ -294,8 +294,8 @@ def test_recipes_command_prints_and_writes_the_table(tmp_path, capsys):
 
 
 def test_every_algorithm_reads_its_own_file_after_its_bases():
-    assert [p.name for p in recipes.recipe_files("mix_grpo_flash_star")] == ["mix_grpo.yaml", "mix_grpo_flash.yaml"]
-    assert [p.name for p in recipes.recipe_files("op_grpo_naive_is")] == ["flow_grpo.yaml", "op_grpo.yaml"]
+    assert [p.name for p in recipes.recipe_paths("mix_grpo_flash_star")] == ["mix_grpo.yaml", "mix_grpo_flash.yaml"]
+    assert [p.name for p in recipes.recipe_paths("op_grpo_naive_is")] == ["flow_grpo.yaml", "op_grpo.yaml"]
     star = recipes.recipe("mix_grpo_flash_star", "sd3_geneval", "sd3")
     assert star["compress_ratio"] == 0.2 and star["window_tau"] == 20  # preset over mix_grpo_flash.yaml; tau from it
     assert algorithms.get("mix_grpo_flash_star").preset["compress_ratio"] == 0.2

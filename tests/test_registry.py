@@ -40,7 +40,7 @@ def test_every_registry_discovers_its_modules_by_one_helper():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for init in ("algorithms", "models", "rewards", "algorithms/prompt_samplers", "benchmark/analysis/claim_sets"):
+    for init in ("algorithms", "models", "rewards", "algorithms/prompt_samplers", "benchmark/study/claim_sets"):
         path = root / init / "__init__.py"
         tree = ast.parse(path.read_text())
         calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)

@@ -1,4 +1,4 @@
-"""OP-GRPO replay buffer rules on hand-made rewards (algorithms/replay.py)."""
+"""OP-GRPO replay buffer rules on hand-made rewards (algorithms/engine/replay.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import io
 import pytest
 import torch
 
-from flowzoo.algorithms.replay import ReplayBuffer, ReplayEntry
-from flowzoo.algorithms.trajectory import StepPlan
+from flowzoo.algorithms.engine.replay import ReplayBuffer, ReplayEntry
+from flowzoo.algorithms.engine.trajectory import StepPlan
 
 
 def entry(prompt: str, reward: float, tag: float = 0.0, steps: int = 4) -> ReplayEntry:

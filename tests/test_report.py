@@ -1,4 +1,4 @@
-"""flowzoo.benchmark.analysis.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
+"""flowzoo.benchmark.render.report end to end on a synthetic runs directory: 2 algorithms x 3 seeds x 2 tasks."""
 
 import html
 import re
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis import report, stats, targets
+from flowzoo.benchmark.render import report
+from flowzoo.benchmark.analysis import stats, targets
 from flowzoo.errors import ConfigError
 
 TRAIN_STEPS = 20
@@ -388,7 +389,7 @@ def test_no_target_when_the_baseline_does_not_improve(tmp_path):
 
 
 def test_figures_group_families_and_panels():
-    from flowzoo.benchmark.analysis import figures
+    from flowzoo.benchmark.render import figures
 
     quick = ["flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash", "mix_grpo_flash_star",
              "op_grpo", "op_grpo_no_correction", "op_grpo_naive_is", "op_grpo_no_truncation", "op_grpo_no_decay"]
@@ -529,7 +530,7 @@ def test_rescored_samples_equal_the_runs_logged_evaluation(tmp_path):
 
 
 def test_image_grids_list_each_sample_s_reward_or_say_none_was_recorded(tmp_path):
-    from flowzoo.benchmark.experiments.samples import save_samples
+    from flowzoo.benchmark.run.sample_pictures import save_samples
 
     images = torch.rand(3, 3, 8, 8)
     old, new = tmp_path / "old.png", tmp_path / "new.png"

@@ -1,11 +1,11 @@
-"""flowzoo.benchmark.analysis.report_check: missing images, broken links and a first screen without
+"""flowzoo.benchmark.render.report_check: missing images, broken links and a first screen without
 the page's answer (a figure or a table) fail; the browser part
 runs where Chromium is installed (skipped with the reason elsewhere) and the static part everywhere."""
 
 import pytest
 
-from flowzoo.benchmark.analysis import report_check
-from flowzoo.benchmark.analysis.markdown_html import markdown_to_html
+from flowzoo.benchmark.render import report_check
+from flowzoo.benchmark.render.markdown_html import markdown_to_html
 from tests.test_report import _small_runs
 
 
@@ -86,7 +86,7 @@ def browser():
 
 
 def test_a_real_report_renders_with_a_figure_on_its_first_screen(tmp_path, browser, capsys):
-    from flowzoo.benchmark.analysis.report import write_report
+    from flowzoo.benchmark.render.report import write_report
 
     out = write_report(_small_runs(tmp_path / "runs"), tmp_path / "report").parent
     assert report_check.main([str(out), "--screenshots", str(tmp_path / "shots")]) == 0

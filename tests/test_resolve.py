@@ -1,4 +1,4 @@
-"""benchmark/experiments/resolve.py: one resolver gives every command the same run keys.
+"""benchmark/config/resolve.py: one resolver gives every command the same run keys.
 
 A paper-suite cell resolved by bench, the same cell named ``SUITE:TASK/ALGORITHM`` to ``flowzoo train``, and a config
 file holding the cell's keys all give one config; the layers keep their order (class < shared < recipe < own < tuned <
@@ -11,14 +11,14 @@ import copy
 import pytest
 import yaml
 
-from flowzoo.benchmark.experiments.checkpoints import config_digest
-from flowzoo.benchmark.experiments.config import resolved_dict
-from flowzoo.benchmark.experiments.loading import load_config, load_resolved
-from flowzoo.benchmark.experiments.recipes import recipe
-from flowzoo.benchmark.experiments.resolve import Layers, resolve
-from flowzoo.benchmark.experiments.run_source import load_run
-from flowzoo.benchmark.experiments.suite import cell_keys, cell_run, cells, expand, load_suite, parse_cell_ref
-from flowzoo.benchmark.experiments.tuned import TunedValues
+from flowzoo.benchmark.run.checkpoints import config_digest
+from flowzoo.benchmark.config.schema import resolved_dict
+from flowzoo.benchmark.run.loading import load_config, load_resolved
+from flowzoo.benchmark.config.recipes import recipe
+from flowzoo.benchmark.config.resolve import Layers, resolve
+from flowzoo.benchmark.run.run_source import load_run
+from flowzoo.benchmark.run.suite import cell_keys, cell_run, cells, expand, load_suite, parse_cell_ref
+from flowzoo.benchmark.config.tuned import TunedValues
 from flowzoo.cells import base_task
 from flowzoo.errors import ConfigError
 
@@ -57,7 +57,7 @@ def test_train_of_a_paper_cell_is_benchs_run_of_it(suite_name, prompt_dir, tmp_p
 def test_a_config_file_gets_its_recipe_under_its_own_keys(prompt_dir, tmp_path):
     """dance_grpo on sd3: the recipe's group size 12 (not the class's 8) unless the file or the command line says
     otherwise; use_recipe=false gives the class defaults; the line train prints names the values it set."""
-    from flowzoo.algorithms.dance_grpo import DanceGRPO
+    from flowzoo.algorithms.methods.dance_grpo import DanceGRPO
 
     path = tmp_path / "dance.yaml"
     path.write_text(yaml.safe_dump({"task": "sd3_ocr", "algorithm": {"name": "dance_grpo", "lr": 1e-4},

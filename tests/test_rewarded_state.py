@@ -15,7 +15,7 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.sde import sde_step
+from flowzoo.algorithms.engine.sde import sde_step
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0, "group_size": 4}
 

@@ -6,7 +6,7 @@ import json
 import torch
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.machine import cpu_model, machine_record
+from flowzoo.benchmark.run.machine import cpu_model, machine_record
 
 TOY = "benchmark/configs/toy_flow_grpo.yaml"
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS
 from flowzoo.errors import RunError
 from flowzoo.io import exclusive_lock
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from flowzoo import algorithms, models
-from flowzoo.algorithms.base import AlgorithmConfig
-from flowzoo.algorithms.rollout import chunk_spans
+from flowzoo.algorithms.engine.base import AlgorithmConfig
+from flowzoo.algorithms.engine.rollout import chunk_spans
 from flowzoo.errors import ConfigError
 from flowzoo.rewards.base import Reward, RewardOutput
 
@@ -146,7 +146,7 @@ def test_op_grpo_counts_the_calls_its_rows_decide_for_lockstep_padding(rollout_b
 def test_branched_prefix_padding_runs_uncounted_calls_that_change_nothing():
     """A sharded Flow-GRPO-Fast process with fewer prefix chunks than another pads with one-row prefix runs, right
     after its own prefix: the same samples, the NFE of the real calls only."""
-    from flowzoo.algorithms.rollout import branched_rollout
+    from flowzoo.algorithms.engine.rollout import branched_rollout
 
     model = _tiny()
     alg = algorithms.get("flow_grpo_fast")(model, Brightness(), {"group_size": 4, "num_steps": 4, "sde_window_size": 1,
@@ -261,7 +261,7 @@ def test_rollout_decode_and_reward_calls_hold_at_most_the_chunk(sd3_model, name,
 def test_the_paper_sd3_ocr_flow_grpo_cell_rolls_out_far_below_its_share_of_the_batch(tmp_path):
     """At 8 processes paper-sd3-ocr's Flow-GRPO cell holds 144 samples per GPU (48 prompts x G 24 / 8), which one
     decode call does not fit on an 80 GB GPU (docs/perf.md); its rollout, decode and reward take 9 at a time."""
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.suite import expand, load_suite
     from flowzoo.cells import base_task
 
     for split in ("train", "test"):
@@ -281,7 +281,7 @@ def test_the_paper_sd3_ocr_flow_grpo_cell_rolls_out_far_below_its_share_of_the_b
 
 def test_rollout_batch_is_no_part_of_a_runs_identity():
     """A run made before the key existed, or with another chunk, is the same run (its results differ by rounding)."""
-    from flowzoo.benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.run.checkpoints import run_identity
 
     before = {"algorithm": {"name": "flow_grpo", "lr": 1e-3}, "train": {}}
     chunked = {"algorithm": {"name": "flow_grpo", "lr": 1e-3, "rollout_batch": 4}, "train": {}}

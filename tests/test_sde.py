@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flowzoo.algorithms.sde import euler_step, flow_grpo_std, gaussian_log_prob, sde_step, sigma_schedule
+from flowzoo.algorithms.engine.sde import euler_step, flow_grpo_std, gaussian_log_prob, sde_step, sigma_schedule
 
 
 def _inputs(b=3, shape=(2, 4, 4), seed=0):

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from flowzoo.algorithms.sde import sde_step
+from flowzoo.algorithms.engine.sde import sde_step
 
 MEAN = torch.tensor([1.5, -0.5], dtype=torch.float64)
 STD = torch.tensor([0.3, 0.6], dtype=torch.float64)

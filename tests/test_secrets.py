@@ -17,8 +17,8 @@ from PIL import Image
 
 import flowzoo.secrets
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.analysis.report import write_report
-from flowzoo.benchmark.experiments.runner import TIMING_COLUMNS
+from flowzoo.benchmark.render.report import write_report
+from flowzoo.benchmark.run.runner import TIMING_COLUMNS
 from flowzoo.secrets import REDACTED, literal_secrets, redact, warn_literal_secrets, without_secrets
 from tests.test_rewards_unifiedreward import FakeServer, chat_response
 
@@ -61,7 +61,7 @@ def test_secrets_are_decided_by_where_a_value_goes_not_by_its_name():
 
 
 def test_the_config_declares_the_places_of_its_classes_credentials():
-    from flowzoo.benchmark.experiments.config import ExperimentConfig, declared_secrets
+    from flowzoo.benchmark.config.schema import ExperimentConfig, declared_secrets
 
     config = ExperimentConfig(reward={"toy_mode": 1.0, "unifiedreward": 1.0})
     assert declared_secrets(config) == {("reward_args", "unifiedreward", "api_key")}
@@ -159,8 +159,8 @@ def test_literal_and_environment_keys_reach_the_judge_and_nothing_else(tmp_path,
         def finish(self):
             pass
 
-    monkeypatch.setattr("flowzoo.benchmark.experiments.tracking.check_trackers", lambda names: None)
-    monkeypatch.setattr("flowzoo.benchmark.experiments.runner.Trackers", Recorder)
+    monkeypatch.setattr("flowzoo.benchmark.run.tracking.check_trackers", lambda names: None)
+    monkeypatch.setattr("flowzoo.benchmark.run.runner.Trackers", Recorder)
     runs = tmp_path / "runs"
     literal = write_config(tmp_path / "literal.yaml", judge.base_url, {"api_key": LITERAL_KEY}, trackers=["recorder"])
     assert main(["train", str(literal), f"run_dir={runs / 'literal'}", "--quiet"]) == 0

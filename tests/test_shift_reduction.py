@@ -1,10 +1,10 @@
-"""The sigma shift and the log-prob reduction, each computed in one place (algorithms/sde.py), against formulas."""
+"""The sigma shift and the log-prob reduction, each computed in one place (algorithms/engine/sde.py), against formulas."""
 
 import pytest
 import torch
 
-from flowzoo.algorithms.losses import gaussian_mean_kl
-from flowzoo.algorithms.sde import gaussian_log_prob, inverse_time_shift, reduce_latent_dims, time_shift
+from flowzoo.algorithms.engine.losses import gaussian_mean_kl
+from flowzoo.algorithms.engine.sde import gaussian_log_prob, inverse_time_shift, reduce_latent_dims, time_shift
 
 
 @pytest.mark.parametrize("t, shift, s", [(0.5, 3.0, 0.75), (0.25, 3.0, 0.5), (0.5, 1.0, 0.5), (0.2, 5.0, 5 / 9)])

@@ -8,8 +8,8 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import rewards
-from flowzoo.algorithms.advantages import combined_advantages, group_advantages
-from flowzoo.algorithms.sde import sigma_schedule
+from flowzoo.algorithms.engine.advantages import combined_advantages, group_advantages
+from flowzoo.algorithms.engine.sde import sigma_schedule
 from flowzoo.errors import ConfigError
 
 TOY = {"clip_range": 0.2, "lr": 1e-3, "kl_beta": 0.0}

@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from flowzoo.benchmark.analysis import aggregate, loading, stats, targets
+from flowzoo.benchmark.analysis import aggregate, runs as loading, stats, targets
 from flowzoo.errors import ConfigError
 
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from flowzoo.algorithms.plans import iteration_generator
-from flowzoo.algorithms.rollout import sample_generators
+from flowzoo.algorithms.engine.plans import iteration_generator
+from flowzoo.algorithms.engine.rollout import sample_generators
 from flowzoo import streams
 
 

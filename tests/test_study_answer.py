@@ -1,4 +1,4 @@
-"""A study page's answer (benchmark/analysis/study_answer.py): the table's cells from the claims' estimates, the
+"""A study page's answer (benchmark/study/answer.py): the table's cells from the claims' estimates, the
 fallback to the claims table's words, the title, and the limits of a hand-written answer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from flowzoo.benchmark.analysis import study_answer
+from flowzoo.benchmark.study import answer as study_answer
 from flowzoo.errors import ConfigError
 
 CLAIMS = pd.DataFrame([

@@ -1,4 +1,4 @@
-"""The OP-GRPO study's claims table (benchmark/analysis/claim_sets/op_grpo_paper.py), wall-clock-to-target estimate
+"""The OP-GRPO study's claims table (benchmark/study/claim_sets/op_grpo_paper.py), wall-clock-to-target estimate
 and interleaved timing (benchmark/analysis/study*.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis.study import analyze_study, main as study_main, wall_clock_ratios
-from flowzoo.benchmark.analysis.study_claims import claims_table
-from flowzoo.benchmark.analysis.study_timing import cell_configs, main as timing_main, measure
+from flowzoo.benchmark.study.verdicts import analyze_study, main as study_main, wall_clock_ratios
+from flowzoo.benchmark.study.claims import claims_table
+from flowzoo.benchmark.perf.cell_timing import cell_configs, main as timing_main, measure
 from flowzoo.errors import ConfigError
 from tests.synthetic_runs import write_run
 
@@ -175,7 +175,7 @@ def test_timing_measures_every_cell_in_every_repeat():
 
 
 def test_trimmed_metrics_give_the_same_study(tmp_path):
-    from flowzoo.benchmark.analysis.study import save_trimmed_metrics
+    from flowzoo.benchmark.study.verdicts import save_trimmed_metrics
 
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     _study(tmp_path / "runs", fast, [0.0, 0.1, 0.2, 0.3, 0.4, 0.51], 0.4, 10)
@@ -221,7 +221,7 @@ def test_decoupled_claims_follow_the_several_fold_rule(tmp_path):
 def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
     """Each tiny study's claim set judges the same rules on its own task: OP-GRPO at step 20 vs Flow-GRPO's 50 and the
     buffer-prompt control at 50 (reuse saves on top); the toy claims are not in it."""
-    from flowzoo.benchmark.analysis.study_claims import claim_set, match_claim_set
+    from flowzoo.benchmark.study.claims import claim_set, match_claim_set
 
     for seed in range(6):
         wobble = 0.001 * seed
@@ -248,8 +248,8 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
     budget and the ratio of 1 compares nothing, so the claims say 'not tested (no target)', the effects table 'no
     target', and the wall-clock table leaves the set out."""
     from flowzoo.benchmark.analysis.effects import NO_TARGET
-    from flowzoo.benchmark.analysis.study import verdict as effect_verdict
-    from flowzoo.benchmark.analysis.study_claims import claim_set
+    from flowzoo.benchmark.study.verdicts import verdict as effect_verdict
+    from flowzoo.benchmark.study.claims import claim_set
 
     task = "tiny_counting_sparse"
     for seed in range(6):
@@ -261,7 +261,7 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
     row = verdicts.loc[next(c for c in verdicts.index if c.startswith("OP-GRPO needs 34.2%"))]
     assert row["verdict all"] == "not tested (no target)" and "no target" in row["measured all"]
     # the forest plot still draws the claim's row (its zones, the paper's value, the verdict) with no estimate
-    from flowzoo.benchmark.analysis.study_claims import judge
+    from flowzoo.benchmark.study.claims import judge
 
     drawn = judge(table, effects, seed_sets, claim_set("op-grpo-tiny-counting").claims)[1]
     steps_row = drawn[drawn["label"] == "op_grpo / flow_grpo: steps (sparse)"].iloc[0]
@@ -279,7 +279,7 @@ def test_a_baseline_that_does_not_improve_gives_no_target_and_no_verdict(tmp_pat
 def test_gains_say_whether_the_baseline_learns_on_each_seed_set(tmp_path):
     """The gain over the base per seed set, with its bootstrap CI: a baseline that gains on every seed makes
     well-conditioned targets, one whose gains straddle 0 weak ones, one that never gains none."""
-    from flowzoo.benchmark.analysis.study import conditioning, gains, seed_sets_of
+    from flowzoo.benchmark.study.verdicts import conditioning, gains, seed_sets_of
 
     task = "tiny_counting_sparse"
     learns = [0.10, 0.12, 0.08, 0.11, 0.09]  # seeds 0-4: every run gains
@@ -323,7 +323,7 @@ def test_study_cli_writes_the_gain_table(tmp_path):
 def test_the_report_opens_with_its_answer(tmp_path):
     """The README leads with the baseline's gain per seed set and the claims' verdicts, decisive replicated ones
     first, before the definitions and tables."""
-    from flowzoo.benchmark.analysis.study import gains, render
+    from flowzoo.benchmark.study.verdicts import gains, render
 
     fast = [0.0, 0.3, 0.51, 0.52, 0.53, 0.54]
     _study(tmp_path, fast, fast, 0.14, 1)

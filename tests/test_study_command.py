@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from flowzoo.benchmark.analysis.report_check import check
-from flowzoo.benchmark.analysis.study_sets import parse_seed_sets, seed_sets_of
+from flowzoo.benchmark.render.report_check import check
+from flowzoo.benchmark.study.seed_sets import parse_seed_sets, seed_sets_of
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.suite import SUITES_DIR, load_suite
+from flowzoo.benchmark.run.suite import SUITES_DIR, load_suite
 from flowzoo.errors import ConfigError
 from tests.synthetic_runs import write_run
 

@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 
-from flowzoo.benchmark.analysis.loading import machine_line, run_machine
+from flowzoo.benchmark.analysis.runs import machine_line, run_machine
 from flowzoo.benchmark.cli import main
 from tests.synthetic_runs import write_run
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flowzoo.benchmark.experiments.config import PromptSection
-from flowzoo.benchmark.experiments.prompts import TINY_EVAL_PROMPTS, TINY_TRAIN_PROMPTS, load_prompts
+from flowzoo.benchmark.config.schema import PromptSection
+from flowzoo.benchmark.prompts.sources import TINY_EVAL_PROMPTS, TINY_TRAIN_PROMPTS, load_prompts
 from flowzoo.models.tiny_data import (
     GLYPH_HEIGHT, GLYPH_WIDTH, SHAPES_SIZE, image_shape, sample_batch, sample_glyph_text, sample_shapes_scene,
 )
@@ -95,9 +95,9 @@ def test_tiny_prompt_tags_bad_values_are_named(section, message):
 def test_one_run_of_a_counting_study_cell_is_the_studys_run(tmp_path, suite, task):
     """``flowzoo train SUITE:TASK/flow_grpo seed=S`` (docs/tiny.md's one-run command) and the study's Flow-GRPO runs
     are the same runs: equal identities seed by seed."""
-    from flowzoo.benchmark.experiments.checkpoints import config_digest
-    from flowzoo.benchmark.experiments.run_source import load_run
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run.checkpoints import config_digest
+    from flowzoo.benchmark.run.run_source import load_run
+    from flowzoo.benchmark.run.suite import expand, load_suite
 
     runs = [c for c in expand(load_suite(suite), tmp_path) if c.task == task and c.algorithm_name == "flow_grpo"]
     assert len(runs) == 20
@@ -111,7 +111,7 @@ def test_the_rare_counting_prompts_are_tiny_shapes_counting_prompts():
     the generator's metadata word for word, so the strict reward checks what the tier's own prompts would ask."""
     from pathlib import Path
 
-    from flowzoo.benchmark.experiments.prompt_files import read_prompts
+    from flowzoo.benchmark.prompts.files import read_prompts
 
     root = Path(__file__).resolve().parents[1]
     rare = read_prompts(root / "benchmark" / "prompts" / "tiny_counting_rare.jsonl")

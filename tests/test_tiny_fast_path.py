@@ -115,7 +115,7 @@ def test_bad_no_grad_path_is_refused():
 
 def test_no_grad_path_is_not_part_of_a_runs_identity():
     """Same samples to float rounding: a run made with another no_grad_path (or before it existed) is the same run."""
-    from flowzoo.benchmark.experiments.checkpoints import run_identity
+    from flowzoo.benchmark.run.checkpoints import run_identity
 
     before = {"model": {"name": "tiny", "args": {"data": "shapes"}}, "train": {"steps": 2}}
     for path in ("peft", "merged", "compiled"):

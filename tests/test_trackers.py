@@ -214,7 +214,7 @@ def test_a_resumed_run_leaves_one_tensorboard_point_per_step(tmp_path, monkeypat
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from flowzoo.benchmark.experiments import tracking
+    from flowzoo.benchmark.run import tracking
 
     root = Path(__file__).resolve().parents[1]
     run_dir = tmp_path / "run"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from accelerate import tracking
 
-import flowzoo.benchmark.experiments.tracking
+import flowzoo.benchmark.run.tracking
 from tests.test_distributed import CONFIG
 from tests.test_fsdp import _two_processes
 from tests.tracked_launch import FakeTracker
@@ -21,7 +21,7 @@ SMALL = ["train.steps=2", "train.prompts_per_step=2", "algorithm.group_size=2", 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_two_processes_log_once_from_the_main_process_and_finish_cleanly(tmp_path, monkeypatch):
     monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "fake", FakeTracker)  # inherited by the forked ranks
-    monkeypatch.setattr(flowzoo.benchmark.experiments.tracking, "check_trackers", lambda names: None)  # no LoggerType
+    monkeypatch.setattr(flowzoo.benchmark.run.tracking, "check_trackers", lambda names: None)  # no LoggerType
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert _two_processes([*SMALL, f"run_dir={tmp_path / 'run'}"], config=CONFIG) == [0, 0]
     assert (tmp_path / "run" / "done.json").is_file()

@@ -10,13 +10,13 @@ from pathlib import Path
 import yaml
 
 from flowzoo.benchmark.analysis import stats
-from flowzoo.benchmark.analysis.loading import load_runs
-from flowzoo.benchmark.analysis.report import runs_section
+from flowzoo.benchmark.analysis.runs import load_runs
+from flowzoo.benchmark.render.report import runs_section
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments.checkpoints import config_digest
-from flowzoo.benchmark.experiments.config import resolved_dict
-from flowzoo.benchmark.experiments.runner import is_finished, killed_before_checkpoint
-from flowzoo.benchmark.experiments.suite import expand, load_suite
+from flowzoo.benchmark.run.checkpoints import config_digest
+from flowzoo.benchmark.config.schema import resolved_dict
+from flowzoo.benchmark.run.runner import is_finished, killed_before_checkpoint
+from flowzoo.benchmark.run.suite import expand, load_suite
 from tests.test_tuning import write_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ import yaml
 
 from flowzoo import algorithms
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.experiments import search_space
+from flowzoo.benchmark.config import search_space
 from flowzoo.benchmark.tuning import tune as tuning
-from flowzoo.benchmark.experiments.loading import build_config
-from flowzoo.benchmark.experiments.suite import expand, load_suite
+from flowzoo.benchmark.run.loading import build_config
+from flowzoo.benchmark.run.suite import expand, load_suite
 from flowzoo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -415,9 +415,9 @@ def test_a_knob_that_cannot_change_the_cell_is_never_tuned(tmp_path, capsys):
 
 def test_inert_keys_follow_their_switches():
     """The rules themselves: each names a knob only while its switch is off."""
-    from flowzoo.algorithms.awm import AWMConfig
-    from flowzoo.algorithms.base import AlgorithmConfig
-    from flowzoo.algorithms.op_grpo import OPGRPOConfig
+    from flowzoo.algorithms.methods.awm import AWMConfig
+    from flowzoo.algorithms.engine.base import AlgorithmConfig
+    from flowzoo.algorithms.methods.op_grpo import OPGRPOConfig
 
     assert set(AlgorithmConfig(ema=False).inert_keys()) == {"ema_decay", "ema_every"}
     assert AlgorithmConfig(ema=True).inert_keys() == {}
@@ -460,9 +460,9 @@ def test_held_out_prompts_are_disjoint_from_the_evaluation_set(tmp_path):
     """The tiny sources draw validation prompts apart and drop any test prompt's text; the files source reads
     prompts.validation and refuses one that shares a prompt with prompts.test; a run's identity is unchanged when
     the new keys sit at their defaults."""
-    from flowzoo.benchmark.experiments.checkpoints import config_digest
-    from flowzoo.benchmark.experiments.loading import load_config
-    from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+    from flowzoo.benchmark.run.checkpoints import config_digest
+    from flowzoo.benchmark.run.loading import load_config
+    from flowzoo.benchmark.prompts.sources import PromptSection, load_prompts
 
     _, test = load_prompts(PromptSection(source="tiny_shapes"))
     _, validation = load_prompts(PromptSection(source="tiny_shapes", eval_split="validation"))
@@ -587,7 +587,7 @@ def test_a_report_into_an_old_out_leaves_no_stale_pick(tmp_path):
 def test_ctrl_c_then_rerun_draws_what_an_uninterrupted_tune_draws(tmp_path, monkeypatch):
     """A KeyboardInterrupt inside a trial's runs: the trial is failed and queued again with its values; the rerun
     resumes it, and the tune ends with the same trial values as one that was never stopped."""
-    from flowzoo.benchmark.experiments import runner
+    from flowzoo.benchmark.run import runner
 
     path = write_suite(tmp_path)
     plain = tmp_path / "plain"

@@ -15,7 +15,7 @@ import yaml
 
 from flowzoo.benchmark.cli import main
 from flowzoo.benchmark.tuning import tune as tuning
-from flowzoo.benchmark.experiments.executors import Resources
+from flowzoo.benchmark.run.executors import Resources
 from tests.test_tuning import studies, write_suite
 
 NEEDS_EXTRA = "the slurm extra (submitit) is not installed: pip install -e '.[slurm]'"
@@ -75,7 +75,7 @@ def test_a_job_is_seeded_as_the_local_worker_of_its_index(tmp_path, monkeypatch)
 
 
 def test_a_job_asks_for_the_largest_of_its_cells_tasks_resources():
-    from flowzoo.benchmark.experiments.suite import Suite
+    from flowzoo.benchmark.run.suite import Suite
 
     suite = Suite(name="s", tasks={"a": {"resources": {"gpus": 4, "cpus": 8}}, "b": {"resources": {"mem_gb": 64}}},
                   resources={"time_min": 90})

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from flowzoo.benchmark.tuning.tune import objective_value
-from flowzoo.benchmark.tuning.design import read_design
+from flowzoo.benchmark.config.tuning_design import read_design
 from flowzoo.benchmark.tuning.pruners import PRUNERS, latest_below_median, make_pruner
 from flowzoo.errors import ConfigError
 

@@ -7,7 +7,7 @@ import sys
 
 from accelerate import tracking
 
-import flowzoo.benchmark.experiments.tracking
+import flowzoo.benchmark.run.tracking
 from flowzoo.benchmark.cli import main
 
 
@@ -39,5 +39,5 @@ class FakeTracker(tracking.GeneralTracker):
 
 if __name__ == "__main__":
     tracking.LOGGER_TYPE_TO_CLASS["fake"] = FakeTracker
-    flowzoo.benchmark.experiments.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
+    flowzoo.benchmark.run.tracking.check_trackers = lambda names: None  # "fake" is no accelerate LoggerType
     sys.exit(main(sys.argv[1:]))

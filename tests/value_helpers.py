@@ -1,6 +1,6 @@
 """Shared pieces of the value-level tests (tests/test_*_values.py, test_op_grpo_weights.py): a tiny untrained toy
 model, a dense reward we control, and the current policy's log-probability of a recorded transition written from the
-public kernel (``algorithms.sde.sde_step``) and ``FlowModel.velocity`` alone, not through ``Algorithm`` code."""
+public kernel (``algorithms.engine.sde.sde_step``) and ``FlowModel.velocity`` alone, not through ``Algorithm`` code."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from flowzoo import algorithms
 from flowzoo import models
-from flowzoo.algorithms.sde import sde_step
+from flowzoo.algorithms.engine.sde import sde_step
 from flowzoo.models.toy2d import prompt_set
 from flowzoo.rewards.base import Reward, RewardOutput
 

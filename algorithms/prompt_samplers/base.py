@@ -1,6 +1,6 @@
 """The prompt-sampler hook: which prompts an iteration trains on, and what it learns from their outcomes.
 
-An :class:`~algorithms.base.Algorithm` owns one sampler (``Algorithm.use_prompts``). Every training iteration
+An :class:`~algorithms.engine.base.Algorithm` owns one sampler (``Algorithm.use_prompts``). Every training iteration
 ``Algorithm.train_step(step)`` asks it for a :class:`PromptDraw` (one prompt per group, each with its index in the
 training pool), rolls the groups out, and after the update hands it every group's outcome (:class:`GroupOutcome`:
 the pool index and the group's rewards). A sampler that *filters* (``filters = True``: DAPO's dynamic sampling,
@@ -36,7 +36,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.streams import PROMPT_ORDER
 
 if TYPE_CHECKING:  # the algorithm is only read (its replayable prompts), never imported at run time
-    from flowzoo.algorithms.base import Algorithm
+    from flowzoo.algorithms.engine.base import Algorithm
 
 #: a training pool: (prompt, metadata) pairs
 Pool = Sequence[tuple[str, dict]]

@@ -9,7 +9,7 @@ Which prompts are stored:
 
 * an algorithm with a replay buffer (OP-GRPO: ``Algorithm.replayable_prompts``) -- the prompts it can replay now, so
   these groups also get replayed samples; the draws are bit-identical to OP-GRPO's before samplers existed;
-* any other algorithm -- the sampler's own prompt buffer with OP-GRPO's rules (``algorithms/replay.py``: the best
+* any other algorithm -- the sampler's own prompt buffer with OP-GRPO's rules (``algorithms/engine/replay.py``: the best
   sample of each group is offered if it beats its group's mean; one entry per prompt; scores decay each step; the
   weakest is evicted when full), holding rewards only. Flow-GRPO with this sampler is OP-GRPO's choice of prompts
   without any off-policy sample: the control the OP-GRPO study asks for.
@@ -25,13 +25,13 @@ import torch
 
 from flowzoo.algorithms.prompt_samplers import register
 from flowzoo.algorithms.prompt_samplers.base import GroupOutcome, Pool, PromptDraw, PromptSampler, SamplerConfig, uniform_order
-from flowzoo.algorithms.replay import Admission, ReplayBuffer, ReplayEntry, admits
-from flowzoo.algorithms.plans import iteration_generator
+from flowzoo.algorithms.engine.replay import Admission, ReplayBuffer, ReplayEntry, admits
+from flowzoo.algorithms.engine.plans import iteration_generator
 from flowzoo.errors import ConfigError
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE
 
 if TYPE_CHECKING:
-    from flowzoo.algorithms.base import Algorithm
+    from flowzoo.algorithms.engine.base import Algorithm
 
 
 def share_count(share: float, groups: int, iteration: int) -> int:

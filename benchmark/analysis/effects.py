@@ -1,7 +1,7 @@
 """Effects between cells of runs, with intervals that carry the target's uncertainty and censoring.
 
 The one place where costs to a target and the differences and ratios between cells are estimated; the report
-(:mod:`benchmark.analysis.stats`), the study (:mod:`benchmark.analysis.study`) and its claims table (:mod:`benchmark.analysis.study_claims`) all
+(:mod:`benchmark.analysis.stats`), the study (:mod:`benchmark.study.verdicts`) and its claims table (:mod:`benchmark.study.claims`) all
 read their numbers from here. Definitions:
 
 * **Runs of a task** (:class:`TaskRuns`): per run its cell (algorithm, or ``algorithm@variant`` for a control), seed,

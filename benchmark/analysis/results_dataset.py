@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from flowzoo.benchmark.analysis.loading import find_run_dirs, read_metrics
-from flowzoo.benchmark.experiments.config import read_stored_config
+from flowzoo.benchmark.analysis.runs import find_run_dirs, read_metrics
+from flowzoo.benchmark.config.schema import read_stored_config
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.io import staged_directory
 
@@ -70,7 +70,7 @@ def flatten(mapping: dict, prefix: str = "config") -> dict:
 
 def _seed_sets(suite_name: str) -> dict[int, str]:
     """{seed: set name} of a suite the package knows; empty when it knows none by that name."""
-    from flowzoo.benchmark.experiments.suite import load_suite, suite_names
+    from flowzoo.benchmark.run.suite import load_suite, suite_names
 
     if suite_name not in suite_names():
         return {}

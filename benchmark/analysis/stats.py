@@ -48,7 +48,7 @@ import pandas as pd
 from flowzoo.benchmark.analysis import effects
 from flowzoo.benchmark.analysis.aggregate import (aggregate_iqm_ci, iqm, percentile_interval, performance_profile_ci,
                                  probability_of_improvement_ci)
-from flowzoo.benchmark.analysis.loading import RUN_KEYS, SkippedRun, check_budgets, load_runs, run_summary
+from flowzoo.benchmark.analysis.runs import RUN_KEYS, SkippedRun, check_budgets, load_runs, run_summary
 from flowzoo.benchmark.analysis.targets import (Target, as_target, base_rewards, baseline_finals, check_baseline,
                                         describe_target, target_function, task_targets)
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing  # noqa: F401 (re-exported: one definition)

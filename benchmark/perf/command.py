@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from flowzoo.benchmark.experiments.argument_ranges import check_device
+from flowzoo.benchmark.config.argument_ranges import check_device
 from flowzoo.benchmark.perf.measure import format_result, load_model, parse_overrides, run
 from flowzoo.errors import ConfigError
 

@@ -172,7 +172,7 @@ def make_algorithm(model, family: str, algorithm: str, overrides: dict):
     """``algorithm`` at its released recipe for ``family`` (the recipe file's scope), 4 samples of one prompt and
     ``micro_batch`` 4 (the paper suites' memory setting) unless ``overrides`` say otherwise."""
     from flowzoo import algorithms
-    from flowzoo.benchmark.experiments.recipes import recipe
+    from flowzoo.benchmark.config.recipes import recipe
 
     config = {**recipe(algorithm, "", family), "group_size": 4, "micro_batch": 4, **overrides}
     config["minibatches"] = min(config.get("minibatches", 1), config["group_size"])

@@ -5,7 +5,7 @@ allocation failure, which ends only its own variant. No model code here: ``gpu.p
 Expected figures come from the first GPU run (one H200, 2026-12-04; docs/perf.md "The first GPU run"): a figure is
 either *measured* there, or *estimated* from those measurements, and says which in its ``source``. Seconds are for an
 H100 80 GB: the H200 seconds x ``H100_PER_H200`` (the two share the bf16 matrix peak, the H100 has 0.7x the memory
-bandwidth; no H100 run yet). Memory is the memory estimate of the variant's shape (``benchmark/experiments/memory.py``,
+bandwidth; no H100 run yet). Memory is the memory estimate of the variant's shape (``benchmark/run/memory.py``,
 the one the launch check uses, calibrated on the same H200 run to within 2%); a variant is skipped where it would not
 fit (``memory.fits``: the estimate plus its reserve against the device's memory), as a launch would be refused.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flowzoo.benchmark.experiments import memory
-from flowzoo.benchmark.experiments.memory import FLUX_CHECK, QWEN_CHECK, SD3_CHECK, RunShape, check_shape
+from flowzoo.benchmark.run import memory
+from flowzoo.benchmark.run.memory import FLUX_CHECK, QWEN_CHECK, SD3_CHECK, RunShape, check_shape
 
 #: command time the check is sized for (8 minutes on one H100 80 GB)
 BUDGET_S = 480.0

@@ -244,7 +244,7 @@ def parse_overrides(items) -> dict:
     """``key=value`` algorithm overrides (``algorithm.`` optional), values read as a config's overrides are, and
     checked against Flow-GRPO's config before any model is built."""
     from flowzoo import algorithms
-    from flowzoo.benchmark.experiments.config import parse_override
+    from flowzoo.benchmark.config.schema import parse_override
     from flowzoo.schema import from_mapping
 
     overrides = {}

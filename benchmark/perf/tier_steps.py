@@ -3,7 +3,7 @@ interleaved pytest-benchmark pairs of ``tests/test_bench_perf.py`` (``make perf`
 
 The per-step path is the update as every tier ran it before the tiers chose a fused one: one network call and one
 backward per trained step (``FlowModel.fused_update`` off), torch's default AdamW, and rollout noise drawn one step at a
-time (``algorithms.sde.SERIAL_NORMAL_LIMIT`` 0). Both paths compute the same iteration to float rounding
+time (``algorithms.engine.sde.SERIAL_NORMAL_LIMIT`` 0). Both paths compute the same iteration to float rounding
 (tests/test_fused_update.py, tests/test_noise_streams.py); the pair times them from the same state, in one process.
 """
 
@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from flowzoo.algorithms import sde
+from flowzoo.algorithms.engine import sde
 
 PATHS = ("fast", "per_step")
 #: the cells the pairs time: (suite, task, algorithm), each suite's first study task
@@ -27,8 +27,8 @@ CELLS = {"toy": ("op-grpo-study", "toy2d_sep64_sparse", "flow_grpo"),
 
 def build_cell(tier: str, algorithm: str | None = None):
     """The algorithm of a tier's study cell (its suite's resolved config, seed 0), nothing written."""
-    from flowzoo.benchmark.experiments import experiment
-    from flowzoo.benchmark.experiments.suite import expand, load_suite
+    from flowzoo.benchmark.run import experiment
+    from flowzoo.benchmark.run.suite import expand, load_suite
 
     suite_name, task, default = CELLS[tier]
     name = algorithm or default

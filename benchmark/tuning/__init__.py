@@ -5,8 +5,8 @@
 - ``pruners.py``: the pruning rules, the same for every cell;
 - ``report.py``: ``flowzoo tune --out``: trial tables, the chosen configurations, sensitivity figures.
 
-What a trial may change is declared beside each recipe (benchmark/experiments/search_space.py); the chosen values
-enter a run as its tuned layer (benchmark/experiments/tuned.py, resolved with every other layer by
-benchmark/experiments/resolve.py). This room sits above experiments and analysis: only its design reader (and the
+What a trial may change is declared beside each recipe (benchmark/config/search_space.py); the chosen values
+enter a run as its tuned layer (benchmark/config/tuned.py, resolved with every other layer by
+benchmark/config/resolve.py). This room sits above experiments and analysis: only its design reader (and the
 pruner names it checks) is read by the suite loader.
 """

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flowzoo.algorithms.distributed import SingleProcess
+from flowzoo.algorithms.engine.distributed import SingleProcess
 from flowzoo.benchmark.analysis.stats import bootstrap_ci
-from flowzoo.benchmark.experiments.runner import Runner, is_finished
-from flowzoo.benchmark.experiments.suite import Suite
-from flowzoo.benchmark.tuning.design import TuningDesign
+from flowzoo.benchmark.run.runner import Runner, is_finished
+from flowzoo.benchmark.run.suite import Suite
+from flowzoo.benchmark.config.tuning_design import TuningDesign
 from flowzoo.benchmark.tuning.tune import Cell, counted, curve_value, eval_curve, open_storage, trial_configs
 
 SHARED = "shared"  # the candidate that runs the cell's shared (untuned) recipe

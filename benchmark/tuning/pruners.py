@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 
-PRUNERS = ("median", "median_latest", "none")
+from flowzoo.benchmark.config.tuning_design import PRUNERS  # the names a design may give; each is built here
 
 
 def make_pruner(name: str, startup_trials: int, warmup_evaluations: int):

@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from flowzoo.benchmark.analysis import figures
-from flowzoo.benchmark.experiments.search_space import Knob
+from flowzoo.benchmark.render import figures
+from flowzoo.benchmark.config.search_space import Knob
 from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
 from flowzoo.benchmark.tuning.tune import Cell, check_design, open_storage, shown_url
-from flowzoo.benchmark.tuning.design import TuningDesign
-from flowzoo.benchmark.experiments.tuned import tuned_path
+from flowzoo.benchmark.config.tuning_design import TuningDesign
+from flowzoo.benchmark.config.tuned import tuned_path
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write, atomic_write_text, staged_directory
 

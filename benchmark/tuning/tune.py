@@ -1,7 +1,7 @@
 """``flowzoo tune SUITE``: one Optuna study per (task, algorithm) cell of a suite, the same budget for every cell.
 
-The design comes from the suite's ``tuning:`` section (:mod:`benchmark.tuning.design`), the knobs from
-each algorithm's and prompt sampler's declared search space (:mod:`benchmark.experiments.search_space`). A trial
+The design comes from the suite's ``tuning:`` section (:mod:`benchmark.config.tuning_design`), the knobs from
+each algorithm's and prompt sampler's declared search space (:mod:`benchmark.config.search_space`). A trial
 trains the cell's config (the suite's, as ``flowzoo bench`` builds it, with the trial's values in the tuned layer)
 once per tuning seed through the runner, reporting every evaluation's partial objective to the pruner.
 
@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flowzoo.algorithms.distributed import SingleProcess
-from flowzoo.benchmark.experiments.config import ExperimentConfig
-from flowzoo.benchmark.experiments.executors import Resources
-from flowzoo.benchmark.experiments.runner import Runner
-from flowzoo.benchmark.experiments.search_space import Knob, algorithm_space, sampler_space
-from flowzoo.benchmark.experiments.suite import Suite, cell_keys, expand, load_suite, select
-from flowzoo.benchmark.experiments.suite import cells as suite_cells_of
-from flowzoo.benchmark.tuning.design import TuningDesign, read_design
-from flowzoo.benchmark.experiments.tuned import TunedValues, sampler_name
+from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.benchmark.config.schema import ExperimentConfig
+from flowzoo.benchmark.run.executors import Resources
+from flowzoo.benchmark.run.runner import Runner
+from flowzoo.benchmark.config.search_space import Knob, algorithm_space, sampler_space
+from flowzoo.benchmark.run.suite import Suite, cell_keys, expand, load_suite, select
+from flowzoo.benchmark.run.suite import cells as suite_cells_of
+from flowzoo.benchmark.config.tuning_design import TuningDesign, read_design
+from flowzoo.benchmark.config.tuned import TunedValues, sampler_name
 from flowzoo.benchmark.tuning.pruners import make_pruner
 from flowzoo.cells import base_task
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
@@ -136,7 +136,7 @@ def tuning_cells(suite: Suite, design: TuningDesign, tasks_csv: str | None = Non
             sampler_knobs = {k: v for k, v in sampler_knobs.items() if k in design.knobs}
         if not knobs and not sampler_knobs:
             raise ConfigError(f"{alg} declares no search space; add a `search_space:` section to "
-                              f"benchmark/hyperparams/{alg}.yaml (docs/tuning.md)")
+                              f"benchmark/recipes/{alg}.yaml (docs/tuning.md)")
         cells.append(Cell(task, alg, knobs, sampler, sampler_knobs, inert))
     return cells
 
@@ -161,8 +161,8 @@ def validation_overrides(design: TuningDesign) -> list[str]:
 def check_validation(suite: Suite, design: TuningDesign, task: str, keys) -> None:
     """A one-line ConfigError when a cell's trials would score on its reported evaluation set: the design's
     evaluation noise is the cell's own, or its held-out prompts do not exist for the cell's prompt source."""
-    from flowzoo.benchmark.experiments.config import TrainSection
-    from flowzoo.benchmark.experiments.prompts import PromptSection, load_prompts
+    from flowzoo.benchmark.config.schema import TrainSection
+    from flowzoo.benchmark.prompts.sources import PromptSection, load_prompts
     from flowzoo.schema import from_mapping
 
     where = f"suite {suite.name}: tuning.validation"
@@ -184,7 +184,7 @@ def inert_knobs(keys, task: str, alg: str, knobs: dict) -> dict[str, str]:
     ``inert_keys``: e.g. AWM's ``ema_kl_beta`` at ``kl_beta`` 0), unless a knob that makes them inert is tuned too:
     {knob: why}."""
     from flowzoo import algorithms
-    from flowzoo.benchmark.experiments.resolve import Layers, resolve
+    from flowzoo.benchmark.config.resolve import Layers, resolve
 
     data = {**keys.data, "task": task}
     resolved = resolve(data, alg, Layers(keys.shared, keys.own, keys.pinned)).data["algorithm"]
@@ -665,7 +665,7 @@ def _worker(suite_ref: str, tasks: str | None, algorithms: str | None, trials: i
 
 
 def load_tuning(suite_ref: str) -> tuple[Suite, TuningDesign]:
-    from flowzoo.benchmark.experiments.suite import evaluation_seeds
+    from flowzoo.benchmark.run.suite import evaluation_seeds
 
     suite = load_suite(suite_ref)
     if suite.tuning is None:
@@ -739,7 +739,7 @@ class TuneJob:
 def worker_resources(suite: Suite, cells: list[Cell], site: dict | None) -> Resources:
     """What one tune job asks for: the largest of its cells' tasks' resources (a worker trains every cell's trials,
     one run at a time in its own process: one GPU at most, its CPUs as torch threads)."""
-    from flowzoo.benchmark.experiments.suite import task_resources
+    from flowzoo.benchmark.run.suite import task_resources
 
     each = [task_resources(suite, task, site) for task in dict.fromkeys(c.task for c in cells)]
     return Resources(gpus=min(1, max(r.gpus for r in each)), cpus=max(r.cpus for r in each),
@@ -780,7 +780,7 @@ class TrialLines:
 def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers: int, budget: int) -> None:
     """``workers`` scheduler jobs, each one tune worker (:class:`TuneJob`, worker indices 0..workers-1 as local
     workers have), waited for; a failed job is one line naming it and its log."""
-    from flowzoo.benchmark.experiments.executors import GridJob
+    from flowzoo.benchmark.run.executors import GridJob
     from flowzoo.errors import RunError
 
     res = worker_resources(suite, cells, executor.cluster.resources)
@@ -838,7 +838,7 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
          algorithms: str | None = None, storage: str | None = None,
          executor=None) -> tuple[Suite, TuningDesign, list[Cell], str]:
     """Run every cell's trials (``workers`` processes sharing the storage, or with ``executor``, a
-    :class:`benchmark.experiments.executors.SubmititGrid`, ``workers`` scheduler jobs); returns what the report
+    :class:`benchmark.run.executors.SubmititGrid`, ``workers`` scheduler jobs); returns what the report
     needs."""
     if trials is not None and trials < 1:
         raise ConfigError(f"--trials {trials}: give a positive number of trials (the same for every cell)")

@@ -3,7 +3,7 @@
 Three claims in the form a paper states them, each with the rule that decides its verdict, fixed before any run:
 MixGRPO-Flash (SDE steps in a sliding window, the steps after it compressed into a coarser DPM-Solver++ tail) reaches
 80% of Flow-GRPO's gain in no more training steps, with fewer model evaluations, and loses no final reward. The
-margins are this example's, not a paper's numbers. Save this file in ``benchmark/analysis/claim_sets/`` to add it to
+margins are this example's, not a paper's numbers. Save this file in ``benchmark/study/claim_sets/`` to add it to
 the zoo; a suite then names it with ``claims: example-mix-grpo-flash``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flowzoo.benchmark.analysis.study_claims import (
+from flowzoo.benchmark.study.claims import (
     INF,
     SAVING_ZONES,
     ClaimSet,

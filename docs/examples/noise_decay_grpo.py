@@ -2,7 +2,7 @@
 
 The noise level a of the rollout's SDE steps (Flow-GRPO's std_t = a sqrt(s / (1 - s))) starts at ``noise_level`` and
 is multiplied by ``noise_decay`` every iteration, down to ``noise_floor``: more exploration early in training, samples
-closer to the deterministic sampler later. Save this file as ``algorithms/noise_decay_grpo.py`` to add it to the zoo.
+closer to the deterministic sampler later. Save this file as ``algorithms/methods/noise_decay_grpo.py`` to add it to the zoo.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from flowzoo.algorithms import register
-from flowzoo.algorithms.base import AlgorithmConfig
-from flowzoo.algorithms.distributed import GatheredBatch
-from flowzoo.algorithms.flow_grpo import FlowGRPO
-from flowzoo.algorithms.trajectory import StepPlan, Trajectory
+from flowzoo.algorithms.engine.base import AlgorithmConfig
+from flowzoo.algorithms.engine.distributed import GatheredBatch
+from flowzoo.algorithms.methods.flow_grpo import FlowGRPO
+from flowzoo.algorithms.engine.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
 
 

@@ -1,0 +1,5 @@
+"""The engine every algorithm shares: the SDE step kernels (``sde``), rollouts and trajectories (``rollout``,
+``trajectory``), step plans (``plans``), group advantages (``advantages``), the loss math (``losses``), the GRPO
+iteration as a template (``base``), OP-GRPO's replay buffer (``replay``), the EMA (``ema``), and data parallelism with
+its lockstep contract (``distributed``, ``lockstep``). Nothing here names a method; the methods live in
+``algorithms/methods/``."""

@@ -1,0 +1,186 @@
+"""``flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]``: the runner's evaluation.
+
+* A run directory: its ``config.yaml`` rebuilds the experiment and its ``checkpoint.pt`` (the final one of a finished
+  run, else the latest) is loaded through the runner's checkpoint loader, which refuses a corrupt checkpoint or one
+  written by another config. The evaluation is the run's own (same held-out prompts, noise, ODE steps, guidance), so
+  without ``--steps``/``--samples`` it repeats the ``eval_reward`` the run logged at that step.
+* A config file (with optional ``key=value`` overrides): its untrained model, i.e. the run's step-0 evaluation.
+
+``--steps N`` sets the ODE steps (``train.eval_num_steps``), ``--samples K`` the samples per held-out prompt
+(``train.eval_samples_per_prompt``). The evaluation is :meth:`benchmark.run.runner.Runner.evaluate`: deterministic ODE
+samples from the fixed noise stream ``train.eval_seed``, scored by the config's reward. The result (one JSON line on
+stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
+``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag, and
+``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its normal 95% interval
+(the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). Nothing is
+written into the run directory: an ``--out`` inside any run directory, or the config file evaluated, is refused before
+the evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.errors import ConfigError
+from flowzoo.io import atomic_write_text
+
+
+class _TagRecorder:
+    """The reward, recording each scored batch's output with its metadata (for the per-tag means)."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.batches: list[tuple[object, list[dict]]] = []
+        self.prompts: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self.reward, name)
+
+    def __call__(self, samples, prompts, metadata):
+        out = self.reward(samples, prompts, metadata)
+        self.batches.append((out, list(metadata or [{} for _ in prompts])))
+        self.prompts += list(prompts)
+        return out
+
+    def interval(self, z: float = 1.96) -> dict[str, float]:
+        """The mean score's standard error clustered by prompt text, and its normal 95% interval.
+
+        Samples of one prompt (its repeats in the prompt list and its samples per prompt) are correlated, so the
+        standard error treats each distinct prompt as one cluster: the cluster-robust (Liang-Zeger sandwich)
+        variance of a mean, ``C / (C - 1) * sum_c (sum_{i in c} (s_i - mean))^2 / N^2`` over C prompts and N
+        samples. NaN with fewer than two distinct prompts."""
+        scores = [float(v) for out, _ in self.batches for v in out.score.tolist()]
+        clusters = len(set(self.prompts))
+        if not scores or clusters < 2:
+            return {"eval_reward_se": math.nan, "eval_reward_ci95": [math.nan, math.nan]}
+        mean = sum(scores) / len(scores)
+        sums: dict[str, float] = defaultdict(float)
+        for prompt, score in zip(self.prompts, scores):
+            sums[prompt] += score - mean
+        se = math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(self.prompts)
+        return {"eval_reward_se": se, "eval_reward_ci95": [mean - z * se, mean + z * se]}
+
+    def by_tag(self) -> dict[str, dict[str, float]]:
+        """{tag: {"eval_reward": mean score, "eval/<component>": mean}} when the samples carry two or more tags."""
+        totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for out, metadata in self.batches:
+            columns = {"eval_reward": out.score, **{f"eval/{k}": v for k, v in out.components.items()}}
+            for column, values in columns.items():
+                for value, meta in zip(values.tolist(), metadata):
+                    totals[meta.get("tag")][column].append(float(value))
+        if None in totals or len(totals) < 2:
+            return {}
+        return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
+
+
+#: what makes a folder a run directory for ``--out``: its config.yaml and one file training writes beside it
+RUN_FILES = ("metrics.csv", "done.json", "checkpoint.pt")
+
+
+def run_directory_above(path: Path) -> Path | None:
+    """The run directory (config.yaml and one of :data:`RUN_FILES`) that holds ``path``, at any depth, or None."""
+    for folder in path.resolve().parents:
+        if (folder / "config.yaml").is_file() and any((folder / name).exists() for name in RUN_FILES):
+            return folder
+    return None
+
+
+def check_out_file(out: Path, target: Path | None = None) -> Path:
+    """``--out FILE`` can be written (checked before the evaluation, which may take minutes): a file path in an
+    existing, writable directory, outside the shipped weights, outside every run directory (the evaluated run's and
+    any other's: a run's files are its own) and not the config file it evaluates."""
+    from flowzoo.models.shipped import refuse_shipped
+
+    refuse_shipped(out, "--out")
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {str(out)!r}: need a file path in an existing directory")
+    if target is not None and target.is_file() and out.exists() and out.resolve() == target.resolve():
+        raise ConfigError(f"--out {str(out)!r} is the file it evaluates; give another path")
+    run = run_directory_above(out)
+    if run is not None:
+        raise ConfigError(f"--out {str(out)!r} is inside the run directory {str(run)!r}: a run's files are its own "
+                          f"(eval writes nothing into a run); give a path outside it")
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"--out {str(out)!r}: {'the file' if out.exists() else 'its directory'} is not writable "
+                          f"(permissions or a read-only file system)")
+    return out
+
+
+def _target(path: Path, overrides: Sequence[str]):
+    """(config, checkpoint state or None, checkpoint path or None) of a run directory or a config file."""
+    from flowzoo.benchmark.run.run_source import load_run
+    from flowzoo.benchmark.run.runner import load_trained_run
+    from flowzoo.benchmark.run.suite import parse_cell_ref
+
+    if path.is_dir():
+        if overrides:
+            raise ConfigError(f"key=value overrides ({' '.join(overrides)}) apply to a config file; a run is evaluated "
+                              f"as it was trained (change --steps/--samples, or evaluate its config.yaml)")
+        return load_trained_run(path, f"evaluate {str(path / 'config.yaml')!r} for the untrained model")
+    if not path.is_file() and parse_cell_ref(str(path)) is None:
+        raise ConfigError(f"{str(path)!r} does not exist; give a config file, a run directory or a suite's cell "
+                          f"SUITE:TASK/ALGORITHM")
+    return load_run(str(path), overrides)[0], None, None
+
+
+def evaluate(
+    target: str | Path, steps: int | None = None, samples: int | None = None, out: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> dict:
+    """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
+    from flowzoo.benchmark.run.runner import Runner, finished_summary
+
+    for flag, value in (("--steps", steps), ("--samples", samples)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if out is not None:
+        out = check_out_file(Path(out), Path(target))
+    path = Path(target)
+    config, state, checkpoint = _target(path, overrides)
+    train = dataclasses.replace(
+        config.train, save_samples=False,
+        eval_num_steps=config.train.eval_num_steps if steps is None else steps,
+        eval_samples_per_prompt=config.train.eval_samples_per_prompt if samples is None else samples,
+    )
+    runner = Runner(dataclasses.replace(config, train=train), progress=False, dist=SingleProcess())
+    runner.build()
+    step = 0
+    if state is not None:
+        runner.algorithm.load_state_dict(state["algorithm"])
+        step = state["step"]
+    recorder = _TagRecorder(runner.reward)
+    runner.reward = recorder
+    t0 = time.perf_counter()
+    result = runner.evaluate(step)
+    record = {
+        "source": str(path),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "step": step,
+        "finished": finished_summary(path, config) is not None if checkpoint is not None else None,
+        "model": config.model.name,
+        "algorithm": config.algorithm_name,
+        "reward": config.reward,
+        "eval_sampler": runner.eval_sampler.label,
+        "guidance": runner.eval_sampler.effective_guidance(runner.model),
+        "shift": runner.eval_sampler.shift,
+        "num_steps": runner.eval_sampler.num_steps,
+        "prompts": len(runner.eval_prompts),
+        "samples_per_prompt": train.eval_samples_per_prompt,
+        **result,
+        **recorder.interval(),
+        "eval_s": round(time.perf_counter() - t0, 2),
+    }
+    by_tag = recorder.by_tag()
+    if by_tag:
+        record["by_tag"] = by_tag
+    if out is not None:
+        atomic_write_text(out, json.dumps(record, indent=2) + "\n")
+    return record
