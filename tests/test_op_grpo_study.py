@@ -257,7 +257,7 @@ def test_a_suite_name_that_would_leave_the_runs_directory_is_refused(tmp_path):
 
 
 def test_unseen_conditions_task_trains_on_56_conditions_and_evaluates_the_8_it_never_saw(tmp_path):
-    """The held-out-conditions task (issue 57): every 8th condition is out of training and of the test prompts, and is
+    """The held-out-conditions task (generalisation): every 8th condition is out of training and of the test prompts, and is
     the unseen set; its claims are part of the study's claim set (not tested until its runs exist)."""
     from flowzoo.benchmark.study.claim_sets.op_grpo_paper import UNSEEN_LABEL, UNSEEN_TASK, toy_claims
     from flowzoo.benchmark.prompts.sources import load_unseen
