@@ -39,7 +39,7 @@ from flowzoo import algorithms
 from flowzoo.benchmark.config.schema import read_yaml
 from flowzoo.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES_DIR = Path(__file__).absolute().parents[1] / "recipes"  # not resolved: a linked copy of the tree is its own
 SAMPLERS_DIR = RECIPES_DIR / "samplers"
 INHERITS = "inherits"
 #: the file's search space for ``flowzoo tune``, not a recipe scope

@@ -43,7 +43,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.labels import check_label
 from flowzoo.schema import differing_keys, from_mapping
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # benchmark/
+PACKAGE_DIR = Path(__file__).absolute().parents[1]  # benchmark/ (not resolved: a linked copy of the tree is its own)
 SUITES_DIR = PACKAGE_DIR / "suites"
 
 
