@@ -100,9 +100,16 @@ def _train_all(configs: list, workers: int) -> list[tuple[str, float]]:
     if workers <= 1 or len(configs) <= 1:
         return [_train(config) for config in configs]
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(configs))) as pool:
-        return list(pool.map(_train, configs))
+    from flowzoo.errors import RunError
+
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(configs))) as pool:
+            return list(pool.map(_train, configs))
+    except BrokenProcessPool:  # kill -9 of one (the out-of-memory killer's way): one line, not the pool's traceback
+        raise RunError("a process of the confirmation died (killed, likely by the out-of-memory killer); its finished "
+                       "runs are kept: rerun the same command to resume the others from their checkpoints") from None
 
 
 def stored_rows(study) -> pd.DataFrame | None:

@@ -23,7 +23,6 @@ import os
 import re
 import socket
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,11 @@ from flowzoo.benchmark.experiments.suite import Suite, cell_keys, expand, load_s
 from flowzoo.benchmark.experiments.suite import cells as suite_cells_of
 from flowzoo.benchmark.tuning.design import TuningDesign, read_design
 from flowzoo.benchmark.experiments.tuned import TunedValues, sampler_name
+from flowzoo.benchmark.tuning.local_workers import run_local_workers
 from flowzoo.benchmark.tuning.pruners import make_pruner
 from flowzoo.cells import base_task
 from flowzoo.curves import DEFAULT_SMOOTH, smooth_trailing
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.errors import ConfigError, FlowZooError, RunError
 
 #: seconds between a worker's heartbeats, and the silence after which another host's trial counts as dead
 HEARTBEAT_S, GRACE_S = 20, 120
@@ -274,16 +274,30 @@ def _retry(study, trial, params: dict | None = None) -> None:
     study.enqueue_trial(trial.params if params is None else params, user_attrs={"retry_of": first, "retries": trial.user_attrs.get("retries", 0) + 1})
 
 
-def _duplicate_retry(trial) -> bool:
-    """Whether this trial re-runs a dead trial that a lower-numbered trial already re-runs (or re-ran)."""
+def _duplicate_retry(trial, trials: list | None = None) -> bool:
+    """Whether this trial re-runs a dead trial that a lower-numbered trial already re-runs (or re-ran); ``trials``:
+    the study's trials (default: read from ``trial.study``)."""
     from optuna.trial import TrialState
 
     if "retry_of" not in trial.user_attrs:
         return False
     key = (trial.user_attrs["retry_of"], trial.user_attrs.get("retries"))
     live = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
-    return any(t.number < trial.number and (t.user_attrs.get("retry_of"), t.user_attrs.get("retries")) == key
-               for t in trial.study.get_trials(deepcopy=False, states=live))
+    trials = trial.study.get_trials(deepcopy=False, states=live) if trials is None else trials
+    return any(t.state in live and t.number < trial.number
+               and (t.user_attrs.get("retry_of"), t.user_attrs.get("retries")) == key for t in trials)
+
+
+def waiting_duplicate(study) -> bool:
+    """Whether a queued trial re-runs what a lower-numbered trial already re-runs (or re-ran): a copy left by two
+    workers that both failed one dead trial. The budget loop pops such a copy (marking it ``duplicate``, uncounted)
+    even when the budget is spent, so no copy stays queued: a later larger ``--trials`` would pop it and, before the
+    copy was told apart from an over-budget trial, end its worker one trial short; a queued trial also holds back the
+    confirmation."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    return any(_duplicate_retry(t, trials) for t in trials if t.state == TrialState.WAITING)
 
 
 #: how long a running trial may stay unclaimed (no ``worker`` attribute yet) before it counts as dead: a process
@@ -291,31 +305,35 @@ def _duplicate_retry(trial) -> bool:
 UNCLAIMED_GRACE_S = 60.0
 
 
-def fail_dead_trials(study, grace_s: float = UNCLAIMED_GRACE_S) -> None:
+def fail_dead_trials(study, grace_s: float = UNCLAIMED_GRACE_S, lock=None) -> None:
     """Fail (and re-run) the running trials of this host whose process is dead: no waiting for the heartbeat.
 
     A running trial that no worker has claimed is dead once it is ``grace_s`` old (a live worker claims its trial as
     the objective's first step); while a younger one is unclaimed this waits for it to be claimed or to age out, so a
-    resumed tune never leaves one running forever and counted against the budget."""
+    resumed tune never leaves one running forever and counted against the budget. Each look runs under ``lock`` (the
+    SQLite storage's :func:`claim_lock`): SQLite reads a trial's state and writes FAIL without a row lock between, so
+    two workers resuming at once both failed one dead trial and both queued its re-run (a duplicate)."""
     import datetime
+    from contextlib import nullcontext
 
     from optuna.trial import TrialState
 
     while True:
         waiting = False
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            worker = trial.user_attrs.get("worker")
-            if worker:
-                if _dead_here(worker):
-                    _fail(study, trial, trial.params)
-                continue
-            age = (datetime.datetime.now() - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
-            if age < grace_s:
-                waiting = True
-            elif "retry_of" in trial.user_attrs:  # a re-run popped from the queue: its values are still owed
-                _fail(study, trial, trial.system_attrs.get("fixed_params", {}))
-            else:  # it died before drawing anything: nothing to re-run
-                _fail(study, trial, None)
+        with lock if lock is not None else nullcontext():
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                worker = trial.user_attrs.get("worker")
+                if worker:
+                    if _dead_here(worker):
+                        _fail(study, trial, trial.params)
+                    continue
+                age = (datetime.datetime.now() - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
+                if age < grace_s:
+                    waiting = True
+                elif "retry_of" in trial.user_attrs:  # a re-run popped from the queue: its values are still owed
+                    _fail(study, trial, trial.system_attrs.get("fixed_params", {}))
+                else:  # it died before drawing anything: nothing to re-run
+                    _fail(study, trial, None)
         if not waiting:
             return
         time.sleep(1.0)
@@ -373,10 +391,10 @@ class Objective:
         trial.set_user_attr("worker", _process_id())
         if self.claimed is not None:
             self.claimed()
-        if counted(trial.study, before=trial.number) >= self.budget:
-            trial.set_user_attr("over_budget", True)
-            raise OverBudget(trial.number)
         if _duplicate_retry(trial):  # two workers both re-queued one dead trial: the lower-numbered copy runs it
+            trial.set_user_attr("duplicate", True)  # uncounted, and its worker goes on (the budget may not be spent)
+            raise OverBudget(trial.number)
+        if counted(trial.study, before=trial.number) >= self.budget:
             trial.set_user_attr("over_budget", True)
             raise OverBudget(trial.number)
         values = {name: knob.suggest(trial, name) for name, knob in self.cell.all_knobs().items()}
@@ -541,6 +559,57 @@ def engine_kwargs(url: str) -> dict:
     return {}
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite storage URL; None for a database server, an in-memory SQLite or what is no URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+def schema_ready(path: str) -> bool:
+    """Whether the SQLite file holds Optuna's schema, stamped (``alembic_version``, the last thing Optuna writes when
+    it makes a storage); a read-only look, False for a missing, unreadable or half-made file."""
+    import sqlite3
+    from urllib.parse import quote
+
+    if not Path(path).is_file():
+        return False
+    connection = None
+    try:
+        connection = sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro", uri=True)
+        return connection.execute("SELECT 1 FROM alembic_version").fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        if connection is not None:
+            connection.close()
+
+
+def schema_lock(url: str):
+    """A lock file beside a SQLite storage whose schema is not made yet (``optuna.db.schema.lock``), held while Optuna
+    makes it; a no-op for a made one or a database server.
+
+    Optuna makes a new storage's tables, then reads that no schema version is stamped and stamps one; two processes
+    opening one new SQLite file at once both read "none" and the second stamp fails (``IntegrityError`` on
+    ``alembic_version``, or "table ... already exists"): three ``flowzoo tune`` commands started at once on a fresh
+    storage lost one about half the time. Under the lock the first makes the schema and the others find it made."""
+    from contextlib import nullcontext
+
+    from filelock import FileLock
+
+    path = sqlite_file(url)
+    if path is None or schema_ready(path):
+        return nullcontext()
+    return FileLock(f"{path}.schema.lock")
+
+
 def open_storage(url: str):
     """An Optuna RDB storage with heartbeats (a dead process's trial is failed and re-run)."""
     import optuna
@@ -549,7 +618,7 @@ def open_storage(url: str):
 
     kwargs = engine_kwargs(url)
     try:
-        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5; we rely on them knowingly
+        with schema_lock(url), warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5; we rely on them
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                               grace_period=GRACE_S, heartbeat_stale_trial_callback=_retry)
@@ -634,8 +703,8 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
     release = (lambda: lock.release(force=True)) if lock is not None else None
     objective = Objective(suite, design, cell, budget, trials_dir / cell.task / cell.algorithm, threads, release)
     while True:
-        fail_dead_trials(study)
-        if counted(study) >= budget:
+        fail_dead_trials(study, lock=lock)
+        if counted(study) >= budget and not waiting_duplicate(study):
             return
         # seeded by the trials so far and this worker's index: two workers that ask at the same moment must not
         # draw the same values (worker 0 alone: a serial tune is reproducible)
@@ -650,6 +719,8 @@ def tune_cell(suite: Suite, design: TuningDesign, cell: Cell, budget: int, stora
                 lock.release(force=True)  # no-op when the objective released it
         last = max((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == _process_id()),
                    key=lambda t: t.number, default=None)
+        if last is not None and last.user_attrs.get("duplicate"):
+            continue
         if last is None or last.user_attrs.get("over_budget"):
             return
         if last.state in (TrialState.COMPLETE, TrialState.PRUNED):
@@ -805,20 +876,31 @@ def tune_as_jobs(executor, suite: Suite, cells: list[Cell], args: tuple, workers
 LOCAL_WORKERS_PER_CPU = 4
 
 
-def die_with_parent(parent: int) -> None:
-    """A local worker ends with the ``flowzoo tune`` that started it (Linux ``PR_SET_PDEATHSIG``): a kill -9 of the
-    command leaves no worker training unseen (its trial is failed and re-run by the next tune, from its runs'
-    checkpoints). Elsewhere a no-op."""
-    import ctypes
-    import signal
+def worker_death(suite: Suite, cells: list[Cell], url: str, budget: int, workers: int, death) -> str:
+    """The one line for a local worker that died (:class:`benchmark.tuning.local_workers.Death`), naming the trial it
+    was running, which is failed and queued again with its values here (so the storage holds no trial running)."""
+    from contextlib import nullcontext
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the call: nothing would signal us
-        os._exit(1)
+    import optuna
+    from optuna.trial import TrialState
+
+    storage, lock = open_storage(url), claim_lock(url)
+    prefix = f"{socket.gethostname()}:{death.pid}:"
+    where = []
+    for cell in cells:
+        try:
+            study = optuna.load_study(study_name=f"{suite.name}/{cell.study_name}", storage=storage)
+        except KeyError:  # no worker opened it
+            continue
+        with lock if lock is not None else nullcontext():
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if str(trial.user_attrs.get("worker", "")).startswith(prefix):
+                    where.append(f"trial {trial.number} of {cell.study_name}")
+                    _fail(study, trial, trial.params)
+    during = f"in {', '.join(where)}" if where else "between trials"
+    return (f"tune {suite.name}: worker {death.index + 1} of {workers} (pid {death.pid}) died, {death.how()}, {during}; "
+            f"the other workers were stopped; finished trials are kept and the interrupted ones queued again: rerun "
+            f"the same command to resume them from their checkpoints and finish the budget ({budget} trials per cell)")
 
 
 def check_workers(workers: int, total_trials: int, local: bool) -> None:
@@ -868,7 +950,7 @@ def tune(suite_ref: str, runs_dir: Path, workers: int = 1, trials: int | None = 
     elif workers == 1:
         _worker(*args, None)
     else:
-        with ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-            for future in [pool.submit(_worker, *args, 1, index) for index in range(workers)]:
-                future.result()
+        death = run_local_workers(_worker, lambda index: (*args, 1, index), workers)
+        if death is not None:
+            raise RunError(worker_death(suite, cells, url, budget, workers, death))
     return suite, design, cells, url

@@ -1,0 +1,139 @@
+"""The local tune workers of ``flowzoo tune --workers N``: N processes started here, each training trials against the
+shared storage, waited for; and what the command says when one of them dies.
+
+A worker that raises (a bad value, Ctrl-C) passes its error back, and the command raises it once every worker has
+ended. A worker that dies without a word (``kill -9``: what the out-of-memory killer sends) stops the others as Ctrl-C
+does (their trials are failed and queued again with their values) and is reported in one line naming the signal and
+the trial it was running, which :func:`benchmark.tuning.tune.tune` fails and queues again too: the storage is left
+with no trial running, and a rerun of the same command resumes every interrupted trial from its runs' checkpoints
+and finishes the budget.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Callable
+
+
+def die_with_parent(parent: int) -> None:
+    """A local worker ends with the ``flowzoo tune`` that started it (Linux ``PR_SET_PDEATHSIG``): a kill -9 of the
+    command leaves no worker training unseen (its trial is failed and re-run by the next tune, from its runs'
+    checkpoints). Elsewhere a no-op."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call: nothing would signal us
+        os._exit(1)
+
+
+class WorkerTraceback(Exception):
+    """A worker's traceback, attached as the cause of the error it passed back (a bug shows where it happened)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Death:
+    """A worker that ended without passing back a result: its index, pid and exit code (negative: the signal)."""
+
+    index: int
+    pid: int
+    exitcode: int | None
+
+    def how(self) -> str:
+        """How it ended, in words: ``killed by SIGKILL (likely the out-of-memory killer)``, ``exited with status 1``."""
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            oom = " (likely the out-of-memory killer, which sends it)" if -self.exitcode == signal.SIGKILL else ""
+            return f"killed by {name}{oom}"
+        return f"exited with status {self.exitcode} without a result"
+
+
+def _child(connection, parent: int, target: Callable, args: tuple) -> None:
+    die_with_parent(parent)
+    try:
+        target(*args)
+        outcome = None
+    except BaseException as error:  # noqa: BLE001 - every error goes back to the command, Ctrl-C included
+        outcome = (error, traceback.format_exc())
+    try:
+        connection.send(outcome)
+    except Exception:  # an error that does not pickle: its traceback as text
+        connection.send((RuntimeError(outcome[1].strip().splitlines()[-1]), outcome[1]))
+    connection.close()
+
+
+def run_local_workers(target: Callable, args_of: Callable[[int], tuple], workers: int) -> Death | None:
+    """``target(*args_of(index))`` in ``workers`` processes, waited for. The first worker that dies without a result
+    stops the others (SIGINT, as Ctrl-C) and is returned once all have ended; else the first error a worker passed
+    back is raised (with its traceback as the cause) once all have ended; else None."""
+    context = multiprocessing.get_context()
+    parent = os.getpid()
+    running: dict = {}  # sentinel -> (index, process, connection)
+    for index in range(workers):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_child, args=(send, parent, target, args_of(index)), daemon=False)
+        process.start()
+        send.close()
+        running[process.sentinel] = (index, process, receive)
+    outcomes: dict[int, object] = {}
+    try:
+        death = _wait(running, outcomes)
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too: let them queue their trials again, then stop
+        for _, process, _ in running.values():
+            process.join()
+        raise
+    if death is not None:
+        return death
+    errors = [outcomes[i] for i in sorted(outcomes) if outcomes[i] is not None and outcomes[i] is not _DIED]
+    if errors:
+        error, text = errors[0]
+        raise error from WorkerTraceback(text)
+    return None
+
+
+def _wait(running: dict, outcomes: dict) -> Death | None:
+    """Every worker's end and what it passed back (into ``outcomes``); the first that died without a result."""
+    death: Death | None = None
+    while running:
+        readers = {connection: index for index, _, connection in running.values() if index not in outcomes}
+        for ready in wait([*running, *readers]):
+            if ready in readers:
+                outcomes[readers[ready]] = _receive(ready)
+                continue
+            index, process, connection = running.pop(ready)
+            process.join()
+            if index not in outcomes:  # what it sent before it ended is still in the pipe
+                outcomes[index] = _receive(connection) if connection.poll() else _receive(None)
+            connection.close()
+            if outcomes[index] is _DIED and death is None:
+                death = Death(index, process.pid, process.exitcode)
+                for _, other, _ in running.values():  # stop the others as Ctrl-C does: their trials queued again
+                    if other.is_alive():
+                        os.kill(other.pid, signal.SIGINT)
+    return death
+
+
+_DIED = object()  # a worker that passed back nothing
+
+
+def _receive(connection):
+    if connection is None:
+        return _DIED
+    try:
+        return connection.recv()
+    except (EOFError, OSError):
+        return _DIED
