@@ -9,6 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("algorithms", "models", "rewards", "benchmark", "flowzoo")
+#: the modules of `flowzoo tune` (tune.py and the parts it was split into), above the suite loader's design reader
+TUNING_ROOM = tuple(f"flowzoo.benchmark.tuning.{m}" for m in ("tune", "cells", "objective", "budget", "storage",
+                                                               "studies", "trial_worker", "local_workers", "jobs"))
 #: layer -> the layers it must never import (module-name prefixes)
 FORBIDDEN = {
     "flowzoo": ("flowzoo.algorithms", "flowzoo.models", "flowzoo.rewards", "flowzoo.benchmark"),
@@ -20,14 +23,13 @@ FORBIDDEN = {
     # the suite loader reads its tuning: section with the tuning room's design reader (which, with the pruner names
     # it checks, imports nothing of experiments); the rest of the room (trials, report) sits above experiments
     "flowzoo.benchmark.experiments": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.perf", "flowzoo.benchmark.cli",
-                                      "flowzoo.benchmark.catalog", "flowzoo.benchmark.tuning.tune",
-                                      "flowzoo.benchmark.tuning.report"),
+                                      "flowzoo.benchmark.catalog", *TUNING_ROOM, "flowzoo.benchmark.tuning.report"),
     "flowzoo.benchmark.analysis": ("flowzoo.benchmark.perf", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog",
                                    "flowzoo.benchmark.tuning"),
-    "flowzoo.benchmark.tuning.design": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
-                                        "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.report"),
-    "flowzoo.benchmark.tuning.pruners": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis",
-                                         "flowzoo.benchmark.tuning.tune", "flowzoo.benchmark.tuning.design"),
+    "flowzoo.benchmark.tuning.design": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis", *TUNING_ROOM,
+                                        "flowzoo.benchmark.tuning.report"),
+    "flowzoo.benchmark.tuning.pruners": ("flowzoo.benchmark.experiments", "flowzoo.benchmark.analysis", *TUNING_ROOM,
+                                         "flowzoo.benchmark.tuning.design"),
     "flowzoo.benchmark.perf": ("flowzoo.benchmark.analysis", "flowzoo.benchmark.cli", "flowzoo.benchmark.catalog"),
 }
 

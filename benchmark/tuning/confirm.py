@@ -4,7 +4,7 @@ The best of N noisy trials is biased upward (the winner's curse): on the tiny ra
 tuning seed on a sparse reward, every tuned cell but one ended *lower* on the study's seeds than at the shared recipe.
 So when a design has ``confirmation: {seeds: [...], top_k: K}``, after a cell's trials are spent the K best complete
 trials and the cell's shared recipe (no tuned value) each train once per confirmation seed, on the same validation
-split as the trials (benchmark/tuning/tune.py ``trial_configs``), and:
+split as the trials (benchmark/tuning/cells.py ``trial_configs``), and:
 
 - the pick is the candidate with the highest mean objective on the confirmation seeds;
 - when that is the shared recipe, the cell keeps it: its tuned file holds no value and says so;

@@ -4,7 +4,7 @@ shared storage, waited for; and what the command says when one of them dies.
 A worker that raises (a bad value, Ctrl-C) passes its error back, and the command raises it once every worker has
 ended. A worker that dies without a word (``kill -9``: what the out-of-memory killer sends) stops the others as Ctrl-C
 does (their trials are failed and queued again with their values) and is reported in one line naming the signal and
-the trial it was running, which :func:`benchmark.tuning.tune.tune` fails and queues again too: the storage is left
+the trial it was running, which :func:`worker_death` fails and queues again too: the storage is left
 with no trial running, and a rerun of the same command resumes every interrupted trial from its runs' checkpoints
 and finishes the budget.
 """
@@ -18,6 +18,12 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Callable
+
+from flowzoo.benchmark.experiments.suite import Suite
+from flowzoo.benchmark.tuning.budget import _fail
+from flowzoo.benchmark.tuning.cells import Cell
+from flowzoo.benchmark.tuning.storage import claim_lock, open_storage
+from flowzoo.errors import ConfigError
 
 
 def die_with_parent(parent: int) -> None:
@@ -137,3 +143,49 @@ def _receive(connection):
         return connection.recv()
     except (EOFError, OSError):
         return _DIED
+
+
+#: local tune workers per CPU at most: each is a training process, and beyond a few per core they only contend (and
+#: hundreds meet the process limit)
+LOCAL_WORKERS_PER_CPU = 4
+
+
+def worker_death(suite: Suite, cells: list[Cell], url: str, budget: int, workers: int, death) -> str:
+    """The one line for a local worker that died (:class:`Death`), naming the trial it
+    was running, which is failed and queued again with its values here (so the storage holds no trial running)."""
+    import socket
+    from contextlib import nullcontext
+
+    import optuna
+    from optuna.trial import TrialState
+
+    storage, lock = open_storage(url), claim_lock(url)
+    prefix = f"{socket.gethostname()}:{death.pid}:"
+    where = []
+    for cell in cells:
+        try:
+            study = optuna.load_study(study_name=f"{suite.name}/{cell.study_name}", storage=storage)
+        except KeyError:  # no worker opened it
+            continue
+        with lock if lock is not None else nullcontext():
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if str(trial.user_attrs.get("worker", "")).startswith(prefix):
+                    where.append(f"trial {trial.number} of {cell.study_name}")
+                    _fail(study, trial, trial.params)
+    during = f"in {', '.join(where)}" if where else "between trials"
+    return (f"tune {suite.name}: worker {death.index + 1} of {workers} (pid {death.pid}) died, {death.how()}, {during}; "
+            f"the other workers were stopped; finished trials are kept and the interrupted ones queued again: rerun "
+            f"the same command to resume them from their checkpoints and finish the budget ({budget} trials per cell)")
+
+
+def check_workers(workers: int, total_trials: int, local: bool) -> None:
+    """A one-line ConfigError for more workers than trials to run (the rest would idle), or, run here, more processes
+    than ``LOCAL_WORKERS_PER_CPU`` per CPU; before anything is written."""
+    if workers > total_trials:
+        raise ConfigError(f"--workers {workers}: the tuning has {total_trials} trial(s) in all, so at most "
+                          f"{total_trials} worker(s) can have one")
+    most = LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1)
+    if local and workers > most:
+        raise ConfigError(f"--workers {workers}: at most {most} local worker processes on this machine's "
+                          f"{os.cpu_count() or 1} CPU(s) ({LOCAL_WORKERS_PER_CPU} per CPU); use --executor slurm for "
+                          f"more")
