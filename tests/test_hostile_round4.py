@@ -179,6 +179,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     import pickle
     import stat
 
+    from flowzoo.benchmark.tuning import jobs
     from flowzoo.benchmark.tuning import tune as tuning
 
     url = "postgresql://ana:s3/cret@db.example/tune"
@@ -189,7 +190,7 @@ def test_tune_jobs_receive_a_storage_password_through_a_private_file(tmp_path, m
     assert tuning.storage_for_jobs("sqlite:////shared/t.db", tmp_path / "jobs") == "sqlite:////shared/t.db"
 
     seen = []
-    monkeypatch.setattr(tuning, "_worker", lambda *args: seen.append(args))
+    monkeypatch.setattr(jobs, "_worker", lambda *args: seen.append(args))  # where TuneJob finds it
     monkeypatch.chdir(tmp_path)  # the job changes into its cwd; restored after the test
     job = tuning.TuneJob(("suite", None, None, 2, reference, "trials"), 3, 1, "key", cwd=str(tmp_path))
     assert b"s3/cret" not in pickle.dumps(job)  # what submitit stores

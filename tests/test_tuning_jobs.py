@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from flowzoo.benchmark.cli import main
+from flowzoo.benchmark.tuning import jobs
 from flowzoo.benchmark.tuning import tune as tuning
 from flowzoo.benchmark.run.executors import Resources
 from tests.test_tuning import studies, write_suite
@@ -64,7 +65,7 @@ def test_two_jobs_on_one_study_never_run_the_same_trial_and_spend_the_budget(tmp
 
 def test_a_job_is_seeded_as_the_local_worker_of_its_index(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(tuning, "_worker", lambda *args: seen.append(args))
+    monkeypatch.setattr(jobs, "_worker", lambda *args: seen.append(args))  # where TuneJob finds it
     monkeypatch.chdir(tmp_path)  # the job changes into its cwd: restored after the test, not left to later tests
     job = tuning.TuneJob(("suite", None, None, 2, "sqlite:///x.db", "trials"), 3, 1, "key", cwd=str(tmp_path))
     assert job() == ("key", None)

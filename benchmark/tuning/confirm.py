@@ -4,7 +4,7 @@ The best of N noisy trials is biased upward (the winner's curse): on the tiny ra
 tuning seed on a sparse reward, every tuned cell but one ended *lower* on the study's seeds than at the shared recipe.
 So when a design has ``confirmation: {seeds: [...], top_k: K}``, after a cell's trials are spent the K best complete
 trials and the cell's shared recipe (no tuned value) each train once per confirmation seed, on the same validation
-split as the trials (benchmark/tuning/tune.py ``trial_configs``), and:
+split as the trials (benchmark/tuning/cells.py ``trial_configs``), and:
 
 - the pick is the candidate with the highest mean objective on the confirmation seeds;
 - when that is the shared recipe, the cell keeps it: its tuned file holds no value and says so;
@@ -100,9 +100,16 @@ def _train_all(configs: list, workers: int) -> list[tuple[str, float]]:
     if workers <= 1 or len(configs) <= 1:
         return [_train(config) for config in configs]
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(configs))) as pool:
-        return list(pool.map(_train, configs))
+    from flowzoo.errors import RunError
+
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(configs))) as pool:
+            return list(pool.map(_train, configs))
+    except BrokenProcessPool:  # kill -9 of one (the out-of-memory killer's way): one line, not the pool's traceback
+        raise RunError("a process of the confirmation died (killed, likely by the out-of-memory killer); its finished "
+                       "runs are kept: rerun the same command to resume the others from their checkpoints") from None
 
 
 def stored_rows(study) -> pd.DataFrame | None:
