@@ -97,7 +97,7 @@ class FlowDPPOConfig(AlgorithmConfig):
 
 @register("flow_dppo")
 class FlowDPPO(Algorithm):
-    """Flow-GRPO with the ratio clip replaced by a KL mask on over-aggressive moves (see the module docstring)."""
+    """Flow-DPPO: Flow-GRPO's rollout, the ratio clip replaced by a KL mask on over-aggressive moves."""
 
     Config = FlowDPPOConfig
     label, colormap = "Flow-DPPO", "BuGn"  # the report's name and colours of this family

@@ -47,7 +47,7 @@ class GRPOGuardConfig(AlgorithmConfig):
 
 @register("grpo_guard")
 class GRPOGuard(FlowGRPO):
-    """Flow-GRPO with GRPO-Guard's ratio normalisation and gradient re-weighting (see the module docstring)."""
+    """GRPO-Guard: Flow-GRPO with normalised step ratios (RatioNorm) and 1 / dt re-weighted step losses."""
 
     Config = GRPOGuardConfig
     records_means = True

@@ -346,3 +346,27 @@ def test_the_step_std_option_scores_any_kernel(toy_model, toy_prompts):
     stats = alg.step(*toy_prompts)
     assert stats.extra["dppo_kl_score_max"] > 0  # the second minibatch moved off the anchor
     assert 0 < stats.extra["dppo_masked_frac"] < 1
+
+
+# ---- NFE and learning on the toy tier ---------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", [{}, {"sde_steps": 2, "timestep_fraction": 0.5},
+                                     {"guidance": 2.5, "kl_beta": 0.04, "inner_epochs": 2, "sde_steps": 3}])
+def test_measured_nfe_matches_the_documented_formula(toy_model, toy_prompts, variant):
+    alg = algorithms.get("flow_dppo")(toy_model, rewards.build("toy_mode"), {"group_size": 3, **variant}, seed=0)
+    cfg, T, samples = alg.config, alg.num_steps, 4 * 3
+    c = toy_model.cfg_factor(cfg.guidance)
+    k = (2 if cfg.kl_beta > 0 else 1) - alg.keeps_rollout_graph()
+    w = cfg.sde_steps or max(1, int(T * cfg.timestep_fraction))
+    for _ in range(2):
+        stats = alg.step(*toy_prompts)
+        assert (stats.nfe_sampling, stats.nfe_training) == (T * samples * c, cfg.inner_epochs * k * c * samples * w)
+
+
+def test_raises_the_toy_reward_over_several_epochs_per_batch(toy_model, toy_prompts):
+    prompts, meta = toy_prompts
+    alg = algorithms.get("flow_dppo")(toy_model, rewards.build("toy_mode"),
+                                      {"lr": 1e-3, "kl_beta": 0.0, "inner_epochs": 2, "minibatches": 2}, seed=0)
+    seen = [alg.step(prompts * 2, meta * 2) for _ in range(20)]
+    first, last = sum(s.reward_mean for s in seen[:3]) / 3, sum(s.reward_mean for s in seen[-3:]) / 3
+    assert last > first + 0.15, f"batch reward {first:.3f} -> {last:.3f}"
+    assert max(s.extra["dppo_masked_frac"] for s in seen) > 0  # the mask acted somewhere

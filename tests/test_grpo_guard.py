@@ -228,3 +228,23 @@ def test_another_kernel_is_a_one_line_config_error():
     with pytest.raises(ConfigError, match="algorithm.kernel must be flow_grpo for grpo_guard") as error:
         algorithms.get("grpo_guard").typed_config({"kernel": "cps"})
     assert "\n" not in str(error.value)
+
+
+# ---- NFE and learning on the toy tier ---------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", [{}, {"guidance": 2.5, "kl_beta": 0.04, "inner_epochs": 2}])
+def test_measured_nfe_is_flow_grpos(toy_model, toy_prompts, variant):
+    config = {"group_size": 3, **variant}
+    measured = []
+    for name in ("flow_grpo", "grpo_guard"):
+        alg = algorithms.get(name)(toy_model, rewards.build("toy_mode"), config, seed=0)
+        measured.append([(s.nfe_sampling, s.nfe_training) for s in (alg.step(*toy_prompts) for _ in range(2))])
+    assert measured[0] == measured[1] and measured[0][0][1] > 0
+
+
+def test_raises_the_toy_reward(toy_model, toy_prompts):
+    prompts, meta = toy_prompts
+    alg = algorithms.get("grpo_guard")(toy_model, rewards.build("toy_mode"),
+                                       {"lr": 1e-3, "kl_beta": 0.0, "clip_range": 0.2, "minibatches": 2}, seed=0)
+    seen = [alg.step(prompts * 2, meta * 2).reward_mean for _ in range(20)]
+    first, last = sum(seen[:3]) / 3, sum(seen[-3:]) / 3
+    assert last > first + 0.15, f"batch reward {first:.3f} -> {last:.3f}"
