@@ -2,8 +2,9 @@
 the mask, the loss and its gradient against a hand transcription of the released lines (and that this check fails on
 planted bugs), every optimizer step of a 2-epoch x 2-minibatch update against the transcription with the old policy
 frozen at the pre-update weights, the logged diagnostics, the sparse SDE plan, the advantages' normalisation and the
-config's refusals. Training on the sd3 / wan adapters: tests/test_models_sd3.py and test_models_wan.py (parametrized
-over every algorithm); sharded: tests/scale_matrix.py."""
+config's refusals. Training on the SD3, FLUX and Qwen-Image adapters: tests/test_models_sd3.py,
+test_models_flux.py, test_models_qwen_image.py; on 2 processes, replicated and sharded: tests/scale_matrix.py (every
+algorithm, and a multi-minibatch variant of each)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """GRPO-Guard against its release (yifan123/flow_grpo at 9745241, scripts/train_sd3_GRPO_Guard.py): the normalised
 ratio, the re-weighted loss and its gradient against a hand transcription of the released lines (and that this check
 fails on planted bugs), every optimizer step of a 2-minibatch update against the transcription, the recipe and the
-config's refusal. Training on the sd3 / wan adapters: tests/test_models_sd3.py and test_models_wan.py (parametrized
-over every algorithm); sharded: tests/scale_matrix.py."""
+config's refusal. Training on the SD3, FLUX and Qwen-Image adapters: tests/test_models_sd3.py,
+test_models_flux.py, test_models_qwen_image.py; on 2 processes, replicated and sharded: tests/scale_matrix.py (every
+algorithm, and a multi-minibatch variant of each)."""
 
 from __future__ import annotations
 
