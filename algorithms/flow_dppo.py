@@ -47,7 +47,7 @@ import torch
 from flowzoo.algorithms import register
 from flowzoo.algorithms.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.losses import DPPOTerms, dppo_kl_mask_loss, dppo_score_std
-from flowzoo.algorithms.plans import iteration_generator
+from flowzoo.algorithms.plans import iteration_generator, random_steps_plan
 from flowzoo.algorithms.sde import StepOutput
 from flowzoo.algorithms.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError
@@ -116,9 +116,7 @@ class FlowDPPO(Algorithm):
             return super().step_plan(batch)
         pool = max(1, int(self.num_steps * cfg.timestep_fraction))
         gen = iteration_generator(self.seed, self.iteration, PURPOSE_SDE_STEPS)
-        sde = torch.zeros(self.num_steps, dtype=torch.bool)
-        sde[torch.randperm(pool, generator=gen)[: cfg.sde_steps]] = True
-        return StepPlan(self.sigmas, sde, sde.expand(batch, -1).clone(), cfg.kernel, cfg.noise_level)
+        return random_steps_plan(self.sigmas, pool, cfg.sde_steps, batch, cfg.kernel, cfg.noise_level, gen)
 
     def score_std(self, traj: Trajectory, t: int | torch.Tensor, out: StepOutput) -> torch.Tensor:
         """[n] the std the KL score divides by (``kl_score_std``)."""
