@@ -280,6 +280,15 @@ def test_the_rollout_records_the_means_the_update_anchors_on(toy_model, toy_prom
         *toy_prompts).means is None  # only the algorithms that need it pay for it
 
 
+def test_a_chunked_rollout_records_the_same_means(toy_model, toy_prompts):
+    trajs = [algorithms.get(name)(toy_model, rewards.build("toy_mode"), {"group_size": 4, "rollout_batch": chunk},
+                                  seed=0).collect(*toy_prompts)
+             for name, chunk in (("flow_dppo", None), ("flow_dppo", 5), ("grpo_guard", 3))]
+    assert trajs[0].means.abs().sum() > 0
+    for other in trajs[1:]:
+        torch.testing.assert_close(other.means, trajs[0].means, rtol=1e-5, atol=1e-6)
+
+
 # ---- plan, advantages, recipe, config ---------------------------------------------------------------------------
 def test_sparse_sde_steps_are_drawn_from_the_first_steps_and_are_the_only_trained_ones(toy_model):
     alg = algorithms.get("flow_dppo")(toy_model, rewards.build("toy_mode"),
