@@ -3,8 +3,8 @@ arXiv 2510.22319; released in yifan123/flow_grpo at 9745241, 2025-11-04: ``scrip
 ``config/grpo_guard.py``, run by ``scripts/multi_node/sd3_grpo_guard.sh``).
 
 Flow-GRPO with the per-step importance ratio normalised and the steps' gradients re-weighted, which the release
-switches on together with one flag (``config.rationorm``, grpo_guard.py:79; with it off the script is Flow-GRPO's
-train_sd3.py). Per trained transition, with ``std`` the step's std (std_t sqrt(-dt)) and ``dt = sigma_next - sigma``
+switches on together with one flag (``config.rationorm``, grpo_guard.py:79; with it off the script trains as
+Flow-GRPO). Per trained transition, with ``std`` the step's std (std_t sqrt(-dt)) and ``dt = sigma_next - sigma``
 (train_sd3_GRPO_Guard.py:915-932, ``losses.ratio_norm_loss``):
 
 * RatioNorm: ``r = exp((log pi_theta - log pi_old + b) std)``, where ``b = ||mu_theta - mu_old||^2 / (2 std^2)``
