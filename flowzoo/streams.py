@@ -15,6 +15,7 @@ group offset ``o``                 0 .. < 1e6   ``Algorithm.fresh_rollout`` (bas
                                                 Flow-GRPO-Fast's branched rollout           fresh samples of groups o...
 ``PURPOSE_TRAIN_SUBSETS``          1_000_001    DanceGRPO ``step_plan``                     each sample's trained steps
 ``PURPOSE_WINDOW``                 1_000_002    Flow-GRPO-Fast, MixGRPO (random strategy)   the SDE window's start
+``PURPOSE_SDE_STEPS``              1_000_003    Flow-DPPO ``step_plan`` (``sde_steps``)     its sparse SDE steps
 ``OP_GRPO_GROUP_CHOICE``           2_000_003    OP-GRPO ``_choose_groups``                  which groups get buffer
                                                                                             samples, which entries
 ``OP_GRPO_REGENERATION``           2_000_029    OP-GRPO (truncation)                        noise of the regenerated
@@ -67,6 +68,7 @@ GROUP_OFFSET_LIMIT = 1_000_000
 # ---- keys of SeedSequence([seed, iteration, key]) ------------------------------------------------------------------
 PURPOSE_TRAIN_SUBSETS = 1_000_001
 PURPOSE_WINDOW = 1_000_002
+PURPOSE_SDE_STEPS = 1_000_003
 OP_GRPO_GROUP_CHOICE = 2_000_003
 OP_GRPO_REGENERATION = 2_000_029
 DIFFUSION_NFT_FORWARD = 3_000_001
@@ -88,6 +90,7 @@ TINY_LORA_INIT_OFFSET = 2
 ITERATION_PURPOSES = {
     "PURPOSE_TRAIN_SUBSETS": PURPOSE_TRAIN_SUBSETS,
     "PURPOSE_WINDOW": PURPOSE_WINDOW,
+    "PURPOSE_SDE_STEPS": PURPOSE_SDE_STEPS,
     "OP_GRPO_GROUP_CHOICE": OP_GRPO_GROUP_CHOICE,
     "OP_GRPO_REGENERATION": OP_GRPO_REGENERATION,
     "DIFFUSION_NFT_FORWARD": DIFFUSION_NFT_FORWARD,

@@ -12,7 +12,7 @@ from flowzoo.benchmark.perf.pipeline import MeanBrightness  # noqa: F401  (share
 
 #: one preset of every algorithm family (the ablation presets change no model call)
 EVERY_ALGORITHM = ["flow_grpo", "flow_grpo_fast", "dance_grpo", "mix_grpo", "mix_grpo_flash", "op_grpo", "diffusion_nft",
-                   "awm"]
+                   "awm", "flow_dppo", "grpo_guard"]
 #: what each algorithm needs on a 3-step rollout beside the shared config (its windows fit T = 3)
 SMALL_T = {
     "op_grpo": {"t_off": 1},

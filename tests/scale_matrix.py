@@ -141,6 +141,12 @@ VARIANTS = {
                               ["algorithm.inner_epochs=2", "algorithm.minibatches=2", "algorithm.micro_batch=1"]),
     # AWM with 2 minibatches of 1-sample micro-batches, the second against the rollout's weights
     "awm-chunks": ("awm", "dynamic", "full", ["algorithm.minibatches=2", "algorithm.micro_batch=1"]),
+    # Flow-DPPO with 2 epochs of 2 minibatches in chunks of 1 sample: the rollout's means anchor every optimizer step
+    # after the first, the KL mask acts, and its diagnostics are summed (and maxed) over processes
+    "flow_dppo-epochs-chunks": ("flow_dppo", "dynamic", "full",
+                                ["algorithm.inner_epochs=2", "algorithm.minibatches=2", "algorithm.micro_batch=1"]),
+    # GRPO-Guard with 2 minibatches in chunks of 1 sample: the normalised ratio off the rollout's means
+    "grpo_guard-chunks": ("grpo_guard", "uniform", "lora", ["algorithm.minibatches=2", "algorithm.micro_batch=1"]),
 }
 
 

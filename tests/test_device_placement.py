@@ -420,6 +420,9 @@ FLOAT32_BY_CONTRACT: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("algorithms/engine/sde.py", "sigma_schedule"): (frozenset({"float", "linspace"}), GRID),
     ("algorithms/engine/plans.py", "compressed_tail_sigmas"): (frozenset({"to"}), GRID + " (MixGRPO-Flash's tail joins it)"),
     ("algorithms/engine/rollout.py", "rollout"): (frozenset({"zeros"}), LOG_PROBS + " (the behaviour log-probs [B, T])"),
+    ("algorithms/engine/base.py", "Algorithm.fresh_rollout"): (
+        frozenset({"zeros"}), KERNELS + " (the step means [B, T, ...] the rollout records for Flow-DPPO and GRPO-Guard "
+                                        "are sde_step's float32 means)"),
     ("algorithms/engine/rollout.py", "_data_prediction"): (
         frozenset({"float"}), "the last step's data prediction is float32, as DanceGRPO's released pred_original "
                               "(it is what the reward decodes) and as the DPM-Solver++ history"),

@@ -282,7 +282,7 @@ def test_condition_is_batch_first(model):
         "pooled_prompt_embeds"])
 
 
-@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo", "diffusion_nft", "awm"])
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "op_grpo", "diffusion_nft", "awm", "flow_dppo", "grpo_guard"])
 def test_training_iterations_run_on_the_adapter(model, restore_lora, algorithm):
     from tests.adapter_training import check_training
 

@@ -40,7 +40,7 @@ from flowzoo.algorithms.engine.distributed import SINGLE_PROCESS, GatheredBatch,
 from flowzoo.algorithms.engine.ema import WeightEMA
 from flowzoo.algorithms.engine.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
 from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
-from flowzoo.algorithms.engine.losses import KLVariance, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from flowzoo.algorithms.engine.losses import KLVariance, PPOTerms, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
 from flowzoo.algorithms.engine.rollout import chunk_spans, initial_noise, rollout, sample_generators
 from flowzoo.algorithms.engine.sde import MAX_SAMPLING_STEPS, Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
 from flowzoo.algorithms.engine.trajectory import RolloutInputs, StepPlan, Trajectory
@@ -341,6 +341,9 @@ class Algorithm(LockstepPadding):
     preset: ClassVar[dict[str, Any]] = {}
     #: whether ``reuse_rollout_graph: auto`` may turn the recompute-free update on for this algorithm
     rollout_graph_auto: ClassVar[bool] = True
+    #: whether fresh rollouts record each SDE transition's Gaussian mean (``Trajectory.means``): the old policy's
+    #: anchor of a loss that compares means (Flow-DPPO's KL mask, GRPO-Guard's ratio normalisation)
+    records_means: ClassVar[bool] = False
     #: whether the algorithm trains without the sampler's log-probabilities, on the forward (noising) process of its
     #: clean samples (the decoupled methods, DiffusionNFT): its trajectories record no transitions to train, so the
     #: PPO ratio checks do not apply to it
@@ -594,13 +597,17 @@ class Algorithm(LockstepPadding):
         inputs = self.fresh_inputs(prompts, metadata, group_offset, group_size, rows)
         live = {} if self.keeps_rollout_graph() else None
         prediction: dict[str, torch.Tensor] = {}  # the last step's data prediction, where the plan decodes it
+        means = None
+        if self.records_means:
+            x = inputs.x
+            means = torch.zeros((x.shape[0], inputs.plan.num_steps, *x.shape[1:]), dtype=torch.float32, device=x.device)
         latents, log_probs = rollout(self.model, inputs.cond, inputs.plan, inputs.x, inputs.generators,
                                      self.config.guidance, live=live, cfg_grad=self.config.cfg_grad,
                                      cfg_batch=self.config.cfg_batch, prediction=prediction,
-                                     chunk=self.rollout_chunk())
+                                     chunk=self.rollout_chunk(), means=means)
         return Trajectory.from_rollout(inputs.plan, inputs.prompts, inputs.metadata, inputs.cond, latents, log_probs,
                                        inputs.group, self.config.guidance, live=live,
-                                       prediction=prediction.get("x0"))
+                                       prediction=prediction.get("x0"), means=means)
 
     def fresh_inputs(
         self, prompts: Sequence[str], metadata: Sequence[dict], group_offset: int = 0, group_size: int | None = None,
@@ -726,6 +733,13 @@ class Algorithm(LockstepPadding):
             kl = gaussian_mean_kl(out.mean, ref.mean, std, traj.reduction)
         return out, kl
 
+    def policy_terms(self, traj: Trajectory, rows: torch.Tensor, t: int | torch.Tensor, out: StepOutput,
+                     old: torch.Tensor, advantages: torch.Tensor) -> PPOTerms:
+        """The policy loss of one chunk of trained transitions (``rows`` at step ``t``; ``out`` their current
+        StepOutput, ``old`` the behaviour log-probs, ``advantages`` the rows'): Flow-GRPO's PPO-clip surrogate. Its
+        ``clipped`` mask is what the update counts as ``clip_frac``. Flow-DPPO and GRPO-Guard override it."""
+        return ppo_clip_loss(out.log_prob, old, advantages, self.config.clip_range)
+
     def minibatch_rows(self, batch: int, kept: torch.Tensor | None, offset: int, local: int) -> Iterator[torch.Tensor]:
         """This rank's rows of each minibatch of an update, epoch after epoch: every inner epoch draws a fresh
         permutation of the global batch (or of the ``kept`` rows) from the update generator (``minibatch_order``
@@ -821,7 +835,7 @@ class Algorithm(LockstepPadding):
                     continue
                 out, kl = self._step_terms(traj, rows, t, traj.live)
                 old = traj.log_probs[rows, t.to(device) if isinstance(t, torch.Tensor) else t]
-                terms = ppo_clip_loss(out.log_prob, old, advantages[rows], cfg.clip_range)
+                terms = self.policy_terms(traj, rows, t, out, old, advantages[rows])
                 per_sample = (terms.loss + cfg.kl_beta * kl) * weight[rows]
                 loss = per_sample.sum() / pairs
                 if self.model.fused_update:

@@ -4,6 +4,7 @@ PPO-clip (Schulman et al. 2017) per (sample, step): ``max(-A r, -A clip(r, 1 - e
 ``r = exp(log pi_theta - log pi_old)``. KL to the frozen reference between two Gaussians of equal std:
 ``||mu_theta - mu_ref||^2 / (2 std^2)`` (averaged over latent dims, as Flow-GRPO does). OP-GRPO's sequence-level
 importance weight ``w = prod_t p_old / p_off = exp(sum_t (log p_old - log p_off))`` over the reused steps.
+Flow-DPPO's KL-masked surrogate (``dppo_kl_mask_loss``) and GRPO-Guard's normalised ratio (``ratio_norm_loss``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ class PPOTerms(NamedTuple):
     clipped: torch.Tensor  # [N] bool: |ratio - 1| > clip_range
 
 
-def ppo_clip_loss(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
-) -> PPOTerms:
-    ratio = torch.exp(log_prob - old_log_prob)
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float) -> PPOTerms:
+    """PPO's ``max(-A r, -A clip(r, 1 - eps, 1 + eps))`` of a given ratio ``r``, per element."""
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
     return PPOTerms(torch.maximum(unclipped, clipped), ratio, (ratio - 1.0).abs().detach() > clip_range)
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> PPOTerms:
+    return clipped_surrogate(torch.exp(log_prob - old_log_prob), advantages, clip_range)
 
 
 def approx_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
@@ -65,6 +70,55 @@ def gaussian_mean_kl(
 ) -> torch.Tensor:
     """KL(N(mean, std^2) || N(ref_mean, std^2)) per sample [B], averaged (or summed) over the non-batch dims."""
     return reduce_latent_dims((mean - ref_mean) ** 2, reduction) / (2 * std**2)
+
+
+class DPPOTerms(NamedTuple):
+    loss: torch.Tensor  # [N] -A r, 0 where the KL mask drops the term (to minimise)
+    ratio: torch.Tensor  # [N] pi_theta / pi_old
+    clipped: torch.Tensor  # [N] bool: dropped by the KL mask (the update counts it as its clip fraction)
+    score: torch.Tensor  # [N] the KL score, detached
+
+
+def dppo_score_std(sigma: torch.Tensor, sigma_next: torch.Tensor, noise_level: float) -> torch.Tensor:
+    """The std Flow-DPPO's release divides its KL score by: ``sqrt(s / (1 - min(s, 0.99))) a sqrt(-dt)``
+    (Tencent-Hunyuan/UniRL unirl/algorithms/flowdppo.py:358-368 at 1a7b501). It is the ``flow_grpo`` kernel's step
+    std but at s = 1, where the kernel divides by 1 - sigma_1 (algorithms/engine/sde.py flow_grpo_std, as UniRL's own
+    sampler, unirl/models/sd3/diffusion.py:363) and the score by 1 - 0.99."""
+    sigma, sigma_next = sigma.float(), sigma_next.float()
+    return torch.sqrt(sigma / (1.0 - torch.clamp(sigma, max=0.99))) * noise_level * torch.sqrt(sigma - sigma_next)
+
+
+def dppo_kl_mask_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, mean: torch.Tensor, old_mean: torch.Tensor,
+    advantages: torch.Tensor, std: torch.Tensor, threshold: float,
+) -> DPPOTerms:
+    """Flow-DPPO's KL-masked surrogate per transition (arXiv 2606.11025 Eq. 14, 18; flowdppo.py:43-138 at 1a7b501).
+
+    ``score = mean over latent dims of (mean - old_mean)^2 / (2 std^2)``: the KL between the new and old Gaussian
+    steps of equal std, divided by the latent dimension (the release's mean reduction, flowdppo.py:92-93). A term is
+    dropped when ``score >= threshold`` and the move is over-aggressive: ``r > 1`` with ``A > 0`` or ``r < 1`` with
+    ``A < 0``; otherwise it is the unclipped ``-A r``. The mask carries no gradient."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    advantages = advantages.detach()
+    score = gaussian_mean_kl(mean.detach(), old_mean, std, "mean").detach()
+    aggressive = ((ratio > 1.0) & (advantages > 0)) | ((ratio < 1.0) & (advantages < 0))
+    dropped = ((score >= threshold) & aggressive).detach()
+    loss = torch.where(dropped, torch.zeros_like(ratio), -advantages * ratio)
+    return DPPOTerms(loss, ratio, dropped, score)
+
+
+def ratio_norm_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, mean: torch.Tensor, old_mean: torch.Tensor,
+    advantages: torch.Tensor, std: torch.Tensor, dt: torch.Tensor, clip_range: float, reduction: str = "mean",
+) -> PPOTerms:
+    """GRPO-Guard's per-transition loss (arXiv 2510.22319; yifan123/flow_grpo scripts/train_sd3_GRPO_Guard.py:915-932
+    at 9745241): RatioNorm, ``r = exp((log pi_theta - log pi_old + b) std)`` with the mean-shift correction
+    ``b = ||mean - old_mean||^2 / (2 std^2)`` reduced over latent dims as the log-probs are (the release: mean), then
+    PPO's clipped surrogate of ``r``, re-weighted by ``1 / (-dt)`` (the release divides the step's loss by
+    ``sqrt(-dt)^2``). ``std`` is the step's std (std_t sqrt(-dt)), ``dt = sigma_next - sigma`` (negative)."""
+    bias = gaussian_mean_kl(mean, old_mean, std, reduction)
+    terms = clipped_surrogate(torch.exp((log_prob - old_log_prob + bias) * std), advantages, clip_range)
+    return terms._replace(loss=terms.loss / (-dt))
 
 
 def sequence_log_weight(log_p_old: torch.Tensor, log_p_off: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:

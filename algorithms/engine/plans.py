@@ -2,6 +2,7 @@
 
 * :func:`window_plan`: SDE only inside a window of consecutive steps, ODE elsewhere, train the window
   (MixGRPO, MixGRPO-Flash, Flow-GRPO-Fast);
+* :func:`random_steps_plan`: SDE at a few random steps, the same for every sample, and train them (Flow-DPPO);
 * :func:`random_step_subsets`: each sample trains its own random subset of steps (DanceGRPO);
 * :func:`compressed_tail_sigmas`: MixGRPO-Flash's coarser schedule after the window;
 * :func:`iteration_generator`: a random stream that is a pure function of (seed, iteration, purpose), so a plan drawn
@@ -45,6 +46,20 @@ def window_plan(
     """SDE on the window's steps, deterministic elsewhere; every sample trains exactly the window."""
     sde = window_mask(sigmas.shape[0] - 1, start, size)
     return StepPlan(sigmas, sde, sde.expand(batch, -1).clone(), kind, noise_level, dpm_solver)
+
+
+def random_steps_plan(
+    sigmas: torch.Tensor, candidates: int, count: int, batch: int, kind: str, noise_level: float,
+    generator: torch.Generator,
+) -> StepPlan:
+    """SDE at ``count`` distinct steps drawn uniformly among the first ``candidates``, deterministic elsewhere; every
+    sample trains exactly those steps (Flow-DPPO's sparse SDE steps, the release's ``AllSDEScheduler``)."""
+    num_steps = sigmas.shape[0] - 1
+    if not 1 <= count <= candidates <= num_steps:
+        raise ValueError(f"cannot draw {count} of the first {candidates} of {num_steps} steps")
+    sde = torch.zeros(num_steps, dtype=torch.bool)
+    sde[torch.randperm(candidates, generator=generator)[:count]] = True
+    return StepPlan(sigmas, sde, sde.expand(batch, -1).clone(), kind, noise_level)
 
 
 def random_step_subsets(batch: int, num_steps: int, candidates: int, count: int, generator: torch.Generator) -> torch.Tensor:

@@ -51,6 +51,7 @@ def rollout(
     stop_step: int | None = None,
     prediction: dict[str, torch.Tensor] | None = None,
     chunk: int | None = None,
+    means: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the plan's steps ``start_step .. stop_step - 1`` (default: to the last, T - 1) from state ``x`` (the
     latent at ``plan.sigmas[start_step]``).
@@ -71,6 +72,9 @@ def rollout(
     step loop runs on each consecutive chunk of rows in turn. Each sample draws from its own generator, so the
     samples are those of one call (to the float rounding of a smaller batch); the chunks' kept graphs (``live``) and
     data predictions are concatenated, so autograd reaches every chunk's graph.
+    ``means`` (a float32 tensor [B, T, ...] the caller allocated, or None): the Gaussian mean of every SDE transition
+    the run samples is written into ``means[:, t]`` (detached), the old policy's anchor of the trust-region losses
+    (Flow-DPPO, GRPO-Guard: ``Algorithm.records_means``); other entries are left as they are.
     """
     batch = x.shape[0]
     num_steps = plan.num_steps
@@ -82,7 +86,7 @@ def rollout(
     spans = chunk_spans(batch, chunk)
     if len(spans) == 1:  # one call per step on every row, as before chunking existed
         _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
-                     cfg_batch, stop, prediction, grid)
+                     cfg_batch, stop, prediction, grid, means)
         return latents, log_probs
     # every chunk keeps graphs at the steps the whole batch trains, so that the chunks' graphs line up
     chunk_plan = plan if plan.graph_steps is not None else dataclasses.replace(plan, graph_steps=plan.train.any(0))
@@ -94,7 +98,8 @@ def rollout(
         # basic slices: views, which the step loop fills in place
         gens = generators[span] if len(generators) == batch else generators
         _noisy_steps(model, cond.index(span), chunk_plan, x[span], gens, latents[span], log_probs[span], guidance,
-                     start_step, part_live, cfg_grad, cfg_batch, stop, part_prediction, grid)
+                     start_step, part_live, cfg_grad, cfg_batch, stop, part_prediction, grid,
+                     None if means is None else means[span])
         if part_live is not None:
             lives.append(part_live)
         if part_prediction is not None:
@@ -133,22 +138,22 @@ class StepGrid(NamedTuple):
 
 
 def _noisy_steps(model, cond, plan, x, generators, latents, log_probs, guidance, start_step, live, cfg_grad,
-                 cfg_batch, stop_step, prediction, grid: StepGrid) -> None:
+                 cfg_batch, stop_step, prediction, grid: StepGrid, means: torch.Tensor | None = None) -> None:
     """:func:`_run_steps` on rows ``x`` with their own noise streams (closed after, however the loop ends): each
     sample's noise for the run's noisy steps drawn at once where that gives the same values (``NoiseStreams``)."""
     noisy = int((plan.sde[start_step:stop_step] & ~grid.quiet[start_step:stop_step]).sum())
     noise = NoiseStreams(generators, x.shape[1:], steps=noisy)  # each sample's own generator, as drawn step by step
     try:
         _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-                   stop_step, prediction, grid)
+                   stop_step, prediction, grid, means)
     finally:
         noise.close()
 
 
 def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_step, live, cfg_grad, cfg_batch,
-               stop_step, prediction, grid: StepGrid) -> None:
+               stop_step, prediction, grid: StepGrid, means: torch.Tensor | None = None) -> None:
     """The step loop of :func:`rollout` (its arguments; ``noise`` the samples' NoiseStreams, ``grid`` the rollout's
-    :class:`StepGrid`), filling ``latents`` and ``log_probs`` in place. Nothing in it reads a device tensor on the
+    :class:`StepGrid`), filling ``latents``, ``log_probs`` (and ``means``) in place. Nothing in it reads a device tensor on the
     host or copies one there: the grid is on the device already, the masks are the plan's host tensors."""
     batch, num_steps = x.shape[0], plan.num_steps
     sigmas, quiet = grid
@@ -172,6 +177,8 @@ def _run_steps(model, cond, plan, x, noise, latents, log_probs, guidance, start_
         if plan.sde[t]:
             if keep_graph:
                 live[t] = out
+            if means is not None:
+                means[:, t] = out.mean.detach()
             x, log_probs[:, t] = out.prev_sample.detach(), out.log_prob.detach()
         elif plan.dpm_solver is not None and plan.dpm_solver[t]:
             x = dpm_solver_pp_2m_step(x, v, sigma, sigma_next, prev_x0, prev_sigma)

@@ -112,9 +112,9 @@ class Trajectory:
     decodes, :attr:`rewarded`: the final sample, or ``prediction`` [B, ...], the last step's data prediction
     x_{T-1} - sigma_{T-1} v recorded by the rollout.
 
-    Placement: ``latents``, ``log_probs``, ``cond``, ``prediction``, ``samples``, ``rewards``, ``reward_components``
-    and ``log_weight`` are on the model's device (the math); the plan, ``group`` and ``off_policy`` are host-side (CPU)
-    bookkeeping, which index device tensors as they are.
+    Placement: ``latents``, ``log_probs``, ``means``, ``cond``, ``prediction``, ``samples``, ``rewards``,
+    ``reward_components`` and ``log_weight`` are on the model's device (the math); the plan, ``group`` and
+    ``off_policy`` are host-side (CPU) bookkeeping, which index device tensors as they are.
     """
 
     prompts: list[str]
@@ -136,6 +136,9 @@ class Trajectory:
     log_weight: torch.Tensor | None = None
     #: recompute-free schedule: per trained step t, the rollout's StepOutput with its autograd graph (see rollout)
     live: dict | None = None
+    #: [B, T, ...] float32: the behaviour policy's Gaussian mean of each SDE transition (zeros elsewhere), recorded
+    #: by the rollout for the algorithms whose loss anchors on it (``Algorithm.records_means``: Flow-DPPO, GRPO-Guard)
+    means: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(
@@ -224,7 +227,8 @@ class Trajectory:
         """The sub-batch of the given sample indices (a host index: it selects the host-side fields too)."""
         idx = torch.as_tensor(idx, dtype=torch.long, device="cpu")
         items = idx.tolist()
-        per_sample = {"latents", "log_probs", "group", "samples", "rewards", "off_policy", "log_weight", "prediction"}
+        per_sample = {"latents", "log_probs", "group", "samples", "rewards", "off_policy", "log_weight", "prediction",
+                      "means"}
         kwargs = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -272,4 +276,5 @@ class Trajectory:
             reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in sorted(keys)},
             off_policy=cat_opt("off_policy"),
             log_weight=cat_opt("log_weight"),
+            means=cat_opt("means"),
         )
