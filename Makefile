@@ -34,7 +34,7 @@ PERF_JSON ?= /tmp/flowzoo-perf.json
 perf: setup  ## time one Flow-GRPO iteration against the released-style loop; fail on a >15% ratio regression
 	$(VENV)/bin/flowzoo perf $(PERF_ARGS)
 	$(PY) -m pytest tests/test_bench_perf.py -o addopts="" -q --benchmark-only --benchmark-json=$(PERF_JSON)
-	$(PY) -m flowzoo.benchmark.perf.compare benchmark/perf/baseline.json $(PERF_JSON)
+	$(VENV)/bin/flowzoo perf-compare benchmark/perf/baseline.json $(PERF_JSON)
 
 # with 2 or more GPUs visible, then one sharded (FSDP2, NCCL) OP-GRPO run of 2 steps with buffer replay on 2 of them,
 # the lockstep check on (the tiny tier, full fine-tuning; docs/models.md "Scale rehearsal")
@@ -87,8 +87,8 @@ report-check: setup  ## check the example reports in headless Chromium (images, 
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
 		echo "report-check: could not install chromium from the OS packages (needs root and apt-get)"
-	$(PY) -m flowzoo.benchmark.render.report_check $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
-	$(PY) -m flowzoo.benchmark.render.freshness reports/example-quick --suite quick
+	$(VENV)/bin/flowzoo check-report $(REPORT_CHECK) $(foreach d,$(REPORT_CHECK_TABLES),--no-figure $(d)) --screenshots docs
+	$(VENV)/bin/flowzoo freshness reports/example-quick --suite quick
 
 clean:  ## remove .venv, runs/ and the pytest cache
 	rm -rf $(VENV) runs .pytest_cache

@@ -8,6 +8,7 @@ of names, so a new registration shows up with the text its author wrote.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import re
@@ -138,3 +139,20 @@ def detail(name: str) -> str:
 
         lines += listing(name)
     return "\n".join(lines)
+
+
+DESCRIPTION = "Each with a one-line description; `flowzoo list NAME` shows one entry's parameters and defaults."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo list``'s argument."""
+    parser.add_argument("name", nargs="?", default=None,
+                        help="an algorithm, model, reward, prompt sampler, suite or claim set to show in full")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo list [NAME]``."""
+    if args.name and "=" in args.name:  # list takes no key=value overrides
+        args.command_parser.error(f"unrecognized arguments: {args.name}")
+    print(detail(args.name) if args.name else overview())
+    return 0

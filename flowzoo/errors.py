@@ -1,7 +1,7 @@
 """Errors meant for the user, not for a traceback.
 
-Every entry point (``flowzoo``, and the ``python -m flowzoo.benchmark.analysis....`` tools) turns an error the user can act on
-(:func:`user_error`) into one line on stderr, ``flowzoo: error: ...``, and exit status 2 (:func:`one_line_errors`).
+Every entry point (``flowzoo`` and the older ``python -m`` spellings of its subcommands) turns an error the user can
+act on (:func:`user_error`) into one line on stderr, ``flowzoo: error: ...``, and exit status 2 (:func:`one_line_errors`).
 """
 
 import sys

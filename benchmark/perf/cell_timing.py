@@ -1,6 +1,6 @@
 """Per-step training cost of a suite's cells, measured interleaved in one process (for wall-clock-to-target).
 
-    python -m flowzoo.benchmark.perf.cell_timing SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
+    flowzoo time-cells SUITE --cells TASK/ALGORITHM,... --out FILE.csv [--steps 60] [--repeats 5]
 
 A study's runs are spread over worker processes on a shared machine, so the ``wall_s`` they log moves with the load
 of the moment (it varied ~6x over the OP-GRPO study's grid). Wall-clock-to-target is therefore estimated as
@@ -28,7 +28,8 @@ import pandas as pd
 
 from flowzoo.benchmark.run.runner import train
 from flowzoo.benchmark.run.suite import expand, first_seed_only, load_suite
-from flowzoo.errors import ConfigError, one_line_errors
+from flowzoo.command_line import run_alias
+from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write
 
 
@@ -72,31 +73,40 @@ def measure(suite_name: str, cells: list[str], steps: int = 60, repeats: int = 5
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.perf.cell_timing", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+DESCRIPTION = ("Each repeat trains every cell (seed 0 of the suite's config, --steps steps, no evaluation after "
+               "step 0,\nno checkpoints, in a scratch directory) one after the other in this process, in an order "
+               "rotated by the\nrepeat; one CSV row per (repeat, cell) with its seconds per step and its ratio to "
+               "the first cell's.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo time-cells``'s arguments."""
     parser.add_argument("suite", help="suite name or YAML path")
     parser.add_argument("--cells", required=True, help="comma-separated TASK/ALGORITHM cells; the first is the "
                         "reference of the ratios")
     parser.add_argument("--out", required=True, help="CSV file to write")
     parser.add_argument("--steps", type=int, default=60, help="training steps per timed run")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds over all cells")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo time-cells``: the CSV, and each cell's median cost ratio printed."""
     cells = [cell.strip() for cell in args.cells.split(",") if cell.strip()]
+    if not cells or any("/" not in cell for cell in cells):
+        raise ConfigError(f"--cells must be TASK/ALGORITHM names, got {args.cells!r}")
+    table = measure(args.suite, cells, args.steps, args.repeats)
+    out = Path(args.out)
+    atomic_write(out, lambda f: table.to_csv(f, index=False))  # whole or not at all; a full disk names it
+    summary = table.groupby("cell", sort=False)["ratio"].median()
+    for cell, ratio in summary.items():
+        print(f"{cell}: median cost ratio {ratio:.3f}")
+    print(f"wrote {out}")
+    return 0
 
-    def run() -> int:
-        if not cells or any("/" not in cell for cell in cells):
-            raise ConfigError(f"--cells must be TASK/ALGORITHM names, got {args.cells!r}")
-        table = measure(args.suite, cells, args.steps, args.repeats)
-        out = Path(args.out)
-        atomic_write(out, lambda f: table.to_csv(f, index=False))  # whole or not at all; a full disk names it
-        summary = table.groupby("cell", sort=False)["ratio"].median()
-        for cell, ratio in summary.items():
-            print(f"{cell}: median cost ratio {ratio:.3f}")
-        print(f"wrote {out}")
-        return 0
 
-    return one_line_errors(run)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.perf.cell_timing``: the older spelling of ``flowzoo time-cells``."""
+    return run_alias("flowzoo.benchmark.perf.cell_timing", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m flowzoo.benchmark.perf.compare BASELINE.json NEW.json``: fail on a regression of the ours / reference ratio.
+"""``flowzoo perf-compare BASELINE.json NEW.json``: fail on a regression of the ours / reference ratio.
 
 Both files are pytest-benchmark JSON written by ``tests/test_bench_perf.py`` (``--benchmark-json``); each benchmark's
 ``extra_info.ratio`` is the median over interleaved pairs of ours / reference seconds. A ratio more than ``--tolerance``
@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from flowzoo.command_line import run_alias
 from flowzoo.errors import ConfigError
 
 
@@ -41,24 +42,32 @@ def compare(baseline: dict[str, float], new: dict[str, float], tolerance: float 
     return lines, ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.perf.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("baseline")
-    parser.add_argument("new")
+DESCRIPTION = ("Both files are pytest-benchmark JSON (tests/test_bench_perf.py, --benchmark-json); a ratio more "
+               "than\n--tolerance above the baseline's, or a benchmark missing, is a regression (exit 1).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo perf-compare``'s arguments."""
+    parser.add_argument("baseline", help="the baseline's JSON (e.g. benchmark/perf/baseline.json)")
+    parser.add_argument("new", help="the new measurement's JSON")
     parser.add_argument("--tolerance", type=float, default=0.15, help="allowed relative rise of a ratio")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo perf-compare``: one line per benchmark; exit 1 on a regression."""
     if not args.tolerance >= 0:
-        parser.error(f"--tolerance {args.tolerance} must be >= 0")
-    try:
-        lines, ok = compare(ratios(args.baseline), ratios(args.new), args.tolerance)
-    except ConfigError as error:
-        print(f"flowzoo: error: {error}", file=sys.stderr)  # as every entry point's (flowzoo/errors.py)
-        return 2
+        args.command_parser.error(f"--tolerance {args.tolerance} must be >= 0")
+    lines, ok = compare(ratios(args.baseline), ratios(args.new), args.tolerance)
     print("\n".join(lines))
     if not ok:
         print(f"perf: the ours/reference ratio regressed by more than {args.tolerance:.0%} (or a benchmark is "
               "missing)", file=sys.stderr)
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.perf.compare``: the older spelling of ``flowzoo perf-compare``."""
+    return run_alias("flowzoo.benchmark.perf.compare", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

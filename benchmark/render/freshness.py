@@ -4,7 +4,7 @@
 cell, the run's stored config and its first ``STEPS`` training rows (``COLUMNS``: the base model's evaluation at step
 0, then the rewards, loss and gradient norm of steps 1..STEPS). A report copied into the repository keeps it.
 
-``python -m flowzoo.benchmark.render.freshness REPORT_DIR --suite NAME`` then asks today's code two questions per cell:
+``flowzoo freshness REPORT_DIR --suite NAME`` then asks today's code two questions per cell:
 
 * the recipe: the suite expanded today gives the cell's config; a difference from the stored one in what makes a run
   (its identity, :func:`benchmark.run.checkpoints.run_identity`) names the keys that changed;
@@ -28,7 +28,8 @@ from pathlib import Path
 
 
 from flowzoo.benchmark.analysis.runs import find_run_dirs, read_metrics, read_run_keys
-from flowzoo.errors import ConfigError, RunError, one_line_errors
+from flowzoo.command_line import run_alias
+from flowzoo.errors import ConfigError, RunError
 from flowzoo.io import atomic_write_text
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -198,25 +199,30 @@ def check_fresh(report_dir, suite_name: str, cells: list[str] | None = None, pro
     return verdicts
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flowzoo.benchmark.render.freshness",
-        description="Rerun the first steps of every cell of a report's fingerprint.json with today's code and "
-                    "recipe; exit 1 when a cell differs (the report is stale: regenerate it).")
+DESCRIPTION = ("Rerun the first steps of every cell of a report's fingerprint.json with today's code and recipe; "
+               "exit 1 when a cell differs (the report is stale: regenerate it).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo freshness``'s arguments."""
     parser.add_argument("report", help="a report directory holding fingerprint.json (e.g. reports/example-quick)")
     parser.add_argument("--suite", required=True, help="the suite whose runs made the report (e.g. quick)")
     parser.add_argument("--cells", default=None, help="comma-separated task/algorithm subset (default: every cell)")
-    args = parser.parse_args(argv)
 
-    def run() -> int:
-        cells = [c.strip() for c in args.cells.split(",") if c.strip()] if args.cells else None
-        verdicts = check_fresh(args.report, args.suite, cells)
-        stale = [k for k, why in verdicts.items() if why]
-        print(f"{args.report}: {len(verdicts) - len(stale)} of {len(verdicts)} cells fresh"
-              + (f"; stale: {', '.join(stale)} (regenerate the report from new runs)" if stale else ""))
-        return 1 if stale else 0
 
-    return one_line_errors(run)
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo freshness``: one line per cell, then the report's; exit 1 when a cell is stale."""
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()] if args.cells else None
+    verdicts = check_fresh(args.report, args.suite, cells)
+    stale = [k for k, why in verdicts.items() if why]
+    print(f"{args.report}: {len(verdicts) - len(stale)} of {len(verdicts)} cells fresh"
+          + (f"; stale: {', '.join(stale)} (regenerate the report from new runs)" if stale else ""))
+    return 1 if stale else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.render.freshness``: the older spelling of ``flowzoo freshness``."""
+    return run_alias("flowzoo.benchmark.render.freshness", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Pilot table: runs made while choosing a recipe, each named by how its config differs from a reference config.
 
-    python -m flowzoo.benchmark.render.pilot_table RUNS_DIR --reference CONFIG [--last K] [--csv FILE]
+    flowzoo pilot-table RUNS_DIR --reference CONFIG [--last K] [--csv FILE]
 
 Every run directory under RUNS_DIR (config.yaml + metrics.csv, any depth) becomes one row: its **variant** (the
 dotted keys where its run identity differs from the reference config's at the same seed, e.g.
@@ -22,7 +22,8 @@ import pandas as pd
 
 from flowzoo.benchmark.analysis.runs import find_run_dirs, read_metrics, read_run_keys
 from flowzoo.benchmark.render.report import markdown_table
-from flowzoo.errors import ConfigError, one_line_errors
+from flowzoo.command_line import run_alias
+from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text
 from flowzoo.schema import differing_keys
 
@@ -113,25 +114,33 @@ def _markdown(frame: pd.DataFrame) -> str:
     return "\n".join(markdown_table(list(frame.columns), cells))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.render.pilot_table",
-                                     description=__doc__.split("\n\n")[0])
+DESCRIPTION = ("Every run under RUNS_DIR named by how its config differs from the reference (its variant), with its "
+               "gain;\nthen each variant's mean, lowest and highest gain. Printed as two markdown tables.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo pilot-table``'s arguments."""
     parser.add_argument("runs_dir", help="directory searched for run directories")
-    parser.add_argument("--reference", required=True, help="the config the variants are named against: a YAML file or a suite's cell SUITE:TASK/ALGORITHM")
-    parser.add_argument("--last", type=int, default=3, help="evaluations averaged for 'final' (default 3)")
+    parser.add_argument("--reference", required=True, help="the config the variants are named against: a YAML file "
+                        "or a suite's cell SUITE:TASK/ALGORITHM")
+    parser.add_argument("--last", type=int, default=3, help="evaluations averaged for 'final'")
     parser.add_argument("--csv", help="also write the per-run rows to this CSV file")
-    args = parser.parse_args(argv)
 
-    def run() -> int:
-        rows = pilot_rows(args.runs_dir, args.reference, args.last)
-        print(_markdown(variant_summary(rows)))
-        print()
-        print(_markdown(rows.drop(columns="run")))
-        if args.csv:
-            atomic_write_text(args.csv, rows.to_csv(index=False, float_format="%.4f"))
-        return 0
 
-    return one_line_errors(run)
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo pilot-table``: the variants' table, then the runs'."""
+    rows = pilot_rows(args.runs_dir, args.reference, args.last)
+    print(_markdown(variant_summary(rows)))
+    print()
+    print(_markdown(rows.drop(columns="run")))
+    if args.csv:
+        atomic_write_text(args.csv, rows.to_csv(index=False, float_format="%.4f"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.render.pilot_table``: the older spelling of ``flowzoo pilot-table``."""
+    return run_alias("flowzoo.benchmark.render.pilot_table", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Check report pages as a reader opens them: ``python -m flowzoo.benchmark.render.report_check REPORT_DIR ... [--screenshots DIR]``
-(``make report-check`` runs it on the committed example reports).
+"""Check report pages as a reader opens them:
+``flowzoo check-report REPORT_DIR ... [--no-figure DIR] [--screenshots DIR]`` (``make report-check`` runs it on the
+committed example reports; ``python -m flowzoo.benchmark.render.report_check`` is its older spelling, an alias).
 
 For each report directory the page is its ``index.html`` or, for a report written as markdown only (``README.md``,
 ``index.md``), that markdown rendered like ``flowzoo report`` renders its page, into a temporary file beside it so
@@ -33,6 +34,8 @@ import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from flowzoo.command_line import run_alias
 
 WINDOW = (1280, 800)
 #: a table counts as shown on the first screen when its top is this far above the window's bottom edge (its header
@@ -204,20 +207,30 @@ def check(report: Path, browser: str | None, screenshots: Path | None, need_figu
             page.unlink()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.render.report_check", description=__doc__.split("\n\n")[0])
+DESCRIPTION = ("Each page statically (images, links, in-page anchors) and, when a Chromium is on PATH, at a 1280 x "
+               "800 window:\nimages loaded, the answer on the first screen, no figure squeezed. Exit 1 when a check "
+               "fails.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo check-report``'s arguments."""
     parser.add_argument("reports", nargs="*", type=Path, help="report directories")
     parser.add_argument("--no-figure", action="append", type=Path, default=[], metavar="DIR",
                         help="a report directory that is tables only (no first-screen figure required); repeatable")
-    parser.add_argument("--screenshots", type=Path, help="write each page's first screen here (browser only)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--screenshots", type=Path, metavar="DIR",
+                        help="write each page's first screen here (browser only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo check-report``: every named report checked; exit 1 when one fails."""
     if not args.reports and not args.no_figure:
-        parser.error("name at least one report directory")
+        args.command_parser.error("name at least one report directory")
     for report in args.reports + args.no_figure:
         if not report.is_dir():
-            parser.error(f"report directory {str(report)!r} does not exist")
+            args.command_parser.error(f"report directory {str(report)!r} does not exist")
     if args.screenshots is not None and args.screenshots.exists() and not args.screenshots.is_dir():
-        parser.error(f"--screenshots {str(args.screenshots)!r} is a file, not a folder to write the screenshots into")
+        args.command_parser.error(f"--screenshots {str(args.screenshots)!r} is a file, not a folder to write the "
+                                  f"screenshots into")
     browser = find_browser()
     if browser is None:
         print("report-check: browser part skipped: no Chromium on PATH (looked for "
@@ -239,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{report}: ok")
     print(f"report-check: {len(args.reports) + len(args.no_figure) - failed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.render.report_check``: the older spelling of ``flowzoo check-report``."""
+    return run_alias("flowzoo.benchmark.render.report_check", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

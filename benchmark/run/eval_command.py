@@ -19,6 +19,7 @@ the evaluation.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flowzoo.algorithms.engine.distributed import SingleProcess
+from flowzoo.command_line import MAX_BATCH, MAX_SAMPLING_STEPS, at_most
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text
 
@@ -184,3 +186,27 @@ def evaluate(
     if out is not None:
         atomic_write_text(out, json.dumps(record, indent=2) + "\n")
     return record
+
+
+DESCRIPTION = ("A run directory: its last checkpoint (the final one of a finished run) under its own config. A "
+               "config:\nits untrained model. Prints one JSON line (eval_reward, eval/<component>, per-tag means); "
+               "writes\nnothing into the run.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo eval``'s arguments."""
+    parser.add_argument("target", metavar="CONFIG_OR_RUN", help="a run directory, a YAML config or a suite's cell "
+                        "SUITE:TASK/ALGORITHM")
+    parser.add_argument("overrides", nargs="*", default=[],
+                        help="key=value overrides of a config, e.g. algorithm.guidance=3")
+    parser.add_argument("--steps", type=at_most(MAX_SAMPLING_STEPS), default=None, metavar="N",
+                        help="ODE steps (default: the config's train.eval_num_steps)")
+    parser.add_argument("--samples", type=at_most(MAX_BATCH), default=None, metavar="K",
+                        help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo eval``: the record as one JSON line."""
+    print(json.dumps(evaluate(args.target, args.steps, args.samples, args.out, args.overrides)))
+    return 0

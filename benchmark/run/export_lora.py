@@ -21,6 +21,7 @@ sd3). A run trained sharded (FSDP) is exported the same way: its checkpoint hold
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -109,3 +110,22 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
         os.chmod(staging / WEIGHTS_NAME, 0o666 & ~_UMASK)  # safetensors writes 0600; give it open()'s mode
         atomic_write_text(staging / "README.md", _model_card(run_dir, config, state))
     return out
+
+
+DESCRIPTION = ("Writes DIR/pytorch_lora_weights.safetensors and a model card (DIR/README.md) with the run's "
+               "config and final metrics.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo export``'s arguments."""
+    parser.add_argument("run_dir", help="run directory of an sd3, wan or tiny run (its config.yaml and checkpoint.pt)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="directory for pytorch_lora_weights.safetensors and README.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo export``: what it wrote (a full fine-tuning: its whole transformer)."""
+    out = export(Path(args.run_dir), Path(args.out))
+    what = "transformer" if (Path(out) / "transformer").is_dir() else "LoRA"
+    print(f"{what} written to {out}")
+    return 0

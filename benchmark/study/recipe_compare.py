@@ -1,7 +1,7 @@
 """A study's verdicts under two recipes side by side: the shared recipe (every algorithm at the baseline's) and each
 algorithm's own tuned recipe (``flowzoo tune``, then ``flowzoo bench --tuned``), from the two studies' claims.csv.
 
-``python -m flowzoo.benchmark.study.recipe_compare SHARED_STUDY_DIR TUNED_STUDY_DIR --out FILE.md`` writes a markdown
+``flowzoo compare-recipes SHARED_STUDY_DIR TUNED_STUDY_DIR --out FILE.md`` writes a markdown
 page: the claims whose verdict changed first, then the rest; a claim the tuned runs could not judge (its cells not run
 at tuned recipes) is listed as such, never as a change.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from flowzoo.errors import ConfigError, one_line_errors
+from flowzoo.command_line import run_alias
+from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text, refuse_input_as_output
 
 COLUMNS = ("claim", "verdict exploration", "verdict replication", "replication")
@@ -90,25 +91,32 @@ def to_markdown(table: pd.DataFrame, shared_label: str, tuned_label: str) -> str
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.study.recipe_compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+DESCRIPTION = ("Writes a markdown page: the claims whose verdict changed first, then the rest; a claim the tuned "
+               "runs could\nnot judge (its cells not run at tuned recipes) is listed as such, never as a change.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo compare-recipes``'s arguments."""
     parser.add_argument("shared", help="the study report made from the shared-recipe runs (holds claims.csv)")
     parser.add_argument("tuned", help="the study report made from the tuned-recipe runs (holds claims.csv)")
     parser.add_argument("--out", required=True, help="the markdown file to write")
-    args = parser.parse_args(argv)
 
-    def run() -> int:
-        from flowzoo.models.shipped import refuse_shipped
 
-        refuse_shipped(args.out, "--out")
-        refuse_input_as_output(args.out, [Path(args.shared) / "claims.csv", Path(args.tuned) / "claims.csv"])
-        table = compare(read_claims(args.shared), read_claims(args.tuned))
-        atomic_write_text(args.out, to_markdown(table, args.shared, args.tuned))  # a full disk: one line naming it
-        print(f"{args.out}: {dict(table['change'].value_counts())}")
-        return 0
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo compare-recipes``: the page, and how many claims changed."""
+    from flowzoo.models.shipped import refuse_shipped
 
-    return one_line_errors(run)
+    refuse_shipped(args.out, "--out")
+    refuse_input_as_output(args.out, [Path(args.shared) / "claims.csv", Path(args.tuned) / "claims.csv"])
+    table = compare(read_claims(args.shared), read_claims(args.tuned))
+    atomic_write_text(args.out, to_markdown(table, args.shared, args.tuned))  # a full disk: one line naming it
+    print(f"{args.out}: {dict(table['change'].value_counts())}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.study.recipe_compare``: the older spelling of ``flowzoo compare-recipes``."""
+    return run_alias("flowzoo.benchmark.study.recipe_compare", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

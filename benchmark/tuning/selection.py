@@ -8,7 +8,7 @@ the peak, as a released or shared recipe usually is). A trial draws x uniformly 
 ``confirm_seeds`` fresh seeds and keeps the default unless a trial's confirmation mean beats it
 (benchmark/tuning/confirm.py). A pick is *worse than the default* when its true f is below f(default).
 
-    python -m flowzoo.benchmark.tuning.selection [--simulations 4000]
+    flowzoo tuning-selection [--simulations 4000]
 
 prints, for a few noise levels, each rule's rate of worse-than-default picks and the mean true gain over the default.
 The numbers docs/tuning.md quotes come from this command.
@@ -20,6 +20,9 @@ import argparse
 from dataclasses import dataclass
 
 import numpy as np
+
+from flowzoo.command_line import run_alias
+from flowzoo.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,20 @@ def simulate(noise_sd: float, trials: int = 24, tuning_seeds: int = 1, top_k: in
                    float((argmax - base).mean()), float((confirmed - base).mean()))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--simulations", type=int, default=4000)
-    args = parser.parse_args(argv)
+DESCRIPTION = ("A synthetic objective with a known optimum, tuned many times at a few noise levels: each rule's rate "
+               "of\nworse-than-default picks and its mean true gain over the default, as a markdown table (the "
+               "numbers\ndocs/tuning.md quotes).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo tuning-selection``'s argument."""
+    parser.add_argument("--simulations", type=int, default=4000, metavar="N", help="simulated tunings per noise level")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo tuning-selection``: the table."""
+    if args.simulations < 1:
+        raise ConfigError(f"--simulations {args.simulations}: give at least 1 simulated tuning")
     landscape = Landscape()
     print(f"f(x) = {landscape.peak} - {landscape.depth} ((x - {landscape.optimum}) / 0.5)^2, default x = "
           f"{landscape.default} (f = {float(landscape.value(landscape.default)):.4f}); 24 trials; confirmation: top 3 "
@@ -77,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {noise} | {seeds} | {out.worse_argmax:.1%} | {out.worse_confirmed:.1%} | {out.gain_argmax:+.4f} | "
               f"{out.gain_confirmed:+.4f} |")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowzoo.benchmark.tuning.selection``: the older spelling of ``flowzoo tuning-selection``."""
+    return run_alias("flowzoo.benchmark.tuning.selection", DESCRIPTION, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
