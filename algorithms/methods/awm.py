@@ -51,7 +51,6 @@ from flowzoo.algorithms.engine.sde import flow_grpo_std, time_shift
 from flowzoo.algorithms.engine.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
-from flowzoo.models.base import at_least_float32
 
 TimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"]
 TIME_TYPES = get_args(TimeType)
@@ -246,7 +245,6 @@ class AWM(Algorithm):
         # host indices, as the minibatch permutation they are drawn with
         kept = self.trained_rows(advantages)
         generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
-        x0_all = at_least_float32(traj.final)
         k = cfg.train_timesteps
         scaled = awm_advantages(advantages, cfg.adv_clip, cfg.advantage_max)
         rollout_weights = OldPolicy(self.model.trainable_parameters()) if cfg.minibatches > 1 else None
@@ -257,21 +255,17 @@ class AWM(Algorithm):
             count = self.dist.sum(len(minibatch))
             if count == 0:
                 continue
-            draws = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all) if len(minibatch) \
-                else None
+            parts = self.update_parts(traj, minibatch, cfg.micro_batch, self.forward_draws,
+                                      [generators[offset + int(i)] for i in minibatch])
             self.optimizer.zero_grad(set_to_none=True)
-            for source, part, scale in self.update_parts(traj, minibatch, cfg.micro_batch):
-                with self.model.uncounted(not scale):  # a padding part's calls train nothing: not counted
-                    if scale:
-                        rows, x0_source, (times, noise) = minibatch[part], x0_all, draws
-                    else:  # a padding part: one row, any draw, weighted 0
-                        rows, x0_source = part, at_least_float32(source.final)
-                        times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
+            for part in parts:
+                with part.counted(self.model):  # a padding part's calls train nothing: not counted
+                    source, rows, (times, noise) = part.source, part.rows, part.draws
                     n = len(rows)
                     # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
-                    x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
-                    t = times[part].T.reshape(-1).to(x0.device)
-                    eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
+                    x0 = part.x0.repeat(k, *([1] * (part.x0.dim() - 1)))
+                    t = times.T.reshape(-1).to(x0.device)
+                    eps = noise.transpose(0, 1).reshape(-1, *x0.shape[1:])
                     s = t.reshape(-1, *([1] * (x0.dim() - 1)))
                     x_t = (1 - s) * x0 + s * eps
                     rep = rows.repeat(k)
@@ -293,7 +287,7 @@ class AWM(Algorithm):
                         old = log_prob.detach()
                     else:
                         old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
-                    adv = scaled[rows] if scale else scaled.new_zeros(n)  # a padding row has none
+                    adv = part.take(scaled)  # a padding row has none
                     if cfg.loss_type == "exp_first":
                         terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
                         policy = terms.loss.sum()
@@ -304,8 +298,8 @@ class AWM(Algorithm):
                     kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
                     kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
                     total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
-                    (total * scale / (count * k)).backward()
-                    if not scale:  # a padding part: nothing to record
+                    (total * part.scale / (count * k)).backward()
+                    if part.padding:  # nothing to record
                         continue
                     with torch.no_grad():
                         sums["loss"] += float(total)

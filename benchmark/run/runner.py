@@ -218,20 +218,17 @@ class Runner:
         """Deterministic ODE samples of ``prompts`` with ``sampler`` (its grid and CFG scale) from the evaluation
         noise, scored: every process's scores gathered, this process's reward outputs and decoded samples."""
         noise = self._evaluation_noise(len(prompts))
-        nfe_before = self.model.nfe
         pending, samples = [], []
         chunk = self.config.train.eval_batch or self.model.default_eval_batch
         shard = self.dist.shard(len(prompts), even=False)
         starts = range(shard.start, shard.stop, chunk)
-        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
-        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, \
+        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates); an
+        # evaluation's network calls are not a run's NFE
+        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, self.model.uncounted(), \
                 self.algorithm.lockstep_phase("evaluation"):
             # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
-            # per missing chunk, so that every process makes as many calls (models/sharding.py)
-            for _ in range(self.algorithm.lockstep_padding(len(starts))):
-                cond = self.model.encode(prompts[:1], metadata[:1])
-                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
-                sample_ode(self.model, cond, sampler.sigmas, x1, sampler.guidance)
+            # per missing chunk, so that every process makes as many calls (algorithms/engine/lockstep.py)
+            self.algorithm.padding_samples(len(starts), prompts, metadata, sampler.sigmas, sampler.guidance)
             for start in starts:
                 sl = slice(start, min(start + chunk, shard.stop))
                 cond = self.model.encode(prompts[sl], metadata[sl])
@@ -241,7 +238,6 @@ class Runner:
                 pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
                 samples.append(decoded.cpu())
             outputs = [future.result() for future in pending]
-        self.model.nfe = nfe_before
         scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
         return scores, outputs, samples
 
