@@ -221,7 +221,7 @@ class LockstepPadding:
 
         ``draw(generators, like)``: the method's forward-process draws (``algorithms/engine/plans.py``
         ``forward_draws``), made once for the minibatch's rows from ``generators`` (one per row, in order) and cut per
-        part; a padding part's row draws from a generator seeded with the algorithm's seed (any draw: it is weighted 0)."""
+        part; a padding part's row draws from a generator seeded with the algorithm's seed (any draw: weighted 0)."""
         positions = torch.arange(len(minibatch), device=minibatch.device)  # host indices, as the minibatch
         x0 = at_least_float32(traj.final[minibatch])
         draws = draw(list(generators), x0) if draw is not None and len(minibatch) else None
