@@ -165,7 +165,7 @@ def _cut(draws: tuple[torch.Tensor, ...] | None, part: torch.Tensor) -> tuple[to
 class LockstepPadding:
     """The padding calls of ``Algorithm`` (its base class): where a process holds fewer rows than another, the calls
     it makes only to keep a sharded model's processes in lockstep, each of the same kind as the calls it stands for.
-    Uses the algorithm's ``model``, ``dist``, ``lockstep`` (the ledger or None), ``_padding_source``,
+    Uses the algorithm's ``model``, ``dist``, ``seed``, ``lockstep`` (the ledger or None), ``_padding_source``,
     ``score_transition``, ``_step_terms`` and ``transition_chunks``."""
 
     def lockstep_phase(self, name: str) -> contextlib.AbstractContextManager:
