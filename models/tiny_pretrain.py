@@ -128,6 +128,70 @@ def read_checkpoint(path: Path) -> dict:
     return state
 
 
+class _Pretraining:
+    """One pretraining run's state: the networks (trained jointly), their EMA copy, the optimizer and its warmup
+    schedule, the steps done, the training wall time and the loss curve; resumed from and saved to
+    ``<run_dir>/checkpoint.pt``, with the EMA weights exported to ``out`` and ``pretrain.json`` beside it."""
+
+    def __init__(self, arch: TinyArch, settings: dict, run_dir: Path, out: Path, shipped: bool,
+                 command: str | None):
+        self.arch, self.settings, self.run_dir, self.out, self.shipped = arch, settings, run_dir, out, shipped
+        self.command = command
+        self.tokenizer, text_encoder, transformer = build_networks(arch, settings["seed"])
+        self.nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
+        self.ema_nets = copy.deepcopy(self.nets).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.nets.parameters(), lr=settings["lr"], betas=(0.9, 0.99),
+                                           weight_decay=0.0)
+        warmup = settings["warmup"]
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / max(warmup, 1)))
+        self.checkpoint = run_dir / "checkpoint.pt"
+        self.step, self.wall_s, self.losses = 0, 0.0, []
+
+    def resume(self) -> None:
+        """Continue from the run directory's checkpoint, if there is one (refused when written with other settings)."""
+        if not self.checkpoint.is_file():
+            return
+        state = read_checkpoint(self.checkpoint)
+        if state["settings"] != self.settings:
+            raise ConfigError(f"pretrain: {self.checkpoint} was written with other settings {state['settings']}")
+        self.nets.load_state_dict(state["nets"])
+        self.ema_nets.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.step, self.wall_s, self.losses = state["step"], state["wall_s"], state["losses"]
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step on batch ``step`` (module docstring), the EMA moved after it; returns the loss."""
+        cfg, nets = self.settings, self.nets
+        images, prompts, _ = sample_batch(cfg["data"], PRETRAIN_DATA_SEED, self.step * cfg["batch"], cfg["batch"])
+        loss = flow_matching_loss(self.tokenizer, nets["text_encoder"], nets["transformer"], images, prompts,
+                                  step_generator(cfg["seed"], self.step), cfg["cond_dropout"])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(nets.parameters(), 1.0)
+        self.optimizer.step()
+        self.schedule.step()
+        ema_update(self.ema_nets, nets, cfg["ema"])
+        self.step += 1
+        return loss
+
+    def save(self) -> None:
+        """The checkpoint, the EMA weights at ``out`` (never untrained ones over the shipped weights) and
+        ``pretrain.json``, each written atomically."""
+        step, losses = self.step, self.losses
+        atomic_torch_save({"settings": self.settings, "nets": self.nets.state_dict(),
+                           "ema": self.ema_nets.state_dict(), "optimizer": self.optimizer.state_dict(),
+                           "schedule": self.schedule.state_dict(), "step": step, "wall_s": self.wall_s,
+                           "losses": losses}, self.checkpoint)
+        record = {"command": self.command or " ".join(sys.argv), "settings": self.settings, "steps_done": step,
+                  "wall_s": round(self.wall_s, 1), "final_loss_ema": losses[-1] if losses else None,
+                  "threads": torch.get_num_threads()}
+        if step > 0 or not self.shipped:  # untrained weights never replace the shipped ones
+            save_weights(self.out, self.arch, self.ema_nets["transformer"], self.ema_nets["text_encoder"],
+                         {"pretrain": record})
+        atomic_write_text(self.run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
+
+
 def pretrain(
     data: str = "shapes",
     *,
@@ -161,63 +225,27 @@ def pretrain(
                           f"untrained ones")
     if threads:
         torch.set_num_threads(int(threads))
-    tokenizer, text_encoder, transformer = build_networks(arch_cfg, seed)
-    nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
-    ema_nets = copy.deepcopy(nets).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(nets.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / max(warmup, 1)))
-
     settings = dict(data=data, batch=batch, lr=lr, warmup=warmup, ema=ema, cond_dropout=cond_dropout,
                     seed=seed, data_seed=PRETRAIN_DATA_SEED, arch=asdict(arch_cfg))
-    start, wall_s, losses = 0, 0.0, []
-    checkpoint = run_dir / "checkpoint.pt"
-    if checkpoint.is_file():
-        state = read_checkpoint(checkpoint)
-        if state["settings"] != settings:
-            raise ConfigError(f"pretrain: {checkpoint} was written with other settings {state['settings']}")
-        nets.load_state_dict(state["nets"])
-        ema_nets.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start, wall_s, losses = state["step"], state["wall_s"], state["losses"]
-
-    def save(step: int) -> None:
-        atomic_torch_save({"settings": settings, "nets": nets.state_dict(), "ema": ema_nets.state_dict(),
-                           "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "step": step,
-                           "wall_s": wall_s, "losses": losses}, checkpoint)
-        record = {"command": command or " ".join(sys.argv), "settings": settings, "steps_done": step,
-                  "wall_s": round(wall_s, 1), "final_loss_ema": losses[-1] if losses else None,
-                  "threads": torch.get_num_threads()}
-        if step > 0 or not shipped:  # untrained weights never replace the shipped ones
-            save_weights(out, arch_cfg, ema_nets["transformer"], ema_nets["text_encoder"], {"pretrain": record})
-        atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
+    run = _Pretraining(arch_cfg, settings, run_dir, out, shipped, command)
+    run.resume()
 
     budget_s = None if minutes is None else 60.0 * minutes
-    bar = tqdm(total=steps, initial=start, desc=f"pretrain tiny/{data}", disable=not progress, dynamic_ncols=True)
-    last_save, loss_avg = time.perf_counter(), (losses[-1] if losses else None)
-    step = start
-    while step < steps and (budget_s is None or wall_s < budget_s):
+    bar = tqdm(total=steps, initial=run.step, desc=f"pretrain tiny/{data}", disable=not progress, dynamic_ncols=True)
+    last_save, loss_avg = time.perf_counter(), (run.losses[-1] if run.losses else None)
+    while run.step < steps and (budget_s is None or run.wall_s < budget_s):
         t0 = time.perf_counter()
-        images, prompts, _ = sample_batch(data, PRETRAIN_DATA_SEED, step * batch, batch)
-        loss = flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts,
-                                  step_generator(seed, step), cond_dropout)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(nets.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        ema_update(ema_nets, nets, ema)
-        step += 1
-        wall_s += time.perf_counter() - t0
+        loss = run.train_step()
+        run.wall_s += time.perf_counter() - t0
         loss_value = float(loss.detach())
         loss_avg = loss_value if loss_avg is None else 0.98 * loss_avg + 0.02 * loss_value
-        if step % 50 == 0:
-            losses.append(round(loss_avg, 5))
+        if run.step % 50 == 0:
+            run.losses.append(round(loss_avg, 5))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_avg:.4f}", min=f"{wall_s / 60:.1f}")
+        bar.set_postfix(loss=f"{loss_avg:.4f}", min=f"{run.wall_s / 60:.1f}")
         if time.perf_counter() - last_save > 60 * checkpoint_minutes:
-            save(step)
+            run.save()
             last_save = time.perf_counter()
     bar.close()
-    save(step)
+    run.save()
     return out

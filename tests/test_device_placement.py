@@ -193,21 +193,21 @@ PLAN_VS_BUFFER = "the plan compared with the buffer's host entries (a no-op: pla
 #: (file, call source) -> why this constructor or move to the host is right. A call listed here is allowed wherever it
 #: appears in that file; a call of the same file whose source differs is a new finding.
 ALLOWED: dict[tuple[str, str], str] = {
-    # ---- the template (algorithms/engine/base.py; docs/perf.md "Device placement" lists what is still to change there)
-    ("algorithms/engine/base.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
+    # ---- the template (algorithms/engine/base.py and its parts; docs/perf.md "Device placement": what is to change)
+    ("algorithms/engine/tally.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
         LOGGING + " (UpdateTally's clip counts, built from the host copy of its sums for the collective)",
     ("algorithms/engine/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/engine/sde.py", "sigmas.detach().to(device='cpu', dtype=torch.float32)"): HOST_GRID,
     ("algorithms/engine/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
-    ("algorithms/engine/base.py", "batch.rewards.detach().cpu()"):
+    ("algorithms/engine/prompt_iteration.py", "batch.rewards.detach().cpu()"):
         "the prompt sampler's outcomes (GroupOutcome) are host-side bookkeeping: one explicit move per step",
-    ("algorithms/engine/base.py", "batch.group.cpu()"): HOST_INDEX + " (group ids of the sampler's outcomes)",
+    ("algorithms/engine/prompt_iteration.py", "batch.group.cpu()"): HOST_INDEX + " (group ids of the sampler's outcomes)",
     ("algorithms/engine/base.py", "torch.arange(group_offset, group_offset + len(prompts))"): HOST_INDEX + " (group ids)",
     ("algorithms/engine/base.py", "torch.nonzero(self.dist.cat(advantages) != 0).squeeze(1).cpu()"):
         HOST_INDEX + " (the kept rows, permuted with the host update generator)",
     ("algorithms/engine/base.py", "torch.randperm(batch, generator=self.update_generator)"): GENERATOR,
     ("algorithms/engine/base.py", "torch.randperm(len(kept), generator=self.update_generator)"): GENERATOR,
-    ("algorithms/engine/base.py", "torch.arange(batch)"):
+    ("algorithms/engine/config.py", "torch.arange(batch)"):
         HOST_INDEX + " (ordered_rows: the update's minibatch order, a host permutation as the generator's)",
     # ---- plans and kernels
     ("algorithms/engine/plans.py", "torch.zeros(num_steps, dtype=torch.bool)"): HOST_PLAN,

@@ -37,3 +37,38 @@ def test_eval_batch_changes_neither_the_scores_nor_the_identity(tmp_path):
 def test_bad_eval_batch_is_one_clear_error(bad):
     with pytest.raises(ConfigError, match="train.eval_batch must be a positive integer or null"):
         load_config(CONFIG, [f"train.eval_batch={bad}"])
+
+
+def test_padded_evaluation_calls_are_not_counted_and_change_no_score(tmp_path):
+    """A process with fewer evaluation chunks than another (an uneven shard of a sharded model's evaluation) samples
+    one discarded sample per missing chunk (``Algorithm.padding_samples``): those calls run, and neither they nor the
+    evaluation's own calls move the run's NFE; the scores are the unpadded ones. (tests/test_fsdp.py runs an uneven
+    evaluation on 2 sharded processes against 1 process.)"""
+    runner = Runner(load_config(CONFIG, SMALL + [f"run_dir={tmp_path}", "train.eval_batch=7"]), progress=False)
+    runner.build()
+    model, algorithm = runner.model, runner.algorithm
+    counted = []
+    velocity = model.velocity
+
+    def counting(*args, **kwargs):
+        before = model.nfe
+        out = velocity(*args, **kwargs)
+        counted.append(model.nfe - before)  # what the call itself counts, before any context restores it
+        return out
+
+    model.velocity = counting
+    model.nfe = 5
+    plain = runner.evaluate(0)
+    plain_calls = sum(counted)
+    assert plain_calls > 0 and model.nfe == 5
+    assert algorithm.padding_samples(3, ["class 0"], [{}], runner.eval_sampler.sigmas, None) == 0  # not sharded
+    algorithm.lockstep_padding = lambda calls: 2  # as a sharded process 2 chunks short of another
+    counted.clear()
+    padded = runner.evaluate(0)
+    steps = len(runner.eval_sampler.sigmas) - 1
+    assert sum(counted) == plain_calls + 2 * steps * model.cfg_factor(runner.eval_sampler.guidance)  # the padding ran
+    assert model.nfe == 5
+    assert padded["eval_reward"] == plain["eval_reward"]
+    counted.clear()
+    assert algorithm.padding_samples(1, ["class 0"], [{}], runner.eval_sampler.sigmas, None) == 2
+    assert sum(counted) > 0 and model.nfe == 5  # the helper's own calls, outside an evaluation, are not counted either

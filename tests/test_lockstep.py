@@ -107,3 +107,33 @@ def test_flux_and_qwen_image_take_full_fine_tuning(name, tmp_path):
     assert sum(p.numel() for p in trained) == sum(p.numel() for p in model.transformer.parameters())
     assert len(model.fsdp_modules()) == 2  # the trained transformer and its frozen reference copy, both sharded
     assert not any(p.requires_grad for p in model.fsdp_modules()[1].parameters())
+
+
+@pytest.mark.parametrize("name", ["diffusion_nft", "awm"])
+def test_ready_padding_parts_train_nothing_and_count_no_nfe(name, toy_prompts):
+    """``Algorithm.update_parts`` hands DiffusionNFT and AWM their padding parts ready (one row of a padding
+    trajectory, its own forward draws, weight 0): a process 2 parts short of another in every minibatch (forced here,
+    in one process) makes their calls and ends the step with the weights, statistics and NFE of the unpadded step."""
+    from flowzoo import algorithms, models, rewards
+
+    def step(padding: int):
+        model = models.get("toy2d")()
+        config = {"group_size": 4, "lr": 1e-3, "minibatches": 2, "micro_batch": 3, "max_grad_norm": 0.0}
+        alg = algorithms.get(name)(model, rewards.build("toy_mode"), config, seed=0)
+        asked, velocity = [], model.velocity
+        if padding:
+            alg.lockstep_padding = lambda parts: asked.append(parts) or padding
+        calls = []
+        model.velocity = lambda *args, **kwargs: calls.append(1) or velocity(*args, **kwargs)
+        stats = alg.step(*toy_prompts)
+        return stats, [p.detach().clone() for p in model.trainable_parameters()], len(calls), asked
+
+    plain, plain_weights, plain_calls, _ = step(0)
+    padded, padded_weights, padded_calls, asked = step(2)
+    assert asked and all(parts >= 1 for parts in asked)  # every minibatch asked, with its real parts
+    assert padded_calls > plain_calls  # the padding parts' calls ran
+    assert padded.nfe_training == plain.nfe_training  # and were not counted
+    for mine, theirs in zip(padded_weights, plain_weights):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+    for field in ("loss", "kl", "grad_norm", "clip_frac", "ratio_mean"):
+        assert getattr(padded, field) == getattr(plain, field), field

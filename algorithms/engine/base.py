@@ -13,6 +13,11 @@ Which prompts an iteration trains on is the algorithm's prompt sampler's choice 
 ``step(prompts)`` trains on prompts given directly (tests, tools). ``default_prompt_sampler`` says which sampler a
 config without ``train.prompt_sampler`` gets.
 
+The class is assembled from the engine's modules: its hyper-parameters (``AlgorithmConfig``, ``config.py``), what a
+step reports (``StepStats``, ``stats.py``), the update's bookkeeping (``tally.py``), the prompt iteration
+(``PromptIteration``, ``prompt_iteration.py``), the checkpoint state (``CheckpointState``, ``checkpoint_state.py``) and
+the lockstep padding of a sharded run (``LockstepPadding``, ``lockstep.py``); every name is importable from here.
+
 Hooks report per-iteration diagnostics with ``self.log(key, value)`` (Stable-Baselines3's ``logger.record``): the
 values land in ``StepStats.extra`` and the runner writes them as metrics.csv columns. A class declares what the report
 needs to know about it: ``family`` (colours and panels), ``ablation_of`` (the ablation table) and ``diagnostics``
@@ -29,296 +34,42 @@ import contextlib
 import dataclasses
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Iterator, Literal, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
-from flowzoo.algorithms import prompt_samplers
-from flowzoo.algorithms.engine.advantages import Aggregation, StdMode, combined_advantages, zero_std_fraction
+from flowzoo.algorithms.engine.advantages import combined_advantages, zero_std_fraction
+from flowzoo.algorithms.engine.checkpoint_state import CheckpointState
+from flowzoo.algorithms.engine.config import MINIBATCH_ORDERS, AlgorithmConfig, ordered_rows
 from flowzoo.algorithms.engine.distributed import SINGLE_PROCESS, GatheredBatch, SingleProcess
 from flowzoo.algorithms.engine.ema import WeightEMA
 from flowzoo.algorithms.engine.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
-from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
-from flowzoo.algorithms.engine.losses import KLVariance, PPOTerms, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from flowzoo.algorithms.engine.losses import PPOTerms, gaussian_mean_kl, kl_std, ppo_clip_loss
+from flowzoo.algorithms.engine.prompt_iteration import PromptIteration
 from flowzoo.algorithms.engine.rollout import chunk_spans, initial_noise, rollout, sample_generators
-from flowzoo.algorithms.engine.sde import MAX_SAMPLING_STEPS, Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
+from flowzoo.algorithms.engine.sde import SigmaGrid, StepOutput, sde_step, sigma_schedule
+from flowzoo.algorithms.engine.stats import (
+    CLIP_FRAC_OFF, CLIP_FRAC_ON, FSDP_PADDING, ONPOLICY_DRIFT, RESERVED_COLUMNS, StepStats,
+)
+from flowzoo.algorithms.engine.tally import UpdateTally, rows_on_device
 from flowzoo.algorithms.engine.trajectory import RolloutInputs, StepPlan, Trajectory
-from flowzoo.errors import ConfigError, FlowZooError
+from flowzoo.algorithms.prompt_samplers import PromptDraw
+from flowzoo.errors import FlowZooError
 from flowzoo.schema import from_mapping
 from flowzoo.streams import UPDATE_ORDER_OFFSET
 from flowzoo.models.base import FlowModel
-from flowzoo.models.sharding import full_tensor, gathered, is_sharded, like
+from flowzoo.models.sharding import full_tensor, is_sharded
 from flowzoo.rewards.base import Reward
 from flowzoo.rewards.errors import RewardError
 from flowzoo.rewards.multi import MultiReward
 
-
-#: AlgorithmConfig.minibatch_order's values
-MINIBATCH_ORDERS = ("shuffled", "grouped", "interleaved")
-
-
-def ordered_rows(batch: int, group_size: int, order: str) -> torch.Tensor:
-    """The rows of a group-major batch in ``order``: ``grouped``, as they are (whole groups in turn);
-    ``interleaved``, by position in the group first (each group's first sample, then each group's second, ...), so
-    that equal chunks take the same slice of every group."""
-    rows = torch.arange(batch)
-    if order == "grouped":
-        return rows
-    return rows[torch.argsort((rows % group_size) * batch + rows // group_size)]
+#: the names other modules import from here (the config, the step's report and the update's bookkeeping live in
+#: modules of their own: ``config``, ``stats``, ``tally``)
+__all__ = ["Algorithm", "AlgorithmConfig", "StepStats", "MINIBATCH_ORDERS", "ordered_rows", "ONPOLICY_DRIFT",
+           "FSDP_PADDING", "CLIP_FRAC_ON", "CLIP_FRAC_OFF", "RESERVED_COLUMNS", "UpdateTally", "rows_on_device"]
 
 
-@dataclass
-class AlgorithmConfig:
-    """Hyper-parameters shared by every GRPO-style algorithm (defaults: Flow-GRPO's SD3.5 recipe)."""
-
-    group_size: int = 8  # G samples per prompt
-    num_steps: int | None = None  # T sampling steps of a training rollout; None = the model's default
-    shift: float | None = None  # sigma-schedule shift (SD3 uses 3.0); None = the model's default
-    guidance: float | None = None  # CFG scale; None = the model's default
-    kernel: Kernel = "flow_grpo"
-    noise_level: float = 0.7  # a in Flow-GRPO's std_t = a sqrt(s/(1-s)); eta for dance_grpo
-    timestep_fraction: float = 0.99  # fraction of the T steps trained (Flow-GRPO: int(10 * .99) = the first 9)
-    shared_noise: bool = False  # one initial noise per group (DanceGRPO)
-    clip_range: float = 1e-4  # PPO clip epsilon
-    adv_clip: float = 5.0
-    # A = (r - group mean) / (std + adv_eps), std over the group or (``batch``) the whole batch (Flow-GRPO's SD3
-    # recipes: ``global_std``). Released forms: Flow-GRPO population std + 1e-4 (flow_grpo/stat_tracking.py:27-29);
-    # DanceGRPO / MixGRPO group ``.std()`` (unbiased) + 1e-8 (DanceGRPO fastvideo/train_grpo_flux.py:542, MixGRPO
-    # fastvideo/train_grpo_flux.py:448,475).
-    adv_std: StdMode = "group"
-    adv_std_unbiased: bool = False
-    adv_eps: float = 1e-4
-    # Leave samples whose advantage is exactly 0 out of the update (their loss, KL and the loss normaliser), as
-    # Flow-GRPO's scripts/train_sd3.py:796-817 does (it then re-adds a few at random so that the count divides its
-    # number of micro-batches; here minibatches may differ in size by one instead).
-    drop_zero_advantage: bool = False
-    reward_aggregation: Aggregation = "sum"
-    kl_beta: float = 0.04
-    # KL = ||mu - mu_ref||^2 / (2 s^2) with s the step's std (``step``) or, as the released Flow-GRPO code
-    # (scripts/train_sd3.py:895, s = std_dev_t of sd3_sde_with_logprob.py:47, no sqrt(-dt)), ``release``: at the same
-    # beta the ``release`` KL is (-dt) times the ``step`` KL, i.e. weaker.
-    kl_variance: KLVariance = "step"
-    # Which CFG branch carries the gradient in the update (models.base.FlowModel.velocity): ``cond`` detaches the
-    # unconditional one (Flow-GRPO's compute_log_prob), ``both`` back-propagates through both.
-    cfg_grad: Literal["cond", "both"] = "cond"
-    # How ``cfg_grad: cond`` runs with autograd on (models.base.FlowModel.velocity): ``batched`` one call on
-    # [cond; uncond] with the unconditional half detached after it (the released form), ``split`` the unconditional
-    # half as its own no_grad call, ``auto`` the model's choice (on a GPU batched, as released; on the CPU split from
-    # 1M transformer parameters: models.diffusers_common.cfg_split_pays). Same math.
-    cfg_batch: Literal["auto", "batched", "split"] = "auto"
-    lr: float = 3e-4
-    weight_decay: float = 1e-4
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0  # 0 = no gradient clipping (the norm is still logged)
-    inner_epochs: int = 1  # passes over each rollout batch
-    minibatches: int = 1  # optimizer steps per pass
-    # which rows each optimizer step takes: "shuffled", a fresh permutation of the batch every inner epoch (Flow-GRPO's
-    # trainers); "grouped", the batch in order, so each step takes whole groups one after another (DanceGRPO's FLUX
-    # and Qwen-Image trainers: 2 prompts per GPU, a step every 12 samples); "interleaved", each step the same slice
-    # of every group (MixGRPO's FLUX trainer: 1 prompt per GPU, a step every 3 of its 12 samples). The released
-    # trainers step every gradient_accumulation_steps samples of each GPU's in-order sample list
-    minibatch_order: str = "shuffled"
-    micro_batch: int | None = None  # samples per forward pass in the update (memory); None = all at once
-    # samples per network call of the training rollout (the CFG pair makes 2x rows), per VAE decode call and per
-    # reward call (memory: a GPU's whole share of the batch in one decode does not fit at the paper recipes); None =
-    # the model's ``default_rollout_batch`` (the released trainer's sampling batch; toy2d and tiny: all at once).
-    # The same samples and rewards to float rounding; not part of a run's identity
-    rollout_batch: int | None = None
-    # How a step's Gaussian log-density is reduced over latent dims: "mean" as the released Flow-GRPO/DanceGRPO
-    # code (a per-dimension average), or "sum", the true joint density the OP-GRPO trajectory ratio is written
-    # with. Applied alike to behaviour log-probs, the PPO ratio, the KL and the sequence weight.
-    log_prob_reduction: Literal["mean", "sum"] = "mean"
-    # Recompute-free first update (LeanGRPO, arXiv 2609.03528): the rollout evaluates the trained steps with
-    # gradients and keeps their graphs, and the update back-propagates through them instead of recomputing the
-    # policy forward. Same gradients; saves one forward per trained transition; holds the graphs in memory
-    # until the update. Needs a single optimizer step per rollout (inner_epochs 1, minibatches 1). ``auto``: on where
-    # that holds, ``micro_batch`` is unset (kept graphs are not micro-batched) and the algorithm's trajectories keep
-    # their graphs and train every sample at the same steps (``Algorithm.rollout_graph_auto``).
-    reuse_rollout_graph: bool | Literal["auto"] = "auto"
-    # An exponential moving average of the trainable weights, with which the run evaluates and exports (training
-    # rollouts sample the trained weights), as released Flow-GRPO (scripts/train_sd3.py:445 at ac4c86e): after
-    # optimizer step s (from 1) it moves when (s + 1) % ema_every == 0, by 1 - min((1 + s) / (10 + s), ema_decay)
-    # (algorithms/engine/ema.py). Off by default; part of a run's identity only when on.
-    ema: bool = False
-    ema_decay: float = 0.9
-    ema_every: int = 8
-
-    def __post_init__(self) -> None:
-        positive = {"group_size": self.group_size, "inner_epochs": self.inner_epochs, "minibatches": self.minibatches}
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"algorithm.{name} must be a positive integer, got {value}")
-        if self.group_size < 2:
-            raise ConfigError(f"algorithm.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
-        if self.minibatch_order not in MINIBATCH_ORDERS:
-            raise ConfigError(f"algorithm.minibatch_order must be one of {', '.join(MINIBATCH_ORDERS)}, got "
-                              f"{self.minibatch_order!r}")
-        if self.num_steps is not None and not 1 <= self.num_steps <= MAX_SAMPLING_STEPS:
-            raise ConfigError(f"algorithm.num_steps must be in [1, {MAX_SAMPLING_STEPS}] or null (the model's default), "
-                              f"got {self.num_steps}")
-        if self.reuse_rollout_graph is True and (self.inner_epochs, self.minibatches) != (1, 1):
-            raise ConfigError(
-                "algorithm.reuse_rollout_graph needs inner_epochs 1 and minibatches 1 (one optimizer step per rollout); "
-                f"got inner_epochs {self.inner_epochs}, minibatches {self.minibatches}"
-            )
-        if not (isinstance(self.ema_decay, (int, float)) and 0 <= self.ema_decay < 1):  # NaN fails the range
-            raise ConfigError(f"algorithm.ema_decay must be in [0, 1), got {self.ema_decay}")
-        if self.ema_every < 1:
-            raise ConfigError(f"algorithm.ema_every must be a positive integer, got {self.ema_every}")
-        if self.micro_batch is not None and self.micro_batch < 1:
-            raise ConfigError(f"algorithm.micro_batch must be >= 1, got {self.micro_batch}")
-        if self.rollout_batch is not None and self.rollout_batch < 1:
-            raise ConfigError(f"algorithm.rollout_batch must be >= 1 or null (the model's default), got "
-                              f"{self.rollout_batch}")
-        if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
-        if self.guidance is not None and not (math.isfinite(self.guidance) and self.guidance >= 0):  # NaN fails
-            raise ConfigError(f"algorithm.guidance must be a finite number >= 0 (1 = no classifier-free guidance) or "
-                              f"null (the model's default), got {self.guidance}")
-        if self.shift is not None and not (math.isfinite(self.shift) and self.shift > 0):  # NaN fails `> 0`
-            raise ConfigError(f"algorithm.shift must be a finite number > 0 (1 = no shift) or null (the model's "
-                              f"default), got {self.shift}")
-        nonnegative = ("noise_level", "clip_range", "adv_clip", "adv_eps", "kl_beta", "lr", "max_grad_norm",
-                       "weight_decay", "adam_eps")
-        for name in nonnegative:
-            value = getattr(self, name)
-            if not math.isfinite(value):  # NaN passes `value < 0`
-                raise ConfigError(f"algorithm.{name} must be a finite number, got {value}")
-            if value < 0:
-                raise ConfigError(f"algorithm.{name} must be >= 0, got {value}")
-        if self.noise_level < 1e-6:  # smaller levels underflow in float32 (step variance ~ noise_level^2 * dt)
-            raise ConfigError(f"algorithm.noise_level must be >= 1e-6, got {self.noise_level}: below it the sampler is "
-                              f"deterministic (in float32), so a trajectory has no log-probability to train")
-
-    def check_num_steps(self, num_steps: int) -> None:
-        """Checks of knobs bounded by T, the rollout's sampling steps (``num_steps``, else the model's default);
-        ``benchmark.config.schema`` calls it at load time. Nothing here; subclasses add theirs (OP-GRPO's ``t_off``)."""
-
-    def inert_keys(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """Knobs whose value cannot change a run of this config: {knob: (why, the knobs that make it inert)}. ``flowzoo
-        tune`` leaves such a knob out of a cell's space unless one of the knobs that make it inert is tuned too.
-        Here: the weight average's knobs with ``ema`` off; subclasses add theirs (AWM's copy KL at ``kl_beta`` 0)."""
-        inert: dict[str, tuple[str, tuple[str, ...]]] = {}
-        if not self.ema:
-            for name in ("ema_decay", "ema_every"):
-                inert[name] = ("ema is off: no weight average is kept", ("ema",))
-        return inert
-
-
-#: the largest |log pi_theta - log pi_old| over the on-policy (sample, step) pairs of an update's first optimizer
-#: step: 0 up to rounding when the update recomputes what the rollout sampled; precision (bf16/fp16 rollouts against
-#: a float32 recompute) or a nondeterministic kernel makes it grow, and the first PPO ratio is then not 1
-ONPOLICY_DRIFT = "onpolicy_max_abs_log_ratio"
-#: a sharded run's update logs the network calls its processes made only to stay in lockstep (models/sharding.py)
-FSDP_PADDING = "fsdp_padding_calls"
-#: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
-CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
-
-
-@dataclass
-class StepStats:
-    """What one training iteration reports; ``row()`` flattens it into a metrics.csv row. ``extra`` holds the
-    iteration's values recorded with :meth:`Algorithm.log`."""
-
-    reward_mean: float
-    reward_std: float
-    clip_frac: float
-    approx_kl: float
-    kl: float
-    ratio_mean: float
-    loss: float
-    grad_norm: float
-    nfe_sampling: int
-    nfe_training: int
-    t_sampling: float
-    t_reward: float
-    t_training: float
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def nfe(self) -> int:
-        return self.nfe_sampling + self.nfe_training
-
-    def row(self) -> dict[str, float]:
-        values = asdict(self)
-        extra = values.pop("extra")
-        values["nfe_step"] = self.nfe
-        values.update(extra)
-        return values
-
-
-#: metrics.csv columns the template writes; ``Algorithm.log`` refuses them (the contract's columns and StepStats')
-RESERVED_COLUMNS = frozenset(f.name for f in dataclasses.fields(StepStats) if f.name != "extra") | {
-    "nfe_step", "step", "nfe", "wall_s", "eval_reward", "t_eval"}
-
-
-class UpdateTally:
-    """The PPO update's bookkeeping: sums over the trained (sample, step) pairs, the clipped pairs of named subsets of
-    the samples (``Algorithm.clip_subsets``) and the gradient norms; ``finish`` sums them over processes.
-
-    The sums accumulate on the device, in float64 (each chunk's float32 sums widened, as Python floats held them
-    before), and reach the host once, in ``finish``: a chunk adds no host read (on a GPU each would wait for it)."""
-
-    FIELDS = ("clipped", "approx_kl", "kl", "ratio", "loss")
-
-    def __init__(self, subsets: dict[str, torch.Tensor], device: torch.device | str = "cpu"):
-        self.subsets = subsets
-        #: the subsets' masks on the device, moved once (they index the device's rows)
-        self._masks = {name: mask.to(device) for name, mask in subsets.items()}
-        #: [clipped, approx_kl x rows, kl, ratio, loss, then (clipped, total) per subset], float64 on the device
-        self._acc = torch.zeros(len(self.FIELDS) + 2 * len(subsets), dtype=torch.float64, device=device)
-        self.pairs = 0
-        self.grad_norms: list[float] = []
-
-    @torch.no_grad()
-    def add(self, rows: torch.Tensor, terms, log_prob: torch.Tensor, old: torch.Tensor, kl: torch.Tensor,
-            per_sample: torch.Tensor) -> None:
-        wide = torch.float64
-        values = [terms.clipped.sum().to(wide), approx_kl(log_prob, old).to(wide) * len(rows), kl.sum().to(wide),
-                  terms.ratio.sum().to(wide), per_sample.sum().to(wide)]
-        for mask in self._masks.values():
-            member = mask[rows]
-            values += [(terms.clipped & member).sum().to(wide), member.sum().to(wide)]
-        self._acc += torch.stack(values)
-        self.pairs += len(rows)
-
-    def finish(self, dist: SingleProcess) -> tuple[dict[str, float], dict[str, float]]:
-        """(the StepStats fields of the update, {subset column: its clip fraction}) over all processes; the subsets'
-        fractions only when every subset holds trained pairs."""
-        acc = self._acc.tolist()  # the update's one read of its sums
-        local = dict(zip(self.FIELDS, acc[: len(self.FIELDS)]), pairs=self.pairs)
-        sums = dist.sum(local)
-        n = max(sums["pairs"], 1)
-        result = {
-            "clip_frac": sums["clipped"] / n,
-            "approx_kl": sums["approx_kl"] / n,
-            "kl": sums["kl"] / n,
-            "ratio_mean": sums["ratio"] / n,
-            "loss": sums["loss"] / n,
-            "grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
-        }
-        counts = acc[len(self.FIELDS):]
-        pairs = {name: dist.sum(torch.tensor(counts[2 * i: 2 * i + 2], dtype=torch.float64))
-                 for i, name in enumerate(self.subsets)}
-        if not pairs or any(c[1] == 0 for c in pairs.values()):
-            return result, {}
-        return result, {name: float(c[0] / c[1]) for name, c in pairs.items()}
-
-
-def rows_on_device(chunks: list[tuple[torch.Tensor | None, Any]], device: torch.device
-                   ) -> list[tuple[torch.Tensor | None, Any]]:
-    """The update's chunks (host row indices, step) with their rows on ``device``: the rows of every chunk of a
-    minibatch go there in one copy, not one per chunk (each would wait for the device: a pageable host-to-device
-    copy synchronises)."""
-    host = [rows for rows, _ in chunks if rows is not None]
-    if not host:
-        return chunks
-    moved = iter(torch.cat(host).to(device).split([len(rows) for rows in host]))
-    return [(rows if rows is None else next(moved), t) for rows, t in chunks]
-
-
-class Algorithm(LockstepPadding):
+class Algorithm(PromptIteration, CheckpointState, LockstepPadding):
     """A GRPO-style algorithm; see the module docstring for the template and the hooks."""
 
     name: ClassVar[str | None] = None  # set by @register (algorithms/__init__.py): the name is stated once
@@ -350,12 +101,7 @@ class Algorithm(LockstepPadding):
     likelihood_free: ClassVar[bool] = False
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
-    #: the prompt sampler of ``train_step`` (``use_prompts``); None until a training pool is given
-    prompt_sampler: PromptSampler | None = None
-    #: the draw the current iteration trains on (``train_step``), or None for prompts given to ``step`` directly
-    current_draw: PromptDraw | None = None
-    #: added to the group ids and noise keys of fresh rollouts: 0, or a filtering sampler's extra round's base
-    group_base: int = 0
+    # (the prompt iteration's attributes, ``prompt_sampler``, ``current_draw`` and ``group_base``: PromptIteration)
 
     def __init__(self, model: FlowModel, reward: Reward, config: AlgorithmConfig | dict | None = None, seed: int = 0,
                  dist: SingleProcess | None = None):
@@ -433,88 +179,6 @@ class Algorithm(LockstepPadding):
         """The class's typed config: its preset under ``params`` (the one place a preset is applied; unknown keys and
         bad values are one-line ConfigErrors naming ``algorithm.<key>``)."""
         return from_mapping(cls.Config, {**cls.preset, **(params or {})}, where="algorithm")
-
-    # ---- prompts --------------------------------------------------------------------------------------------
-    @classmethod
-    def default_prompt_sampler(cls, config: AlgorithmConfig) -> dict[str, Any]:
-        """The sampler a config without ``train.prompt_sampler`` gets: uniform."""
-        return {"name": "uniform"}
-
-    @classmethod
-    def check_prompt_sampler(cls, config: AlgorithmConfig, spec: dict[str, Any]) -> None:
-        """Refuse (one-line ConfigError) a sampler this algorithm cannot train with; every sampler is fine here."""
-
-    def replayable_prompts(self) -> list[tuple[str, dict]] | None:
-        """The (prompt, metadata) pairs the algorithm's replay buffer can replay now, distinct, in buffer order; None
-        for an algorithm without a replay buffer (the ``replay_buffer`` sampler then keeps its own)."""
-        return None
-
-    def use_prompts(self, pool: Sequence[tuple[str, dict]], groups: int,
-                    sampler: str | dict[str, Any] | None = None) -> None:
-        """Train on ``pool`` with ``groups`` prompts per iteration, drawn by ``sampler`` (a name or ``{name: ...,
-        <arguments>}``; None: ``default_prompt_sampler``)."""
-        spec = prompt_samplers.spec_of(sampler) or self.default_prompt_sampler(self.config)
-        self.check_prompt_sampler(self.config, spec)
-        self.prompt_sampler = prompt_samplers.build(spec, pool, groups, self.seed)
-
-    def train_step(self, step: int) -> StepStats:
-        """Training step ``step`` (from 1) on the prompts the sampler draws for it."""
-        if self.prompt_sampler is None:
-            raise RuntimeError("Algorithm.train_step needs a training pool: call use_prompts(pool, groups) first")
-        draw = self.prompt_sampler.draw(step, self.iteration, self)
-        return self.step(draw.prompts, draw.metadata, draw=draw, at_step=step)
-
-    def _filled_batch(self, traj: Trajectory, batch: GatheredBatch, draw: PromptDraw, at_step: int,
-                      outcomes: list[GroupOutcome]) -> tuple[Trajectory, GatheredBatch]:
-        """A filtering sampler's batch: the first rollout's kept groups, then fresh rounds of prompts until
-        ``len(draw)`` groups are kept or the sampler stops; completed with unkept groups in draw order when short.
-        Round r's groups have ids (and noise keys) from ``r * G * B`` on, and sample no replayed trajectories."""
-        sampler, groups = self.prompt_sampler, len(draw)
-        parts, kept, unkept = [traj], [], []
-        for outcome_gid, outcome in outcomes:
-            (kept if sampler.keeps(outcome.rewards) else unkept).append(outcome_gid)
-        rounds = 1
-        while len(kept) < groups:
-            more = sampler.refill(at_step, self.iteration, rounds)
-            if more is None:
-                break
-            self.group_base = rounds * self.config.group_size * groups
-            self.current_draw = more
-            try:
-                part = self.collect(more.prompts, more.metadata)
-            finally:
-                self.group_base, self.current_draw = 0, draw
-            if part.rewards is None:
-                self.score(part)
-            part_batch = self.dist.gather_batch(part)
-            for gid, outcome in self._outcomes(part_batch, more, rounds * self.config.group_size * groups):
-                outcomes.append((gid, outcome))
-                (kept if sampler.keeps(outcome.rewards) else unkept).append(gid)
-            parts.append(part)
-            rounds += 1
-        chosen = (kept + unkept)[:groups]
-        self.log("sampler_rounds", rounds)
-        self.log("sampler_kept_frac", len(kept) / max(len(outcomes), 1))
-        if rounds == 1 and not unkept:
-            return traj, batch
-        whole = Trajectory.cat(parts) if len(parts) > 1 else traj
-        rows = torch.isin(whole.group, torch.tensor(chosen, device=whole.group.device)).nonzero().flatten()
-        whole = whole.select(rows)
-        return whole, self.dist.gather_batch(whole)
-
-    @staticmethod
-    def _outcomes(batch: GatheredBatch, draw: PromptDraw | None, base: int = 0) -> list[tuple[int, GroupOutcome]]:
-        """(group id, outcome) of every group of the global ``batch`` whose id ``base + i`` is position i of
-        ``draw`` (none for prompts given directly), in group order."""
-        if draw is None:
-            return []
-        rewards, group = batch.rewards.detach().cpu(), batch.group.cpu()  # the sampler's bookkeeping: once, on the host
-        found = []
-        for gid in group.unique().tolist():
-            i = gid - base
-            if 0 <= i < len(draw):
-                found.append((gid, GroupOutcome(draw.indices[i], draw.prompts[i], rewards[group == gid])))
-        return found
 
     # ---- diagnostics ----------------------------------------------------------------------------------------
     def log(self, key: str, value: float) -> None:
@@ -860,46 +524,3 @@ class Algorithm(LockstepPadding):
         if first_drift is not None:  # the largest over processes
             self.log(ONPOLICY_DRIFT, max(self.dist.all_gather_object(first_drift)))
         return result
-
-    # ---- state ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = {
-            "iteration": self.iteration,
-            "model": self.model.trainable_state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "update_generator": self.update_generator.get_state(),
-            "extra": self.extra_state(),
-        }
-        sampler_state = self.prompt_sampler.state_dict() if self.prompt_sampler is not None else {}
-        if sampler_state:  # only then: a run with a stateless sampler keeps the checkpoint it always had
-            state["prompt_sampler"] = sampler_state
-        if self.ema is not None:  # only then: a checkpoint without EMA is the one it always was
-            state["ema"] = self.ema.state_dict()
-        # a sharded model's weights, moments and copies gathered whole (a collective: every process calls
-        # state_dict), so the checkpoint is the one a single process writes and resumes on any number of processes
-        return gathered(state) if self.model.sharded else state
-
-    def _optimizer_state_for_shards(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """A full optimizer state dict with each tensor of a sharded parameter's state cut to this process's shard
-        (the checkpoint holds full tensors, ``state_dict``)."""
-        if not self.model.sharded:
-            return saved
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = {index: {k: like(v, params[index]) if isinstance(v, torch.Tensor) and v.dim() > 0 else v
-                         for k, v in per_param.items()} if 0 <= index < len(params) else per_param
-                 for index, per_param in saved.get("state", {}).items()}
-        return {**saved, "state": state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.iteration = state["iteration"]
-        self.model.load_trainable_state_dict(state["model"])
-        self.optimizer.load_state_dict(self._optimizer_state_for_shards(state["optimizer"]))
-        self.update_generator.set_state(state["update_generator"])
-        self.load_extra_state(state["extra"])
-        if self.prompt_sampler is not None and "prompt_sampler" in state:
-            self.prompt_sampler.load_state_dict(state["prompt_sampler"])
-        if self.ema is not None:
-            if "ema" not in state:
-                raise FlowZooError("the checkpoint holds no EMA weights, but algorithm.ema is on")
-            self.ema.load_state_dict(state["ema"])
-

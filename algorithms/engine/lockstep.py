@@ -31,9 +31,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
+
+from flowzoo.algorithms.engine.rollout import sample_ode
+from flowzoo.models.base import at_least_float32
 
 if TYPE_CHECKING:
     from flowzoo.algorithms.engine.trajectory import Trajectory
@@ -123,10 +127,45 @@ def describe(events: str) -> str:
     return ", ".join(f"{counts[k]} {name}" for k, name in KINDS.items() if counts[k]) or "no call"
 
 
+#: a method's forward-process draws: (the rows' generators, a tensor like their samples) -> (steps or times, noise)
+ForwardDraw = Callable[[list[torch.Generator], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class UpdatePart:
+    """One forward-backward part of an update that scores whole samples (``LockstepPadding.update_parts``): rows of
+    ``source`` with their clean samples and forward-process draws, ready to score. A padding part (``scale`` 0) is
+    one row of a padding trajectory: its calls keep a sharded model's processes in lockstep, its loss is multiplied by
+    0, its calls are not counted in NFE (``counted``) and it records nothing."""
+
+    source: Trajectory  # the trajectory ``rows`` index
+    rows: torch.Tensor  # host indices of the part's samples in ``source``
+    scale: float  # 1.0, or 0.0 for a padding part
+    x0: torch.Tensor  # the samples' clean latents (``source.final[rows]``, at least float32)
+    draws: tuple[torch.Tensor, torch.Tensor] | None = None  # their forward draws, one row per sample
+
+    @property
+    def padding(self) -> bool:
+        return not self.scale
+
+    def counted(self, model: Any) -> contextlib.AbstractContextManager:
+        """Within this context the model's calls count in NFE unless the part is padding (``FlowModel.uncounted``)."""
+        return model.uncounted(self.padding)
+
+    def take(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (one per sample of the update's trajectory, e.g. advantages) at the part's rows; zeros for a
+        padding part, whose row has none."""
+        return values.new_zeros(len(self.rows)) if self.padding else values[self.rows]
+
+
+def _cut(draws: tuple[torch.Tensor, ...] | None, part: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    return None if draws is None else tuple(d[part] for d in draws)
+
+
 class LockstepPadding:
     """The padding calls of ``Algorithm`` (its base class): where a process holds fewer rows than another, the calls
     it makes only to keep a sharded model's processes in lockstep, each of the same kind as the calls it stands for.
-    Uses the algorithm's ``model``, ``dist``, ``lockstep`` (the ledger or None), ``_padding_source``,
+    Uses the algorithm's ``model``, ``dist``, ``seed``, ``lockstep`` (the ledger or None), ``_padding_source``,
     ``score_transition``, ``_step_terms`` and ``transition_chunks``."""
 
     def lockstep_phase(self, name: str) -> contextlib.AbstractContextManager:
@@ -158,18 +197,43 @@ class LockstepPadding:
                 for _ in range(count):
                     self.score_transition(source, torch.zeros(1, dtype=torch.long, device=source.train.device), 0)
 
-    def update_parts(self, traj: Trajectory, minibatch: torch.Tensor, micro_batch: int | None
-                     ) -> list[tuple[Trajectory, torch.Tensor, float]]:
-        """The forward-backward parts of an update that scores whole samples (DiffusionNFT, AWM): (source, positions
-        in ``minibatch``, weight 1) for each micro-batch of this process's rows, then, under sharding, as many
-        (one-row padding trajectory, [0], weight 0) parts as this process lacks against the one with the most, whose
-        calls keep the processes in lockstep and whose loss is multiplied by 0."""
+    @torch.no_grad()
+    def padding_samples(self, chunks: int, prompts: Sequence[str], metadata: Sequence[dict], sigmas: torch.Tensor,
+                        guidance: float | None) -> int:
+        """An evaluation's padding: where this process samples fewer of its ``chunks`` than another (an evaluation
+        that does not split evenly over the processes), one discarded one-sample ODE sample (the first prompt, zero
+        noise) per missing chunk, so that every process makes as many calls of a sharded transformer; not counted in
+        NFE. Returns how many it sampled (0 unless sharded)."""
+        count = self.lockstep_padding(chunks)
+        with self.model.uncounted():
+            for _ in range(count):
+                cond = self.model.encode(list(prompts[:1]), list(metadata[:1]))
+                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
+                sample_ode(self.model, cond, sigmas, x1, guidance)
+        return count
+
+    def update_parts(self, traj: Trajectory, minibatch: torch.Tensor, micro_batch: int | None,
+                     draw: ForwardDraw | None = None, generators: Sequence[torch.Generator] = ()) -> list[UpdatePart]:
+        """The forward-backward parts of an update that scores whole samples (DiffusionNFT, AWM): one
+        :class:`UpdatePart` for each micro-batch of this process's rows of ``minibatch``, then, under sharding, as many
+        padding parts (a one-row padding trajectory, weight 0) as this process lacks against the one with the most,
+        whose calls keep the processes in lockstep and whose loss is multiplied by 0.
+
+        ``draw(generators, like)``: the method's forward-process draws (``algorithms/engine/plans.py``
+        ``forward_draws``), made once for the minibatch's rows from ``generators`` (one per row, in order) and cut per
+        part; a padding part's row draws from a generator seeded with the algorithm's seed (any draw: weighted 0)."""
         positions = torch.arange(len(minibatch), device=minibatch.device)  # host indices, as the minibatch
-        parts = [(traj, part, 1.0) for part in positions.split(micro_batch or max(len(minibatch), 1)) if len(part)]
+        x0 = at_least_float32(traj.final[minibatch])
+        draws = draw(list(generators), x0) if draw is not None and len(minibatch) else None
+        parts = [UpdatePart(traj, minibatch[part], 1.0, x0[part], _cut(draws, part))
+                 for part in positions.split(micro_batch or max(len(minibatch), 1)) if len(part)]
         padding = self.lockstep_padding(len(parts))
         if padding:
+            source = self.padding_rows(traj)
             row = torch.zeros(1, dtype=torch.long, device=minibatch.device)
-            parts += [(self.padding_rows(traj), row, 0.0)] * padding
+            x0 = at_least_float32(source.final[row])
+            draws = draw([torch.Generator().manual_seed(self.seed)], x0) if draw is not None else None
+            parts += [UpdatePart(source, row, 0.0, x0, draws)] * padding
         return parts
 
     def padding_rows(self, traj: Trajectory) -> Trajectory:

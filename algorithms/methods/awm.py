@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 
@@ -44,14 +44,16 @@ from flowzoo.algorithms.engine.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.methods.diffusion_nft import OldPolicy
 from flowzoo.algorithms.engine.distributed import GatheredBatch
 from flowzoo.algorithms.engine.advantages import StdMode
-from flowzoo.algorithms.engine.losses import AWMWeighting, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss
+from flowzoo.algorithms.engine.losses import (
+    AWMWeighting, PPOTerms, awm_advantages, awm_log_prob, awm_velocity_kl, ppo_clip_loss,
+)
 from flowzoo.algorithms.engine.plans import forward_draws
 from flowzoo.algorithms.engine.rollout import sample_generators
 from flowzoo.algorithms.engine.sde import flow_grpo_std, time_shift
+from flowzoo.algorithms.engine.lockstep import UpdatePart
 from flowzoo.algorithms.engine.trajectory import StepPlan, Trajectory
 from flowzoo.errors import ConfigError, FlowZooError
 from flowzoo.streams import AWM_FORWARD
-from flowzoo.models.base import at_least_float32
 
 TimeType = Literal["discrete", "discrete_wo_init", "discrete_with_init", "uniform", "logit_normal"]
 TIME_TYPES = get_args(TimeType)
@@ -198,6 +200,17 @@ class AWMConfig(AlgorithmConfig):
                               f"{num_steps} to train at (int(T * fraction) must be >= 1)")
 
 
+class AWMPartLoss(NamedTuple):
+    """One update part's loss (``AWM.part_loss``) and the terms the update's sums read."""
+
+    total: torch.Tensor  # the part's summed loss (policy + the KL terms)
+    terms: PPOTerms  # the PPO-clip terms
+    log_prob: torch.Tensor  # [K, n] the current log-likelihoods
+    old: torch.Tensor  # [K, n] the rollout weights' (or the current ones, detached)
+    kl: torch.Tensor  # [K n] the KL to the reference (zeros when off)
+    kl_copy: torch.Tensor  # [K n] the KL to the slowly updated copy (zeros when off)
+
+
 @register("awm")
 class AWM(Algorithm):
     """Advantage Weighted Matching: the advantage-weighted flow-matching loss on the policy's own samples."""
@@ -246,7 +259,6 @@ class AWM(Algorithm):
         # host indices, as the minibatch permutation they are drawn with
         kept = self.trained_rows(advantages)
         generators = sample_generators(self.seed, self.iteration, AWM_FORWARD, count=batch)
-        x0_all = at_least_float32(traj.final)
         k = cfg.train_timesteps
         scaled = awm_advantages(advantages, cfg.adv_clip, cfg.advantage_max)
         rollout_weights = OldPolicy(self.model.trainable_parameters()) if cfg.minibatches > 1 else None
@@ -257,65 +269,15 @@ class AWM(Algorithm):
             count = self.dist.sum(len(minibatch))
             if count == 0:
                 continue
-            draws = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all) if len(minibatch) \
-                else None
+            parts = self.update_parts(traj, minibatch, cfg.micro_batch, self.forward_draws,
+                                      [generators[offset + int(i)] for i in minibatch])
             self.optimizer.zero_grad(set_to_none=True)
-            for source, part, scale in self.update_parts(traj, minibatch, cfg.micro_batch):
-                with self.model.uncounted(not scale):  # a padding part's calls train nothing: not counted
-                    if scale:
-                        rows, x0_source, (times, noise) = minibatch[part], x0_all, draws
-                    else:  # a padding part: one row, any draw, weighted 0
-                        rows, x0_source = part, at_least_float32(source.final)
-                        times, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-                    n = len(rows)
-                    # the micro-batch's K times stacked as one batch, time-major as the release repeats its batch
-                    x0 = x0_source[rows].repeat(k, *([1] * (x0_source.dim() - 1)))
-                    t = times[part].T.reshape(-1).to(x0.device)
-                    eps = noise[part].transpose(0, 1).reshape(-1, *x0.shape[1:])
-                    s = t.reshape(-1, *([1] * (x0.dim() - 1)))
-                    x_t = (1 - s) * x0 + s * eps
-                    rep = rows.repeat(k)
-                    with torch.no_grad():  # the frozen forwards first: swapping weights in must not meet a live graph
-                        v_old = None
-                        if index > 0:
-                            with rollout_weights.swapped_in():
-                                v_old = self._velocity(x_t, t, source, rep)
-                        v_ref = v_copy = None
-                        if cfg.kl_beta > 0:
-                            with self.model.reference():
-                                v_ref = self._velocity(x_t, t, source, rep)
-                        if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
-                            with self.kl_copy.swapped_in():
-                                v_copy = self._velocity(x_t, t, source, rep)
-                    v = self._velocity(x_t, t, source, rep)
-                    log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
-                    if v_old is None:
-                        old = log_prob.detach()
-                    else:
-                        old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
-                    adv = scaled[rows] if scale else scaled.new_zeros(n)  # a padding row has none
-                    if cfg.loss_type == "exp_first":
-                        terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
-                        policy = terms.loss.sum()
-                    else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
-                        terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), adv.double(), cfg.clip_range)
-                        policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
-                    none = log_prob.new_zeros(k * n)  # a KL term that is off
-                    kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
-                    kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
-                    total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
-                    (total * scale / (count * k)).backward()
-                    if not scale:  # a padding part: nothing to record
-                        continue
-                    with torch.no_grad():
-                        sums["loss"] += float(total)
-                        sums["kl"] += float(kl.sum())
-                        sums["kl_copy"] += float(kl_copy.sum())
-                        weight = k if cfg.loss_type == "sum_first" else 1
-                        sums["clipped"] += float(terms.clipped.sum()) * weight
-                        sums["ratio"] += float(terms.ratio.sum()) * weight
-                        sums["approx_kl"] += float(0.5 * ((log_prob - old) ** 2).sum())
-                        sums["pairs"] += k * n
+            for part in parts:
+                with part.counted(self.model):  # a padding part's calls train nothing: not counted
+                    loss = self.part_loss(part, scaled, rollout_weights if index > 0 else None)
+                    (loss.total * part.scale / (count * k)).backward()
+                    if not part.padding:  # a padding part records nothing
+                        self._add_sums(sums, loss)
             grad_norms.append(self.optimizer_step())
             self.optimizer_steps += 1
         sums = self.dist.sum(sums)
@@ -324,6 +286,71 @@ class AWM(Algorithm):
         return {"clip_frac": sums["clipped"] / pairs, "approx_kl": sums["approx_kl"] / pairs, "kl": sums["kl"] / pairs,
                 "ratio_mean": sums["ratio"] / pairs, "loss": sums["loss"] / pairs,
                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1)}
+
+    def _frozen_velocities(self, x_t: torch.Tensor, t: torch.Tensor, source: Trajectory, rows: torch.Tensor,
+                           old_weights: OldPolicy | None) -> tuple[torch.Tensor | None, ...]:
+        """(v_old, v_ref, v_copy): the velocities of the rollout's weights (``old_weights``, None: the current ones,
+        not recomputed), the reference and the slowly updated copy, each None where unused. Run before the trained
+        forward: swapping weights in must not meet a live graph."""
+        cfg = self.config
+        v_old = v_ref = v_copy = None
+        with torch.no_grad():
+            if old_weights is not None:
+                with old_weights.swapped_in():
+                    v_old = self._velocity(x_t, t, source, rows)
+            if cfg.kl_beta > 0:
+                with self.model.reference():
+                    v_ref = self._velocity(x_t, t, source, rows)
+            if cfg.ema_kl_beta > 0 and cfg.kl_beta > 0:  # nested in `if beta > 0` (:1330,1341)
+                with self.kl_copy.swapped_in():
+                    v_copy = self._velocity(x_t, t, source, rows)
+        return v_old, v_ref, v_copy
+
+    def part_loss(self, part: UpdatePart, scaled: torch.Tensor, old_weights: OldPolicy | None) -> AWMPartLoss:
+        """The loss of one update part (``Algorithm.update_parts``): its samples' K times stacked as one batch,
+        time-major as the release repeats its batch; the PPO-clipped advantage-weighted log-likelihood against
+        ``old_weights`` (None: the current weights, detached) plus the KL terms."""
+        cfg, k = self.config, self.config.train_timesteps
+        source, rows, (times, noise) = part.source, part.rows, part.draws
+        n = len(rows)
+        x0 = part.x0.repeat(k, *([1] * (part.x0.dim() - 1)))
+        t = times.T.reshape(-1).to(x0.device)
+        eps = noise.transpose(0, 1).reshape(-1, *x0.shape[1:])
+        s = t.reshape(-1, *([1] * (x0.dim() - 1)))
+        x_t = (1 - s) * x0 + s * eps
+        rep = rows.repeat(k)
+        v_old, v_ref, v_copy = self._frozen_velocities(x_t, t, source, rep, old_weights)
+        v = self._velocity(x_t, t, source, rep)
+        log_prob = awm_log_prob(v, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+        if v_old is None:
+            old = log_prob.detach()
+        else:
+            old = awm_log_prob(v_old, eps, x0, t, cfg.weighting, cfg.ghuber_power).reshape(k, n)
+        adv = part.take(scaled)  # a padding row has none
+        if cfg.loss_type == "exp_first":
+            terms = ppo_clip_loss(log_prob, old, adv.double().expand(k, n), cfg.clip_range)
+            policy = terms.loss.sum()
+        else:  # sum_first: the ratio of the time-mean log-probs, one term per sample
+            terms = ppo_clip_loss(log_prob.mean(0), old.mean(0), adv.double(), cfg.clip_range)
+            policy = terms.loss.sum() * k  # weighted as k pairs, so that the loss is a mean over samples
+        none = log_prob.new_zeros(k * n)  # a KL term that is off
+        kl = awm_velocity_kl(v, v_ref, t, cfg.kl_form) if v_ref is not None else none
+        kl_copy = awm_velocity_kl(v, v_copy, t, cfg.ema_kl_form) if v_copy is not None else none
+        total = policy + cfg.kl_beta * kl.sum() + cfg.ema_kl_beta * kl_copy.sum()
+        return AWMPartLoss(total, terms, log_prob, old, kl, kl_copy)
+
+    @torch.no_grad()
+    def _add_sums(self, sums: dict[str, float], loss: AWMPartLoss) -> None:
+        """Add one part's loss to the update's sums (over its K x n pairs)."""
+        k, n = loss.log_prob.shape
+        sums["loss"] += float(loss.total)
+        sums["kl"] += float(loss.kl.sum())
+        sums["kl_copy"] += float(loss.kl_copy.sum())
+        weight = k if self.config.loss_type == "sum_first" else 1
+        sums["clipped"] += float(loss.terms.clipped.sum()) * weight
+        sums["ratio"] += float(loss.terms.ratio.sum()) * weight
+        sums["approx_kl"] += float(0.5 * ((loss.log_prob - loss.old) ** 2).sum())
+        sums["pairs"] += k * n
 
     def after_update(self, traj: Trajectory, batch: GatheredBatch) -> None:
         decay = copy_decay(self.optimizer_steps, self.config.kl_ema_decay_type, self.config.kl_ema_decay)

@@ -190,7 +190,6 @@ class DiffusionNFT(Algorithm):
         offset, batch = self.dist.local_span(len(traj))
         kept = self.trained_rows(advantages)
         generators = sample_generators(self.seed, self.iteration, DIFFUSION_NFT_FORWARD, count=batch)
-        x0_all = at_least_float32(traj.final)
         k = self.trained_timesteps
         sums = {"loss": 0.0, "kl": 0.0, "old_deviation": 0.0, "r": 0.0, "pairs": 0}
         grad_norms = []
@@ -198,25 +197,19 @@ class DiffusionNFT(Algorithm):
             pairs = self.dist.sum(len(minibatch)) * k  # the global count normalises the loss
             if pairs == 0:
                 continue
-            draws = self.forward_draws([generators[offset + int(i)] for i in minibatch], x0_all) if len(minibatch) \
-                else None
-            parts = self.update_parts(traj, minibatch, cfg.micro_batch)
+            parts = self.update_parts(traj, minibatch, cfg.micro_batch, self.forward_draws,
+                                      [generators[offset + int(i)] for i in minibatch])
             self.optimizer.zero_grad(set_to_none=True)
             # the k timesteps one after another, or (a fused tier, FlowModel.fused_update) stacked as one batch,
             # timestep-major: the same loss terms, one forward and backward
             for js in ([list(range(k))] if self.model.fused_update else [[j] for j in range(k)]):
-                for source, part, scale in parts:
-                    with self.model.uncounted(not scale):  # a padding part's calls train nothing: not counted
-                        if scale:
-                            rows, x0_source, (steps, noise) = minibatch[part].repeat(len(js)), x0_all, draws
-                        else:  # a padding part: one row, any draw, weighted 0
-                            rows, x0_source = part.repeat(len(js)), at_least_float32(source.final)
-                            steps, noise = self.forward_draws([torch.Generator().manual_seed(self.seed)], x0_source)
-                            part = torch.zeros(1, dtype=torch.long, device=minibatch.device)
-                        x0 = x0_source[rows]
-                        sigma = traj.sigmas[steps[part][:, js].T.reshape(-1)].to(x0.device)
+                for part in parts:
+                    with part.counted(self.model):  # a padding part's calls train nothing: not counted
+                        source, rows, (steps, noise) = part.source, part.rows.repeat(len(js)), part.draws
+                        x0 = part.x0.repeat(len(js), *([1] * (part.x0.dim() - 1)))
+                        sigma = traj.sigmas[steps[:, js].T.reshape(-1)].to(x0.device)
                         s = sigma.reshape(-1, *([1] * (x0.dim() - 1)))
-                        x_t = (1 - s) * x0 + s * noise[part][:, js].transpose(0, 1).reshape(x0.shape)
+                        x_t = (1 - s) * x0 + s * noise[:, js].transpose(0, 1).reshape(x0.shape)
                         # the old and reference forwards run before the trained one: swapping the old weights in
                         # writes the parameters in place, which must not happen under a live graph
                         with torch.no_grad():
@@ -228,12 +221,12 @@ class DiffusionNFT(Algorithm):
                                     v_ref = self._velocity(x_t, sigma, source, rows)
                         v = self._velocity(x_t, sigma, source, rows)
                         v, v_old = at_least_float32(v), at_least_float32(v_old)
-                        adv = advantages[rows] if scale else advantages.new_zeros(len(rows))  # padding: none
+                        adv = part.take(advantages).repeat(len(js))  # a padding part: none
                         terms = nft_loss(v, v_old, None if v_ref is None else at_least_float32(v_ref), x_t,
                                          x0, sigma, adv.to(x0.device), cfg.nft_beta, cfg.adv_clip,
                                          cfg.kl_beta)
-                        (terms.loss.sum() * scale / pairs).backward()
-                        if not scale:  # a padding part: nothing to record
+                        (terms.loss.sum() * part.scale / pairs).backward()
+                        if part.padding:  # nothing to record
                             continue
                         with torch.no_grad():
                             sums["loss"] += float(terms.loss.sum())

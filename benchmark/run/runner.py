@@ -218,20 +218,17 @@ class Runner:
         """Deterministic ODE samples of ``prompts`` with ``sampler`` (its grid and CFG scale) from the evaluation
         noise, scored: every process's scores gathered, this process's reward outputs and decoded samples."""
         noise = self._evaluation_noise(len(prompts))
-        nfe_before = self.model.nfe
         pending, samples = [], []
         chunk = self.config.train.eval_batch or self.model.default_eval_batch
         shard = self.dist.shard(len(prompts), even=False)
         starts = range(shard.start, shard.stop, chunk)
-        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates)
-        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, \
+        # with algorithm.ema on, the moving average of the weights samples (as released Flow-GRPO evaluates); an
+        # evaluation's network calls are not a run's NFE
+        with self.algorithm.evaluation_weights(), RewardPool(self.reward) as pool, self.model.uncounted(), \
                 self.algorithm.lockstep_phase("evaluation"):
             # a sharded transformer's calls are collectives: a process with fewer chunks samples one discarded sample
-            # per missing chunk, so that every process makes as many calls (models/sharding.py)
-            for _ in range(self.algorithm.lockstep_padding(len(starts))):
-                cond = self.model.encode(prompts[:1], metadata[:1])
-                x1 = torch.zeros(1, *self.model.latent_shape, device=self.model.device, dtype=self.model.latent_dtype)
-                sample_ode(self.model, cond, sampler.sigmas, x1, sampler.guidance)
+            # per missing chunk, so that every process makes as many calls (algorithms/engine/lockstep.py)
+            self.algorithm.padding_samples(len(starts), prompts, metadata, sampler.sigmas, sampler.guidance)
             for start in starts:
                 sl = slice(start, min(start + chunk, shard.stop))
                 cond = self.model.encode(prompts[sl], metadata[sl])
@@ -241,7 +238,6 @@ class Runner:
                 pending.append(pool.submit(decoded, prompts[sl], metadata[sl]))
                 samples.append(decoded.cpu())
             outputs = [future.result() for future in pending]
-        self.model.nfe = nfe_before
         scores = self.dist.cat(torch.cat([o.score for o in outputs]) if outputs else torch.zeros(0))
         return scores, outputs, samples
 
@@ -370,33 +366,14 @@ class Runner:
         if is_finished(run_dir, cfg):  # another process finished it while we waited to start
             self._resumable = True
             return run_dir
-        checkpoint = run_dir / "checkpoint.pt"
-        state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None  # refused before config.yaml
-        if state is not None and state.get("prompts", self._prompts_digest()) != self._prompts_digest():
-            raise RunError(f"checkpoint {checkpoint} was written on other prompts than prompts.train / prompts.test "
-                           f"(and the evaluation's) now hold: a prompt file or dataset was replaced since; restore it, "
-                           f"or delete the checkpoint to restart the run from step 0")
+        state = self._saved_state()  # refused before config.yaml
         self._resumable = state is not None
         if self.dist.is_main and killed_before_checkpoint(run_dir):  # we hold the lock: nobody else writes here
             _remove_fresh_run_files(run_dir)
         if self.dist.is_main:
             atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_dict(cfg), sort_keys=False))
-
-        start, rows, wall_s, nfe = 0, [], 0.0, 0
         guard = DivergenceGuard(self.algorithm.config)  # a non-finite step stops the run in one line
-        if state is not None:
-            self.algorithm.load_state_dict(state["algorithm"])
-            if nonfinite_parameters(self.model.trainable_parameters()):
-                raise RunError(f"checkpoint {checkpoint} holds non-finite parameters; delete it to restart the run "
-                               f"from step 0")
-            start, rows, wall_s, nfe = state["step"], state["rows"], state["wall_s"], state["nfe"]
-            guard.saved(start)
-        else:
-            t0 = time.perf_counter()
-            with guard.during(0):
-                evaluation = self.evaluate(0)
-            rows.append({"step": 0, "nfe": 0, "wall_s": 0.0, **evaluation, "t_eval": time.perf_counter() - t0})
-            self._write_metrics(rows)
+        start, rows, wall_s, nfe = self._resume_or_evaluate(state, guard)
         if self.on_evaluation is not None:
             self.on_evaluation(rows)
         trackers = None
@@ -404,7 +381,45 @@ class Runner:
             run_name = f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}"
             trackers = Trackers(cfg.train.trackers, run_name, run_dir, resolved_dict(cfg), resumed_at=start)
             trackers.replay(rows)  # a resumed run's history, to the trackers that do not keep it
+        wall_s, nfe = self._train(start, rows, wall_s, nfe, guard, trackers)
+        if trackers:
+            trackers.finish()
+        self._write_done(rows, wall_s, nfe)
+        return run_dir
 
+    def _saved_state(self) -> dict[str, Any] | None:
+        """The run's checkpoint (None: there is none), refused in one line when it was written on other prompts."""
+        checkpoint = self.run_dir / "checkpoint.pt"
+        state = self._load_checkpoint(checkpoint) if checkpoint.is_file() else None
+        if state is not None and state.get("prompts", self._prompts_digest()) != self._prompts_digest():
+            raise RunError(f"checkpoint {checkpoint} was written on other prompts than prompts.train / prompts.test "
+                           f"(and the evaluation's) now hold: a prompt file or dataset was replaced since; restore it, "
+                           f"or delete the checkpoint to restart the run from step 0")
+        return state
+
+    def _resume_or_evaluate(self, state: dict[str, Any] | None, guard: DivergenceGuard
+                            ) -> tuple[int, list[dict], float, int]:
+        """(step, metric rows, wall_s, nfe) the run starts from: the checkpoint's ``state`` loaded, or, for a fresh
+        run, the step-0 evaluation (written to metrics.csv)."""
+        if state is not None:
+            self.algorithm.load_state_dict(state["algorithm"])
+            if nonfinite_parameters(self.model.trainable_parameters()):
+                raise RunError(f"checkpoint {self.run_dir / 'checkpoint.pt'} holds non-finite parameters; delete it to "
+                               f"restart the run from step 0")
+            guard.saved(state["step"])
+            return state["step"], state["rows"], state["wall_s"], state["nfe"]
+        t0 = time.perf_counter()
+        with guard.during(0):
+            evaluation = self.evaluate(0)
+        rows = [{"step": 0, "nfe": 0, "wall_s": 0.0, **evaluation, "t_eval": time.perf_counter() - t0}]
+        self._write_metrics(rows)
+        return 0, rows, 0.0, 0
+
+    def _train(self, start: int, rows: list[dict], wall_s: float, nfe: int, guard: DivergenceGuard,
+               trackers: Trackers | None) -> tuple[float, int]:
+        """Training steps ``start + 1`` to ``train.steps``, each appended to ``rows`` (with its evaluation when one is
+        due), written, tracked and checkpointed as the config says; returns the run's wall_s and nfe."""
+        cfg = self.config
         bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.task}/{cfg.algorithm_name}/s{cfg.seed}",
                    disable=not self.progress or not self.dist.is_main, dynamic_ncols=True)
         try:  # the bar is closed on an error too, so the error's one line starts a line of its own
@@ -440,8 +455,12 @@ class Runner:
                 bar.set_postfix(postfix)
         finally:
             bar.close()
-        if trackers:
-            trackers.finish()
+        return wall_s, nfe
+
+    def _write_done(self, rows: list[dict], wall_s: float, nfe: int) -> None:
+        """``done.json`` (the main process writes it), then a barrier: the run is finished for every process once it
+        exists."""
+        cfg = self.config
         summary = {
             "steps": cfg.train.steps,
             "eval_reward_initial": rows[0].get("eval_reward"),
@@ -452,9 +471,8 @@ class Runner:
             "machine": machine_record(),  # float results differ across CPUs: a page names each run's machine
         }
         if self.dist.is_main:
-            atomic_write_text(run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
-        self.dist.barrier()  # the run is finished for every process once done.json exists
-        return run_dir
+            atomic_write_text(self.run_dir / "done.json", json.dumps(summary, indent=2) + "\n")
+        self.dist.barrier()
 
 
 def _remove_fresh_run_files(run_dir: Path) -> None:
