@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from flowzoo.benchmark.analysis import costs, effects
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.benchmark.study import answer as study_answer, page as study_page
 from flowzoo.benchmark.analysis.runs import (
     SkippedRun,
@@ -282,26 +283,20 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
                   "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
                   "(`python -m flowzoo.benchmark.perf.cell_timing`, file `timing.csv`): median over repeats (range). The runs' "
                   "own wall-clock is not used: it carries the load of the shared machine. A cell whose runs did not "
-                  "all reach the target is marked *lower bound* (its censored runs count at the budget).", "",
-                  "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
-                  "| wall-clock ratio (95% CI) |", "|---|---|---|---|---|---|---|---|"]
-        for _, w in wall.iterrows():
-            lines.append(f"| {w['seed_set']} | {w['task']} | {w['algorithm']} | {w['metric']} | "
-                         f"{w['steps_ratio']:.2f} | {w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-"
-                         f"{w['cost_ratio_max']:.2f}) | {int(w['repeats'])} | {w['ratio']:.2f} "
-                         f"[{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}]"
-                         + (f" *lower bound* ({int(w['censored'])}/{int(w['n'])} censored)"
-                            if w.get("censored", 0) else "") + " |")
-        lines.append("")
+                  "all reach the target is marked *lower bound* (its censored runs count at the budget).", ""]
+        rows = [[w["seed_set"], w["task"], w["algorithm"], w["metric"], f"{w['steps_ratio']:.2f}",
+                 f"{w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-{w['cost_ratio_max']:.2f})", int(w["repeats"]),
+                 f"{w['ratio']:.2f} [{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}]"
+                 + (f" *lower bound* ({int(w['censored'])}/{int(w['n'])} censored)" if w.get("censored", 0) else "")]
+                for _, w in wall.iterrows()]
+        lines += markdown_table(["seeds", "task", "algorithm", "metric", "steps ratio", "cost ratio (range)",
+                                 "repeats", "wall-clock ratio (95% CI)"], rows) + [""]
     for task, rows in table.groupby("task"):
         seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
         lines += [f"## {task}", "", f"Runs: {seeds}. Columns at the all-seeds targets; base: the step-0 evaluation (mean over "
                   "seeds); final reward: mean over seeds of each run's last evaluations, with a 95% percentile "
-                  "bootstrap CI over seeds.", "",
-                  "| cell | seeds | base | final reward (95% CI) | AUC | steps to 50% (reached) | steps to 80% (reached) "
-                  f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) "
-                  "| log w std / ESS | unstable |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "bootstrap CI over seeds.", ""]
+        cells = []
         for algorithm, runs in rows.groupby("algorithm"):
             clip = (f"{_fmt(runs.get('clip_frac_on', pd.Series(dtype=float)).mean())} / "
                     f"{_fmt(runs['clip_frac_off'].mean())}"
@@ -315,18 +310,19 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
             unstable = int(((~runs["finished"].astype(bool)) | runs["collapsed"].astype(bool)).sum())
             n = len(runs)
             final_low, final_high = bootstrap_ci(runs["final_reward"].to_numpy(float))
-            lines.append(
-                f"| {algorithm} | {n} | {runs['base'].mean():.4f} | {runs['final_reward'].mean():.4f} "
-                f"[{_fmt(final_low, 4)}, {_fmt(final_high, 4)}] | {runs['auc'].mean():.4f} | {runs['steps_to_50'].mean():.1f} "
-                f"({int(runs['reached_steps_to_50'].sum())}/{n}) | {runs['steps_to_80'].mean():.1f} "
-                f"({int(runs['reached_steps_to_80'].sum())}/{n}) | {zero} | {off} | {clip} | {weights} "
-                f"| {unstable}/{n} |")
+            cells.append([algorithm, n, f"{runs['base'].mean():.4f}",
+                          f"{runs['final_reward'].mean():.4f} [{_fmt(final_low, 4)}, {_fmt(final_high, 4)}]",
+                          f"{runs['auc'].mean():.4f}",
+                          f"{runs['steps_to_50'].mean():.1f} ({int(runs['reached_steps_to_50'].sum())}/{n})",
+                          f"{runs['steps_to_80'].mean():.1f} ({int(runs['reached_steps_to_80'].sum())}/{n})",
+                          zero, off, clip, weights, f"{unstable}/{n}"])
+        lines += markdown_table(["cell", "seeds", "base", "final reward (95% CI)", "AUC", "steps to 50% (reached)",
+                                 "steps to 80% (reached)", f"zero-std frac (first {EARLY_STEPS} / all steps)",
+                                 "off-policy frac", "clip frac (on / off)", "log w std / ESS", "unstable"], cells)
         if curves is not None and task in curves.index.get_level_values(0):
-            steps = [int(step) for step in curves.columns]
-            lines += ["", "Mean eval reward over all seeds by step:", "",
-                      "| cell | " + " | ".join(str(step) for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
-            for cell, values in curves.loc[task].iterrows():
-                lines.append(f"| {cell} | " + " | ".join(_fmt(float(v)) for v in values) + " |")
+            lines += ["", "Mean eval reward over all seeds by step:", ""] + markdown_table(
+                ["cell", *(int(step) for step in curves.columns)],
+                [[cell, *(_fmt(float(v)) for v in values)] for cell, values in curves.loc[task].iterrows()])
         task_effects = effect_rows[effect_rows["task"] == task]
         for (reference, set_name), cell_effects in task_effects.groupby(["reference", "seed_set"], sort=False):
             lines += ["", f"Paired differences vs {reference}, seeds `{set_name}`:", ""] + _effect_rows(cell_effects)
@@ -392,29 +388,25 @@ def _gain_lines(gain_rows: pd.DataFrame, baseline: str) -> list[str]:
              f"Final reward minus the step-0 evaluation, mean over seeds with a 95% percentile-bootstrap CI; \"gained\" "
              f"counts runs that end above their base. The cost metrics' targets are fractions of `{baseline}`'s gain, "
              "so on a seed set where its CI reaches 0 they are weak: a resample in which it does not gain has no target "
-             "and counts as no difference.", "",
-             "| seeds | task | cell | n | base | final reward | gain (95% CI) | gained | targets |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for _, g in gain_rows.iterrows():
-        note = conditioning(g) if g["algorithm"] == baseline else ""
-        lines.append(f"| {g['seed_set']} | {g['task']} | {g['algorithm']} | {int(g['n'])} | {g['base']:.4f} "
-                     f"| {g['final_reward']:.4f} | {g['gain']:+.4f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}] "
-                     f"| {int(g['gained'])}/{int(g['n'])} | {note} |")
-    return lines + [""]
+             "and counts as no difference.", ""]
+    rows = [[g["seed_set"], g["task"], g["algorithm"], int(g["n"]), f"{g['base']:.4f}", f"{g['final_reward']:.4f}",
+             f"{g['gain']:+.4f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}]", f"{int(g['gained'])}/{int(g['n'])}",
+             conditioning(g) if g["algorithm"] == baseline else ""] for _, g in gain_rows.iterrows()]
+    return lines + markdown_table(["seeds", "task", "cell", "n", "base", "final reward", "gain (95% CI)", "gained",
+                                   "targets"], rows) + [""]
 
 
 def _effect_rows(rows: pd.DataFrame) -> list[str]:
-    lines = ["| cell | metric | n | reference | cell | diff | 95% CI | ratio [95% CI] | reached (cell / ref) "
-             "| MDE (80%) | t-test p | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cells = []
     for _, e in rows.iterrows():
         cost = str(e["metric"]).split("_")[0] in ("steps", "nfe")
         ratio = f"{e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]" if cost else "-"
         reached = f"{int(e['reached'])}/{int(e['n'])} / {int(e['reference_reached'])}/{int(e['n'])}" if cost else "-"
-        lines.append(
-            f"| {e['algorithm']} | {e['metric']} | {int(e['n'])} | {_fmt(e['reference_mean'], 4)} "
-            f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
-            f"| {ratio} | {reached} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} | {verdict(e)} |")
-    return lines
+        cells.append([e["algorithm"], e["metric"], int(e["n"]), _fmt(e["reference_mean"], 4),
+                      _fmt(e["algorithm_mean"], 4), f"{e['diff']:+.4g}", f"[{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}]",
+                      ratio, reached, _fmt(e["mde"]), _fmt(e["p_t"], 2), verdict(e)])
+    return markdown_table(["cell", "metric", "n", "reference", "cell", "diff", "95% CI", "ratio [95% CI]",
+                           "reached (cell / ref)", "MDE (80%)", "t-test p", "verdict"], cells)
 
 
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
