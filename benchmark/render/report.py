@@ -341,7 +341,8 @@ def diagnostics_section(analysis: stats.Analysis, out_dir: Path) -> list[str]:
         drawn = True
         rows = [[f"`{pattern}`", ", ".join(f"`{a}`" for a in members), description]
                 for pattern, (description, members) in declared.items()]
-        lines += [f"### `{task}`", ""] + markdown_table(["column", "logged by", "what it measures"], rows, pipe="\\|") + [""]
+        table = markdown_table(["column", "logged by", "what it measures"], rows, pipe="\\|")
+        lines += [f"### `{task}`", "", *table, ""]
         scalars = {p: members for p, (_, members) in declared.items() if "{k}" not in p}
         if scalars:
             paths = figures.plot_diagnostics_over_training(runs, scalars, task, colours,

@@ -131,7 +131,8 @@ def _run_row(algorithm: str, runs: pd.DataFrame) -> list:
     n = len(runs)
     final_low, final_high = bootstrap_ci(runs["final_reward"].to_numpy(float))
     return [algorithm, n, f"{runs['base'].mean():.4f}",
-            f"{runs['final_reward'].mean():.4f} [{fmt(final_low, 4)}, {fmt(final_high, 4)}]", f"{runs['auc'].mean():.4f}",
+            f"{runs['final_reward'].mean():.4f} [{fmt(final_low, 4)}, {fmt(final_high, 4)}]",
+            f"{runs['auc'].mean():.4f}",
             f"{runs['steps_to_50'].mean():.1f} ({int(runs['reached_steps_to_50'].sum())}/{n})",
             f"{runs['steps_to_80'].mean():.1f} ({int(runs['reached_steps_to_80'].sum())}/{n})",
             zero, off, clip, weights, f"{unstable}/{n}"]
