@@ -24,6 +24,7 @@ import yaml
 from flowzoo import algorithms
 from flowzoo import models
 from flowzoo.benchmark.config import recipe_files
+from flowzoo.markdown import markdown_table
 
 #: the recipe files' folder, named here for its readers (a test that moves it patches ``recipe_files.RECIPES_DIR``)
 RECIPES_DIR = recipe_files.RECIPES_DIR
@@ -59,7 +60,7 @@ def _scope_label(scope: str) -> str:
 
 def _cell(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True).strip()
-    return text.removesuffix("...").strip().replace("|", "/")
+    return text.removesuffix("...").strip()
 
 
 #: the index of the released files the recipes cite (tests/test_recipe_citations.py checks every citation against it)
@@ -70,14 +71,14 @@ def _released_files() -> list[str]:
     """The revisions the citations point into: one row per released file read."""
     files = yaml.safe_load(RELEASED_FILES.read_text())["files"]
     lines = ["", "Released files the sources cite, at the revision each was read (`benchmark/released_files.yaml`; "
-             "`tests/test_recipe_citations.py` checks every `file:line` above against it):", "",
-             "| repository | file | commit | lines |", "|---|---|---|---|"]
+             "`tests/test_recipe_citations.py` checks every `file:line` above against it):", ""]
+    rows = []
     for f in files:
         count = "not counted (cited without lines)" if f["lines"] is None else str(f["lines"])
         if f.get("partial"):
             count += f" (read: {f['partial']})"
-        lines.append(f"| {f['repo']} | `{f['path']}` | {f['commit'][:7]} | {count} |")
-    return lines
+        rows.append([f["repo"], f"`{f['path']}`", f["commit"][:7], count])
+    return lines + markdown_table(["repository", "file", "commit", "lines"], rows)
 
 
 _PREAMBLE = [
@@ -120,20 +121,20 @@ def _chain_lines() -> list[str]:
     return lines
 
 
-def _value_rows(files: list[recipe_files.RecipeFile]) -> list[str]:
+def _value_rows(files: list[recipe_files.RecipeFile]) -> list[list[str]]:
     """One table row per recipe value."""
-    return [f"| {row.file} | {_scope_label(row.scope)} | `{row.knob}` | {_cell(row.value)} | "
-            f"{row.source.replace('|', '/')} |" for file in files for row in recipe_files.recipe_values(file)]
+    return [[row.file, _scope_label(row.scope), f"`{row.knob}`", _cell(row.value), row.source]
+            for file in files for row in recipe_files.recipe_values(file)]
 
 
-def _preset_rows() -> list[str]:
+def _preset_rows() -> list[list[str]]:
     """One table row per key a registered preset adds or changes, its source the preset's docstring."""
     rows = []
     for name in algorithms.names():
         cls = algorithms.get(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0] if "preset" in vars(cls) else ""
         for key, value in sorted(recipe_files.own_preset(cls).items()):
-            rows.append(f"| {name} | preset | `{key}` | {_cell(value)} | {doc.replace('|', '/')} |")
+            rows.append([name, "preset", f"`{key}`", _cell(value), doc])
     return rows
 
 
@@ -144,6 +145,7 @@ def recipe_table() -> str:
     lines += ["", "Sources: each file's header names the released code and the short file names its rows use.", ""]
     lines += [f"- `{file.path.name}`: {file.header}" for file in files]
     lines += _released_files()
-    lines += ["", "| algorithm | applies to | knob | value | source |", "|---|---|---|---|---|"]
-    lines += _value_rows(files) + _preset_rows()
+    # a | in a value or a source would split its cell: shown as /
+    lines += ["", *markdown_table(["algorithm", "applies to", "knob", "value", "source"],
+                                  _value_rows(files) + _preset_rows(), pipe="/")]
     return "\n".join(lines) + "\n"

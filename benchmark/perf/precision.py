@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from flowzoo.benchmark.perf.measure import PROMPT, load_model, make_algorithm
+from flowzoo.markdown import markdown_table
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 
@@ -55,13 +56,12 @@ def measure(path: str | None, device: str, lora_rank: int, precisions=PRECISIONS
 
 
 def format_drift(result: dict[str, dict[str, list[float]]]) -> str:
-    lines = ["max |log pi_recomputed - log pi_sampled| per trained step (Flow-GRPO, one rollout)",
-             "| precision | recomputed on | per step | max | first ratio within |",
-             "|---|---|---|---|---|"]
-    for precision, rows in result.items():
-        for how, drift in rows.items():
+    rows = []
+    for precision, drifts in result.items():
+        for how, drift in drifts.items():
             steps = " ".join(f"{d:.1e}" for d in drift)
             worst = max(drift, default=0.0)
-            lines.append(f"| {precision} | {how} | {steps} | {worst:.2e} | [{torch.tensor(-worst).exp():.6f}, "
-                         f"{torch.tensor(worst).exp():.6f}] |")
-    return "\n".join(lines)
+            rows.append([precision, how, steps, f"{worst:.2e}",
+                         f"[{torch.tensor(-worst).exp():.6f}, {torch.tensor(worst).exp():.6f}]"])
+    return "\n".join(["max |log pi_recomputed - log pi_sampled| per trained step (Flow-GRPO, one rollout)",
+                      *markdown_table(["precision", "recomputed on", "per step", "max", "first ratio within"], rows)])

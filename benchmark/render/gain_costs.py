@@ -10,6 +10,7 @@ import pandas as pd
 
 from flowzoo.benchmark.analysis.costs import LABELS, SOURCES
 from flowzoo.benchmark.render import figures
+from flowzoo.benchmark.render.tables import markdown_table
 
 
 def _cell(row: pd.Series, cost: str, digits: int = 3) -> str:
@@ -37,14 +38,11 @@ def cost_lines(costs: pd.DataFrame, figure_lines: list[str], seed_set: str) -> l
              "and spread kept and more of one. Not measured: " + (", ".join(LABELS[c] for c in SOURCES
                                                                           if c not in measured) or "none") + ".", "",
              *figure_lines]
+    columns = ("reward_gain", *measured)
     for task, rows in shown.groupby("task", sort=True):
-        lines += [f"### {task}", "", "| cell | n | " + " | ".join(LABELS[c] for c in ("reward_gain", *measured))
-                  + " | Pareto |", "|---" * (len(measured) + 4) + "|"]
-        for _, row in rows.iterrows():
-            lines.append(f"| {row['algorithm']} | {int(row['n'])} | "
-                         + " | ".join(_cell(row, c) for c in ("reward_gain", *measured))
-                         + f" | {'yes' if row['pareto'] else ''} |")
-        lines.append("")
+        cells = [[row["algorithm"], int(row["n"]), *(_cell(row, c) for c in columns), "yes" if row["pareto"] else ""]
+                 for _, row in rows.iterrows()]
+        lines += [f"### {task}", "", *markdown_table(["cell", "n", *(LABELS[c] for c in columns), "Pareto"], cells), ""]
     return lines
 
 

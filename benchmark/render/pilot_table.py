@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from flowzoo.benchmark.analysis.runs import find_run_dirs, read_metrics, read_run_keys
-from flowzoo.benchmark.render.report import markdown_table
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.command_line import run_alias
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text

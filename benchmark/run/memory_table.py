@@ -13,6 +13,7 @@ from flowzoo.benchmark.run.memory import (
 from flowzoo.benchmark.config.resolve import Layers, resolve
 from flowzoo.benchmark.run.suite import Suite, cell_keys, cells
 from flowzoo.errors import ConfigError
+from flowzoo.markdown import markdown_table
 from flowzoo.schema import from_mapping
 
 #: the GPUs a suite's estimate assumes when it states none (``released_gpus``): one process
@@ -59,7 +60,7 @@ def suite_estimates(suite: Suite, gpus: int | None = None, overrides: tuple[str,
 def table(rows: list[CellEstimate], budget_gib: float) -> str:
     """A markdown table: per cell its samples per GPU, rows per call, every part, the total and whether it fits."""
     head = ["cell", "samples/GPU", "rollout/update rows", *COLUMNS, "total", f"fits {budget_gib:.1f}"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for row in rows:
         est, shape = row.estimate, row.shape
         parts = est.parts()
@@ -67,9 +68,9 @@ def table(rows: list[CellEstimate], budget_gib: float) -> str:
         peak = COLUMNS.index(est.peak_phase)
         cells_[peak] = f"**{cells_[peak]}**"  # the phase that sets the peak
         verdict = "yes" if fits(est, budget_gib) else "NO: " + "; or ".join(knobs(shape, est)[:2])
-        lines.append("| " + " | ".join([row.cell, str(shape.samples), f"{shape.rollout_rows}/{shape.update_rows}",
-                                        *cells_, f"{est.total:.1f}", verdict]) + " |")
-    return "\n".join(lines)
+        body.append([row.cell, shape.samples, f"{shape.rollout_rows}/{shape.update_rows}", *cells_,
+                      f"{est.total:.1f}", verdict])
+    return "\n".join(markdown_table(head, body))
 
 
 def report(suite: Suite, gpus: int | None = None, budget_gib: float = H100_80GB_GIB,

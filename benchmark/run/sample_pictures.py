@@ -4,7 +4,7 @@ Beside every ``samples/step_N.png`` goes ``samples/step_N.json``, what a reader 
 ``kind``, ``prompts`` (the prompt of each sample, in the order the grid shows them: row by row), for image and
 video grids ``columns`` and ``shown`` (how many samples the grid holds), for points the coordinates ``points``
 (rounded to 1e-5). Trackers caption the grid with the prompts; the report redraws the toy tier's points with the
-rewarded region and each sample's reward (:mod:`benchmark.render.report`).
+rewarded region and each sample's reward (:mod:`benchmark.render.samples`).
 """
 
 from __future__ import annotations

@@ -112,7 +112,12 @@ def caption(prompts: Sequence[str]) -> str:
 def _tracker_classes():
     """Our subclasses of accelerate's three trackers (built lazily: accelerate's module imports nothing heavy, but
     the subclasses' bodies import their packages only when a run uses them)."""
-    from accelerate.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
+    return {"tensorboard": _tensorboard_class(), "wandb": _wandb_class(), "mlflow": _mlflow_class()}
+
+
+def _tensorboard_class():
+    """TensorBoard, resumed: the crashed tail purged, the history kept in its event files."""
+    from accelerate.tracking import TensorBoardTracker
 
     class TensorBoard(TensorBoardTracker):
         #: its event files outlive the process: a resumed run's writer purges what the killed one logged after the
@@ -143,6 +148,13 @@ def _tracker_classes():
             self.writer.add_text("samples/prompts", caption(prompts).replace("\n", "  \n"), global_step=step)
             self.writer.flush()
 
+    return TensorBoard
+
+
+def _wandb_class():
+    """Weights & Biases, offline unless ``WANDB_MODE`` says otherwise, its files under the run's ``trackers/``."""
+    from accelerate.tracking import WandBTracker
+
     class WandB(WandBTracker):
         def __init__(self, run_name: str, logging_dir: Path):
             super().__init__(run_name)
@@ -166,6 +178,13 @@ def _tracker_classes():
             import wandb
 
             self.run.log({"samples": wandb.Image(image, caption=caption(prompts))}, step=step)
+
+    return WandB
+
+
+def _mlflow_class():
+    """MLflow, on the run's own file store unless ``MLFLOW_TRACKING_URI`` names another."""
+    from accelerate.tracking import MLflowTracker
 
     class MLflow(MLflowTracker):
         def __init__(self, run_name: str, logging_dir: Path, experiment: str):
@@ -202,7 +221,7 @@ def _tracker_classes():
 
             mlflow.end_run()
 
-    return {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+    return MLflow
 
 
 class Trackers:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from flowzoo.benchmark.render.markdown_html import heading_id
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.benchmark.study.claims import CLAIMS_HEADING
 from flowzoo.benchmark.study.seed_sets import ALL_SEEDS
 from flowzoo.errors import ConfigError
@@ -99,11 +100,6 @@ def paper_text(row: pd.Series) -> str:
     return f"{_signed(row['paper'])}{unit}"
 
 
-def _cell(text) -> str:
-    """A table cell's text: a ``|`` inside it (e.g. the unit ``|log ratio|``) escaped, so it does not split the cell."""
-    return str(text).replace("|", "\\|")
-
-
 def answer_sets(claims: pd.DataFrame) -> list[str]:
     """The seed sets the table shows: every judged set but ``all`` (``all`` alone when it is the only one)."""
     sets = [c[len("verdict "):] for c in claims.columns if c.startswith("verdict ")]
@@ -120,7 +116,7 @@ def answer_table(claims: pd.DataFrame | None, estimates: pd.DataFrame | None) ->
     by_claim = ({} if estimates is None or estimates.empty
                 else {(r["claim"], r["seed_set"]): r for _, r in estimates.iterrows()})
     headers = ["claim", "paper"] + [f"ours: {s} (95% CI)" for s in sets] + ["verdict"]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    rows = []
     for _, claim in claims.iterrows():
         paper, ours = "-", []
         for s in sets:
@@ -133,7 +129,7 @@ def answer_table(claims: pd.DataFrame | None, estimates: pd.DataFrame | None) ->
         if not sets:  # a claims table of one unnamed set
             ours = [str(claim.get("measured", "-"))]
         verdict = claim["replication"] if replicated else claim.get(f"verdict {sets[0]}" if sets else "verdict", "-")
-        cells = [claim["claim"], paper, *ours]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + f" | **{_cell(verdict)}** |")
-    return lines + ["", "Rules, figures in words and each seed set's verdict: "
+        rows.append([claim["claim"], paper, *ours, f"**{verdict}**"])
+    # a | inside a cell (e.g. the unit |log ratio|) escaped, so it does not split the cell
+    return markdown_table(headers, rows, pipe="\\|") + ["", "Rules, figures in words and each seed set's verdict: "
                     f"[{CLAIMS_HEADING.lower()}](#{heading_id(CLAIMS_HEADING)}) below.", ""]

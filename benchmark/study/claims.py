@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.benchmark.study.seed_sets import HELD_OUT, REPLICATION_SETS
 from flowzoo.errors import ConfigError
 from flowzoo.registry import Registry
@@ -326,17 +327,12 @@ def render_claims(claims: pd.DataFrame, pair: tuple[str, str] = REPLICATION_SETS
              f"when only the held-out seeds could be judged (the other set's runs did not log the claim's measure, or "
              f"gave no target).{note}", ""]
     if not sets:
-        lines += ["| claim | rule | measured (95% CI) | verdict |", "|---|---|---|---|"]
-        for _, row in claims.iterrows():
-            lines.append(f"| {row['claim']} | {row['rule']} | {row['measured']} | **{row['verdict']}** |")
-        return lines + [""]
+        rows = [[row["claim"], row["rule"], row["measured"], f"**{row['verdict']}**"] for _, row in claims.iterrows()]
+        return lines + markdown_table(["claim", "rule", "measured (95% CI)", "verdict"], rows) + [""]
     shown = shown_sets(claims)
     replicated = "replication" in claims
-    lines += ["| claim | rule | " + " | ".join(f"{s}: measured (95% CI) | {s}: verdict" for s in shown)
-              + (" | replication |" if replicated else " |"),
-              "|---|---|" + "---|---|" * len(shown) + ("---|" if replicated else "")]
-    for _, row in claims.iterrows():
-        cells = " | ".join(f"{row[f'measured {s}']} | {row[f'verdict {s}']}" for s in shown)
-        lines.append(f"| {row['claim']} | {row['rule']} | {cells} |"
-                     + (f" **{row['replication']}** |" if replicated else ""))
-    return lines + [""]
+    headers = ["claim", "rule", *(f"{s}: {what}" for s in shown for what in ("measured (95% CI)", "verdict")),
+               *(["replication"] if replicated else [])]
+    rows = [[row["claim"], row["rule"], *(row[f"{what} {s}"] for s in shown for what in ("measured", "verdict")),
+             *([f"**{row['replication']}**"] if replicated else [])] for _, row in claims.iterrows()]
+    return lines + markdown_table(headers, rows) + [""]

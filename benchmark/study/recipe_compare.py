@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.command_line import run_alias
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text, refuse_input_as_output
@@ -81,13 +82,11 @@ def to_markdown(table: pd.DataFrame, shared_label: str, tuned_label: str) -> str
     lines = ["# Verdicts under the shared recipe and under each algorithm's tuned recipe", "",
              f"Shared: `{shared_label}`. Tuned: `{tuned_label}`. Replicated verdicts compared: "
              f"{counts.get('changed', 0)} changed, {counts.get('same', 0)} the same, "
-             f"{counts.get('not judged', 0)} not judged at tuned recipes (their cells were not run tuned).", "",
-             "| change | claim | shared | tuned | shared: exploration / replication | tuned: exploration / replication |",
-             "|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        cells = [r["change"], r["claim"], r["shared"], r["tuned"], r["shared exploration / replication"],
-                 r["tuned exploration / replication"]]
-        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+             f"{counts.get('not judged', 0)} not judged at tuned recipes (their cells were not run tuned).", ""]
+    rows = [[r["change"], r["claim"], r["shared"], r["tuned"], r["shared exploration / replication"],
+             r["tuned exploration / replication"]] for _, r in table.iterrows()]
+    lines += markdown_table(["change", "claim", "shared", "tuned", "shared: exploration / replication",
+                             "tuned: exploration / replication"], rows, pipe="/")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,8 @@
 spelling, kept as an alias: :func:`main`.) :func:`write_study` does the work.
 
 Reads every run under RUNS_DIR (``config.yaml`` + ``metrics.csv``, :mod:`benchmark.analysis.stats`) and writes the
-page ``DIR/README.md`` and ``DIR/index.html`` (figures, then tables: :mod:`benchmark.study.page`),
+page ``DIR/README.md`` and ``DIR/index.html`` (figures, then tables: :mod:`benchmark.study.page`,
+:mod:`benchmark.study.tables`),
 ``DIR/runs.csv`` (one row per run), ``DIR/effects.csv`` (one row per seed set, reference, cell and metric),
 ``DIR/curves.csv`` (mean eval reward over seeds every 20 steps) and ``DIR/gains.csv`` (each cell's gain over the base
 model per seed set, :func:`gains`: whether the baseline learns, so whether its targets are well-conditioned). A task
@@ -14,11 +15,11 @@ named ``<task>@<variant>`` (a control run with other keys, e.g. ``toy2d_sep64_sp
 ``<algorithm>@<variant>`` of ``<task>`` (:func:`split_variants`, the one place that reads the form). Every number
 comes from :mod:`benchmark.analysis.effects`, the report's statistics path:
 
-* **Metrics**, fixed before a study's runs are looked at (:data:`METRICS`): steps and NFE to 50% and to 80% of the
-  baseline's gain over the base model (restricted means over the budget, Kaplan-Meier for censored runs), final
-  reward (mean of the last ``smooth`` evaluations) and AUC (mean eval reward over the run). ``steps_to_final``
-  (fraction 1: the baseline's own final reward, the papers' form) is shown but is ill-conditioned: the target sits on
-  the baseline's noisy plateau, so no verdict uses it.
+* **Metrics**, fixed before a study's runs are looked at (:data:`benchmark.study.metrics.METRICS`): steps and NFE
+  to 50% and to 80% of the baseline's gain over the base model (restricted means over the budget, Kaplan-Meier for
+  censored runs), final reward (mean of the last ``smooth`` evaluations) and AUC (mean eval reward over the run).
+  ``steps_to_final`` (fraction 1: the baseline's own final reward, the papers' form) is shown but is
+  ill-conditioned: the target sits on the baseline's noisy plateau, so no verdict uses it.
 * **Paired effects** (cell - reference over the seeds both ran) with 95% bootstrap CIs that re-estimate the target
   inside every resample, ratios of restricted means with theirs, and the smallest detectable effect (MDE).
 * **Seed sets** (:mod:`benchmark.study.seed_sets`): with ``--suite``, each of the suite's ``seed_sets`` that ran
@@ -42,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from flowzoo.benchmark.analysis import costs, effects
-from flowzoo.benchmark.study import answer as study_answer, page as study_page
+from flowzoo.benchmark.study import answer as study_answer, page as study_page, tables as study_tables
 from flowzoo.benchmark.analysis.runs import (
     SkippedRun,
     machine_line,
@@ -51,7 +52,6 @@ from flowzoo.benchmark.analysis.runs import (
     load_runs,
     read_metrics,
     read_run_keys,
-    recipe_text,
     run_machine,
 )
 from flowzoo.benchmark.analysis.stats import DEFAULT_SMOOTH, bootstrap_ci, eval_curves
@@ -64,7 +64,14 @@ from flowzoo.benchmark.study.claims import (
     judge,
     match_claim_set,
     render_claims,
-    shown_sets,
+)
+from flowzoo.benchmark.study.metrics import (  # noqa: F401  (conditioning, verdict: importable from here as before)
+    DIAGNOSTICS,
+    EARLY_STEPS,
+    METRICS,
+    STEP_LOG_RATIO_PREFIX,
+    conditioning,
+    verdict,
 )
 from flowzoo.benchmark.study.seed_sets import (
     REPLICATION_SETS,
@@ -77,24 +84,6 @@ from flowzoo.cells import VARIANT_SEP, base_task, split_task, with_variant  # no
 from flowzoo.errors import ConfigError, RunError, one_line_errors
 from flowzoo.io import atomic_write, check_out_dir, staged_directory
 from flowzoo.models.shipped import refuse_shipped
-
-#: the study's metrics, in report order: (name, effects.Metric)
-METRICS = (
-    effects.cost_metric("steps_to_50", "step", effects.gain_target(0.5)),
-    effects.cost_metric("steps_to_80", "step", effects.gain_target(0.8)),
-    effects.cost_metric("nfe_to_50", "nfe", effects.gain_target(0.5)),
-    effects.cost_metric("nfe_to_80", "nfe", effects.gain_target(0.8)),
-    effects.value_metric("final_reward", "final"),
-    effects.value_metric("auc", "auc"),
-    effects.cost_metric("steps_to_final", "step", effects.gain_target(1.0)),
-)
-PRIMARY = "steps_to_80"
-#: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
-DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess",
-               "log_weight_std")
-#: per-timestep |log p_old - log p_off| of the reused transitions (OP-GRPO logs one column per reused step k)
-STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
-EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
 
 
 def split_variants(runs: pd.DataFrame) -> pd.DataFrame:
@@ -168,11 +157,6 @@ def study_effects(data: dict[str, effects.TaskRuns], baseline: str, references: 
     return pd.DataFrame(rows)
 
 
-def verdict(row: pd.Series) -> str:
-    metric = next((m for m in METRICS if m.name == row["metric"]), None)
-    return effects.verdict(row, metric.higher_is_better if metric else False, bool(metric and metric.is_cost))
-
-
 def wall_clock_ratios(effect_rows: pd.DataFrame, timing: pd.DataFrame, baseline: str,
                       metrics=("steps_to_50", "steps_to_80"), resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
     """Wall-clock-to-target ratios vs ``baseline``: the steps ratio (and its CI) x the per-step cost ratio.
@@ -214,7 +198,7 @@ def gains(table: pd.DataFrame, seed_sets: dict[str, list[int]]) -> pd.DataFrame:
     """One row per (seed set, task, cell): the mean gain of the final reward over the base model (the step-0
     evaluation) with its 95% percentile-bootstrap CI over seeds (:func:`benchmark.analysis.stats.bootstrap_ci`), and
     how many runs end above their base. The baseline's row says whether a seed set's cost targets (fractions of
-    its gain) are well-conditioned: only when its CI lies above 0 (:func:`conditioning`)."""
+    its gain) are well-conditioned: only when its CI lies above 0 (:func:`benchmark.study.metrics.conditioning`)."""
     rows = []
     for set_name, seeds in seed_sets.items():
         chosen = table[table["seed"].isin(seeds)]
@@ -229,25 +213,10 @@ def gains(table: pd.DataFrame, seed_sets: dict[str, list[int]]) -> pd.DataFrame:
                                        "ci_high", "gained"])
 
 
-def conditioning(row: pd.Series) -> str:
-    """Plain words for a baseline's gain row: whether the targets built on its gain are well-conditioned."""
-    if not (math.isfinite(row["ci_low"]) and math.isfinite(row["ci_high"])):
-        return "n<2"
-    if row["ci_low"] > 0:
-        return "learns: targets well-conditioned"
-    if row["gain"] > 0:
-        return "gain CI reaches 0: targets weak"
-    return "no gain: no target"
-
-
 def mean_curves(runs: pd.DataFrame, every: int = 20) -> pd.DataFrame:
     """Mean raw eval reward over seeds at every ``every``-th step: one row per (task, cell), one column per step."""
     evals = runs[runs["eval_reward"].notna() & (runs["step"] % every == 0)]
     return evals.pivot_table(index=["task", "algorithm"], columns="step", values="eval_reward", aggfunc="mean")
-
-
-def _fmt(value, digits: int = 3) -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}g}"
 
 
 def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, list[int]], baseline: str,
@@ -259,9 +228,9 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
            title: str = "Study", protocol: str = "", cost_section: list[str] | None = None) -> str:
     """The study's README: ``title``, ``lead`` (a hand-written answer, the answer table, the claims' figures), the
     generated answer, ``figure_lines`` (the curves), then the definitions and every table (``claims`` judged by
-    ``claims_of``)."""
+    ``claims_of``; the text of each part: :mod:`benchmark.study.tables`)."""
     sets = ", ".join(f"`{name}` (seeds {_seed_list(seeds)})" for name, seeds in seed_sets.items())
-    lines = [f"# {title}", "", *(lead or []), *_answer_lines(claims, gain_rows, baseline),
+    lines = [f"# {title}", "", *(lead or []), *study_tables.answer_lines(claims, gain_rows, baseline),
              *(figure_lines or []),
              f"Paired effects vs `{baseline}`.{' ' + protocol if protocol else ''} Metrics fixed before the runs: steps and NFE to 50% and 80% of `{baseline}`'s gain over the base "
              "model (restricted means over the budget; a run that never reaches a target is censored there, "
@@ -271,150 +240,17 @@ def render(table: pd.DataFrame, effect_rows: pd.DataFrame, seed_sets: dict[str, 
              "percentile-bootstrap CIs over seeds that re-estimate the target in every resample; MDE = smallest true "
              "difference a paired t-test (two-sided, 0.05) detects with 80% power. Seed sets, each analysed with its "
              f"own target: {sets}. Definitions: `benchmark/analysis/effects.py`, `benchmark/study/verdicts.py`.", "",
-             *_skipped_lines(table, skipped or []), *_recipe_lines(table, recipes or {})]
+             *study_tables.skipped_lines(table, skipped or []), *study_tables.recipe_lines(table, recipes or {})]
     if claims is not None and len(claims):
         lines += render_claims(claims, pair, claims_of)
     if gain_rows is not None and len(gain_rows):
-        lines += _gain_lines(gain_rows, baseline)
+        lines += study_tables.gain_lines(gain_rows, baseline)
     lines += cost_section or []
     if wall is not None and len(wall):
-        lines += ["## Wall-clock to target (estimated)", "",
-                  "Steps ratio x per-step cost ratio; the cost ratio is measured interleaved in one process "
-                  "(`python -m flowzoo.benchmark.perf.cell_timing`, file `timing.csv`): median over repeats (range). The runs' "
-                  "own wall-clock is not used: it carries the load of the shared machine. A cell whose runs did not "
-                  "all reach the target is marked *lower bound* (its censored runs count at the budget).", "",
-                  "| seeds | task | algorithm | metric | steps ratio | cost ratio (range) | repeats "
-                  "| wall-clock ratio (95% CI) |", "|---|---|---|---|---|---|---|---|"]
-        for _, w in wall.iterrows():
-            lines.append(f"| {w['seed_set']} | {w['task']} | {w['algorithm']} | {w['metric']} | "
-                         f"{w['steps_ratio']:.2f} | {w['cost_ratio']:.2f} ({w['cost_ratio_min']:.2f}-"
-                         f"{w['cost_ratio_max']:.2f}) | {int(w['repeats'])} | {w['ratio']:.2f} "
-                         f"[{_fmt(w['ratio_low'])}, {_fmt(w['ratio_high'])}]"
-                         + (f" *lower bound* ({int(w['censored'])}/{int(w['n'])} censored)"
-                            if w.get("censored", 0) else "") + " |")
-        lines.append("")
+        lines += study_tables.wall_clock_lines(wall)
     for task, rows in table.groupby("task"):
-        seeds = ", ".join(f"{cell} {_seed_list(runs['seed'])}" for cell, runs in rows.groupby("algorithm"))
-        lines += [f"## {task}", "", f"Runs: {seeds}. Columns at the all-seeds targets; base: the step-0 evaluation (mean over "
-                  "seeds); final reward: mean over seeds of each run's last evaluations, with a 95% percentile "
-                  "bootstrap CI over seeds.", "",
-                  "| cell | seeds | base | final reward (95% CI) | AUC | steps to 50% (reached) | steps to 80% (reached) "
-                  f"| zero-std frac (first {EARLY_STEPS} / all steps) | off-policy frac | clip frac (on / off) "
-                  "| log w std / ESS | unstable |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for algorithm, runs in rows.groupby("algorithm"):
-            clip = (f"{_fmt(runs.get('clip_frac_on', pd.Series(dtype=float)).mean())} / "
-                    f"{_fmt(runs['clip_frac_off'].mean())}"
-                    if "clip_frac_off" in runs and runs["clip_frac_off"].notna().any()
-                    else _fmt(runs["clip_frac"].mean()) if "clip_frac" in runs else "-")
-            zero = (f"{_fmt(runs['zero_std_frac_early'].mean())} / {_fmt(runs['zero_std_frac'].mean())}"
-                    if "zero_std_frac" in runs else "-")
-            off = _fmt(runs["off_policy_frac"].mean()) if "off_policy_frac" in runs else "-"
-            weights = (f"{_fmt(runs['log_weight_std'].mean())} / {_fmt(runs['weight_ess'].mean())}"
-                       if "log_weight_std" in runs and runs["log_weight_std"].notna().any() else "-")
-            unstable = int(((~runs["finished"].astype(bool)) | runs["collapsed"].astype(bool)).sum())
-            n = len(runs)
-            final_low, final_high = bootstrap_ci(runs["final_reward"].to_numpy(float))
-            lines.append(
-                f"| {algorithm} | {n} | {runs['base'].mean():.4f} | {runs['final_reward'].mean():.4f} "
-                f"[{_fmt(final_low, 4)}, {_fmt(final_high, 4)}] | {runs['auc'].mean():.4f} | {runs['steps_to_50'].mean():.1f} "
-                f"({int(runs['reached_steps_to_50'].sum())}/{n}) | {runs['steps_to_80'].mean():.1f} "
-                f"({int(runs['reached_steps_to_80'].sum())}/{n}) | {zero} | {off} | {clip} | {weights} "
-                f"| {unstable}/{n} |")
-        if curves is not None and task in curves.index.get_level_values(0):
-            steps = [int(step) for step in curves.columns]
-            lines += ["", "Mean eval reward over all seeds by step:", "",
-                      "| cell | " + " | ".join(str(step) for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
-            for cell, values in curves.loc[task].iterrows():
-                lines.append(f"| {cell} | " + " | ".join(_fmt(float(v)) for v in values) + " |")
-        task_effects = effect_rows[effect_rows["task"] == task]
-        for (reference, set_name), cell_effects in task_effects.groupby(["reference", "seed_set"], sort=False):
-            lines += ["", f"Paired differences vs {reference}, seeds `{set_name}`:", ""] + _effect_rows(cell_effects)
-        unfinished = rows[~rows["finished"].astype(bool)]
-        if len(unfinished):
-            lines.append(f"Unfinished runs (censored at their last step): {', '.join(unfinished['run'])}")
-        lines.append("")
+        lines += study_tables.task_lines(task, rows, curves, effect_rows[effect_rows["task"] == task])
     return "\n".join(lines)
-
-
-def _skipped_lines(table: pd.DataFrame, skipped: list[SkippedRun]) -> list[str]:
-    """How many runs were read and which were left out, with why (a damaged metrics.csv, another config, ...)."""
-    lines = [f"Runs read: {len(table)}; skipped (unreadable): {len(skipped)}", ""]
-    return lines + [f"- `{r.run}`: {r.cause}" for r in skipped] + ([""] if skipped else [])
-
-
-def _recipe_lines(table: pd.DataFrame, recipes: dict) -> list[str]:
-    """Which cells ran at tuned recipes (their runs' config.yaml ``recipe`` notes); nothing when none did."""
-    tuned = [f"`{task}` `{cell}`: {recipe_text(group['run'], recipes)}"
-             for (task, cell), group in table.groupby(["task", "algorithm"], sort=True)
-             if any(recipes.get(run) for run in group["run"])]
-    if not tuned:
-        return []
-    return ["Cells at tuned recipes (their runs' config.yaml `recipe` notes; the others ran at the suite's own "
-            "recipe): " + "; ".join(tuned) + ".", ""]
-
-
-def _answer_lines(claims: pd.DataFrame | None, gain_rows: pd.DataFrame | None, baseline: str) -> list[str]:
-    """The report's opening: does the baseline learn on each seed set (its targets' conditioning), then each claim's
-    verdict: those replicated as reproduced or contradicted first, then the other replicated ones, then those the
-    seed sets disagree on. Empty without a gain table or claims."""
-    lines = []
-    if gain_rows is not None and len(gain_rows):
-        for task, rows in gain_rows[gain_rows["algorithm"] == baseline].groupby("task", sort=True):
-            parts = [f"{g['seed_set']} {g['gain']:+.3f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}] "
-                     f"({conditioning(g)})" for _, g in rows.iterrows()]
-            lines.append(f"* `{baseline}` gain over the base on `{task}`: " + "; ".join(parts) + ".")
-    if claims is not None and len(claims):
-        shown = shown_sets(claims)
-        if "replication" in claims:
-            rank = claims["replication"].map(lambda r: 0 if r in ("replicated: reproduced", "replicated: contradicted")
-                                             else 1 if r.startswith("replicated") else 2)
-            ordered = claims.assign(_rank=rank).sort_values("_rank", kind="stable")
-            for _, row in ordered.iterrows():
-                figures = "; ".join(f"{s}: {row[f'verdict {s}']}" for s in shown)
-                lines.append(f"* **{row['replication']}**: {row['claim']} ({figures}).")
-        elif "verdict" in claims:
-            lines += [f"* **{row['verdict']}**: {row['claim']}." for _, row in claims.iterrows()]
-        elif len(shown) == 1:
-            lines += [f"* **{row[f'verdict {shown[0]}']}**: {row['claim']} (seeds `{shown[0]}`)."
-                      for _, row in claims.iterrows()]
-        else:  # several sets, none of them compared for replication
-            lines += [f"* {row['claim']}: " + "; ".join(f"{s}: **{row[f'verdict {s}']}**" for s in shown) + "."
-                      for _, row in claims.iterrows()]
-    if not lines:
-        return []
-    return ["## Answer", "", "The baseline's gain decides whether the cost targets mean anything; each claim's "
-            "verdict follows its rule, and its figures are in the claims table below.", "", *lines, ""]
-
-
-def _gain_lines(gain_rows: pd.DataFrame, baseline: str) -> list[str]:
-    lines = ["## Gain over the base model", "",
-             f"Final reward minus the step-0 evaluation, mean over seeds with a 95% percentile-bootstrap CI; \"gained\" "
-             f"counts runs that end above their base. The cost metrics' targets are fractions of `{baseline}`'s gain, "
-             "so on a seed set where its CI reaches 0 they are weak: a resample in which it does not gain has no target "
-             "and counts as no difference.", "",
-             "| seeds | task | cell | n | base | final reward | gain (95% CI) | gained | targets |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for _, g in gain_rows.iterrows():
-        note = conditioning(g) if g["algorithm"] == baseline else ""
-        lines.append(f"| {g['seed_set']} | {g['task']} | {g['algorithm']} | {int(g['n'])} | {g['base']:.4f} "
-                     f"| {g['final_reward']:.4f} | {g['gain']:+.4f} [{_fmt(g['ci_low'])}, {_fmt(g['ci_high'])}] "
-                     f"| {int(g['gained'])}/{int(g['n'])} | {note} |")
-    return lines + [""]
-
-
-def _effect_rows(rows: pd.DataFrame) -> list[str]:
-    lines = ["| cell | metric | n | reference | cell | diff | 95% CI | ratio [95% CI] | reached (cell / ref) "
-             "| MDE (80%) | t-test p | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, e in rows.iterrows():
-        cost = str(e["metric"]).split("_")[0] in ("steps", "nfe")
-        ratio = f"{e['ratio']:.2f} [{_fmt(e['ratio_low'])}, {_fmt(e['ratio_high'])}]" if cost else "-"
-        reached = f"{int(e['reached'])}/{int(e['n'])} / {int(e['reference_reached'])}/{int(e['n'])}" if cost else "-"
-        lines.append(
-            f"| {e['algorithm']} | {e['metric']} | {int(e['n'])} | {_fmt(e['reference_mean'], 4)} "
-            f"| {_fmt(e['algorithm_mean'], 4)} | {e['diff']:+.4g} | [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] "
-            f"| {ratio} | {reached} | {_fmt(e['mde'])} | {_fmt(e['p_t'], 2)} | {verdict(e)} |")
-    return lines
 
 
 def analyze_study(runs_dir: str | Path, baseline: str = "flow_grpo", also_vs: tuple[str, ...] = (),
@@ -558,11 +394,9 @@ def _claim_set(request: StudyRequest, suite) -> ClaimSet | None:
     return match_claim_set(base_task(task) for task in suite.tasks)
 
 
-def write_study(request: StudyRequest) -> Path:
-    """The study of ``request.runs_dir`` written into ``request.out`` (all or nothing): README.md and index.html (the
-    page: :mod:`benchmark.study.page`), figures/, runs.csv, effects.csv, gains.csv, curves.csv and, with
-    claims, claims.csv and claim_estimates.csv, with timing, wall_clock.csv; returns README.md's path. FlowZooError
-    (before anything is written) for bad options or runs; an OS error while writing names its path."""
+def _checked_options(request: StudyRequest) -> tuple[Path, list[str]]:
+    """The output folder and its hand-written answer, once the options that need no runs are checked (before
+    anything is read or written)."""
     if request.resamples < 100:
         raise ConfigError(f"--resamples must be >= 100, got {request.resamples}")
     if request.smooth < 1:
@@ -578,6 +412,15 @@ def write_study(request: StudyRequest) -> Path:
             raise ConfigError(f"--save-metrics {request.save_metrics} is {where} {request.runs_dir}: the trimmed copies "
                               "would replace the runs' own metrics.csv (their other columns lost) or be read as more "
                               "runs; give a directory outside it")
+    return out, answer
+
+
+def write_study(request: StudyRequest) -> Path:
+    """The study of ``request.runs_dir`` written into ``request.out`` (all or nothing): README.md and index.html (the
+    page: :mod:`benchmark.study.page`), figures/, runs.csv, effects.csv, gains.csv, curves.csv and, with
+    claims, claims.csv and claim_estimates.csv, with timing, wall_clock.csv; returns README.md's path. FlowZooError
+    (before anything is written) for bad options or runs; an OS error while writing names its path."""
+    out, answer = _checked_options(request)
     timing = read_timing(request.timing) if request.timing else None
     suite = None
     if request.suite:

@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 
 from flowzoo.benchmark.render import figures
+from flowzoo.benchmark.render.tables import markdown_table
 from flowzoo.benchmark.config.search_space import Knob
 from flowzoo.benchmark.tuning.confirm import Verdict, stored_rows, verdict
 from flowzoo.benchmark.tuning.tune import Cell, check_design, open_storage, shown_url
@@ -106,17 +107,15 @@ def answer_lines(design: TuningDesign, summary: list[dict], confirmations: list)
     confirmed = {(cell.task, cell.algorithm): verdict for cell, verdict in confirmations}
     if design.confirmation is None:
         lines = ["**The answer**: each cell's recipe, the best trial on the tuning seeds (unconfirmed: an estimate "
-                 "biased upward by the choice).", "", "| task | algorithm | runs at | objective (tuning seeds) |",
-                 "|---|---|---|---|"]
-        for row in summary:
-            objective = "-" if row["objective"] is None else f"{row['objective']:.4f}"
-            at = "-" if row["best_trial"] is None else f"trial {row['best_trial']}: {row['chosen']}"
-            lines.append(f"| {row['task']} | {row['algorithm']} | {at} | {objective} |")
-        return lines + [""]
+                 "biased upward by the choice).", ""]
+        rows = [[row["task"], row["algorithm"],
+                 "-" if row["best_trial"] is None else f"trial {row['best_trial']}: {row['chosen']}",
+                 "-" if row["objective"] is None else f"{row['objective']:.4f}"] for row in summary]
+        return lines + markdown_table(["task", "algorithm", "runs at", "objective (tuning seeds)"], rows) + [""]
     lines = [f"**The answer**: the recipe each cell runs at, and what tuning bought: the best tuned candidate minus the "
              f"shared recipe on the confirmation seeds {list(design.confirmation.seeds)} (paired by seed, 95% "
-             "bootstrap CI). A cell whose tuned candidates do not beat the shared recipe keeps it.", "",
-             "| task | algorithm | runs at | best tuned - shared (95% CI) |", "|---|---|---|---|"]
+             "bootstrap CI). A cell whose tuned candidates do not beat the shared recipe keeps it.", ""]
+    rows = []
     for row in summary:
         verdict = confirmed.get((row["task"], row["algorithm"]))
         if verdict is None or verdict.best_tuned is None:
@@ -126,8 +125,8 @@ def answer_lines(design: TuningDesign, summary: list[dict], confirmations: list)
             gain = f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]" + (f" ({verdict.best_tuned})" if verdict.keeps_shared else "")
             at = ("the shared recipe (kept)" if verdict.keeps_shared
                   else f"{verdict.pick.replace('trial', 'trial ')}: {row['chosen']}")
-        lines.append(f"| {row['task']} | {row['algorithm']} | {at} | {gain} |")
-    return lines + [""]
+        rows.append([row["task"], row["algorithm"], at, gain])
+    return lines + markdown_table(["task", "algorithm", "runs at", "best tuned - shared (95% CI)"], rows) + [""]
 
 
 def confirmation_lines(design: TuningDesign, confirmations: list) -> list[str]:
@@ -140,15 +139,12 @@ def confirmation_lines(design: TuningDesign, confirmations: list) -> list[str]:
              f"seeds {list(design.confirmation.seeds)} (never used to tune, explore or replicate) on the validation "
              f"split; the pick is the highest mean there, and a cell whose best tuned candidate does not beat its "
              f"shared recipe keeps it. Means with 95% bootstrap intervals over the seeds; sd: the objective's spread "
-             f"between seeds at that recipe (noise a tuning seed's score carries).", "",
-             "| task | algorithm | candidate | mean | 95% CI | sd | CPU-min | pick |", "|---|---|---|---|---|---|---|---|"]
-    for cell, confirmed in confirmations:
-        for _, row in confirmed.table.iterrows():
-            mark = "**pick**" if row["candidate"] == confirmed.pick else ""
-            lines.append(f"| {cell.task} | {cell.algorithm} | {row['candidate']} | {row['mean']:.4f} | "
-                         f"[{row['ci_low']:.4f}, {row['ci_high']:.4f}] | {row['sd']:.4f} | {row['cpu_s'] / 60:.1f} | "
-                         f"{mark} |")
-    lines.append("")
+             f"between seeds at that recipe (noise a tuning seed's score carries).", ""]
+    rows = [[cell.task, cell.algorithm, row["candidate"], f"{row['mean']:.4f}",
+             f"[{row['ci_low']:.4f}, {row['ci_high']:.4f}]", f"{row['sd']:.4f}", f"{row['cpu_s'] / 60:.1f}",
+             "**pick**" if row["candidate"] == confirmed.pick else ""]
+            for cell, confirmed in confirmations for _, row in confirmed.table.iterrows()]
+    lines += markdown_table(["task", "algorithm", "candidate", "mean", "95% CI", "sd", "CPU-min", "pick"], rows) + [""]
     lines += [f"- {cell.task}/{cell.algorithm}: {confirmed.sentence()}" for cell, confirmed in confirmations]
     return lines
 
@@ -405,15 +401,13 @@ def _write_outputs(suite_name: str, design: TuningDesign, cells: list[Cell], rec
              "The budget is equal in trials; `knobs` is the size of each cell's space and `CPU-min` the compute its "
              "trials spent (pruning and extra sampler rounds make it differ); `left out` names the knobs of the "
              "declared space that cannot change the cell's runs (inert at its keys, e.g. a KL weight at kl_beta 0), "
-             "which are never tuned.", "",
-             "| task | algorithm | knobs | left out | trials | complete | pruned | CPU-min | best trial | objective | "
-             "chosen |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in summary:
-        objective = "-" if row["objective"] is None else f"{row['objective']:.4f}"
-        lines.append(f"| {row['task']} | {row['algorithm']} | {row['knobs']} | {row['left_out'] or '-'} | "
-                     f"{row['trials']} | {row['complete']} | {row['pruned']} | {row['cpu_min']:.1f} | "
-                     f"{row['best_trial'] if row['best_trial'] is not None else '-'} | {objective} | {row['chosen']} |")
+             "which are never tuned.", ""]
+    lines += markdown_table(
+        ["task", "algorithm", "knobs", "left out", "trials", "complete", "pruned", "CPU-min", "best trial", "objective",
+         "chosen"],
+        [[row["task"], row["algorithm"], row["knobs"], row["left_out"] or "-", row["trials"], row["complete"],
+          row["pruned"], f"{row['cpu_min']:.1f}", "-" if row["best_trial"] is None else row["best_trial"],
+          "-" if row["objective"] is None else f"{row['objective']:.4f}", row["chosen"]] for row in summary])
     lines += confirmation_lines(design, confirmations)
     lines += ["", "Chosen configurations: `tuned/<task>/<algorithm>.yaml` (a suite's `tuned:` key names `tuned/`); "
               "trial tables: `trials/`.", "", *figure_lines]
