@@ -235,10 +235,15 @@ def read_stored_config(path: str | Path) -> dict:
     return data
 
 
+def reward_names(config: ExperimentConfig) -> list[str]:
+    """The names of a config's rewards: ``reward`` is one name or a mapping {name: weight}."""
+    return [config.reward] if isinstance(config.reward, str) else list(config.reward)
+
+
 def declared_secrets(config: ExperimentConfig) -> set[tuple]:
     """The places of the config's secret values: the arguments its model and reward classes declare credentials
     (``secret_args``), at ``model.args.<arg>`` and ``reward_args.<reward>.<arg>`` (flowzoo/secrets.py)."""
-    names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
+    names = reward_names(config)
     found = places(("model", "args"), getattr(models.get(config.model.name), "secret_args", ()))
     for name in names:
         found |= places(("reward_args", name), getattr(rewards.get(name), "secret_args", ()))

@@ -29,7 +29,7 @@ from flowzoo.algorithms import prompt_samplers
 from flowzoo.algorithms.engine.base import Algorithm, AlgorithmConfig
 from flowzoo.algorithms.engine.distributed import SINGLE_PROCESS, SingleProcess
 from flowzoo.benchmark.config.argument_ranges import check_ranges
-from flowzoo.benchmark.config.schema import ExperimentConfig
+from flowzoo.benchmark.config.schema import ExperimentConfig, reward_names
 from flowzoo.benchmark.measures import gold
 from flowzoo.benchmark.measures.evaluation import EvalSampler, extra_sampler, protocol_sampler
 from flowzoo.benchmark.prompts.sources import Prompts, load_prompts, load_unseen
@@ -57,10 +57,6 @@ def check_constructor_arguments(kind: str, name: str, target: Any, kwargs: Mappi
     read_as = check_arguments(where, target, kwargs)
     check_ranges("reward" if kind == "gold" else kind, name, target, {**kwargs, **read_as}, where)
     return read_as
-
-
-def reward_names(config: ExperimentConfig) -> list[str]:
-    return [config.reward] if isinstance(config.reward, str) else list(config.reward)
 
 
 def check_sample_kind(config: ExperimentConfig, accepts: Sequence[str], kind: str) -> None:

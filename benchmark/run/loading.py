@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from flowzoo import models
 from flowzoo import rewards
 from flowzoo.benchmark.config.schema import (
-    ExperimentConfig, declared_secrets, read_yaml,
+    ExperimentConfig, declared_secrets, read_yaml, reward_names,
 )
 from flowzoo.benchmark.run import experiment, tracking
 from flowzoo.benchmark.config.resolve import DEFAULT_ALGORITHM, Resolved, algorithm_refusal, resolve_config_mapping
@@ -48,14 +48,14 @@ def build_config(data: Mapping[str, Any]) -> ExperimentConfig:
     config.resolve_algorithm()  # the name and every hyper-parameter, typed once
     refuse_shipped(config.resolved_run_dir(), "run_dir")  # also a bench grid whose --runs points there
     models.get(config.model.name)
-    reward_names = [config.reward] if isinstance(config.reward, str) else list(config.reward)
-    for name in reward_names:
+    names = reward_names(config)
+    for name in names:
         rewards.get(name)
     if isinstance(config.reward, Mapping):
         _check_reward_weights(config.reward)
     for name, kwargs in config.reward_args.items():
-        if name not in reward_names:
-            raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(reward_names)}")
+        if name not in names:
+            raise ConfigError(f"reward_args: {name!r} is not a reward of this config; rewards: {', '.join(names)}")
     experiment.check(config)
     check_source(config.prompts)
     tracking.check_trackers(config.train.trackers)
