@@ -354,3 +354,21 @@ def test_training_iterations_train_both_experts(model, restore_lora, algorithm, 
     for prefix in (False, True) if algorithm == "flow_grpo" else ():  # AWM's per-row times may miss an expert
         assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith(LOW_NOISE) == prefix)
     assert all(torch.equal(p, low_base[n]) for n, p in model.pipe.transformer_2.named_parameters() if n in low_base)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_sharded_two_process_rehearsal(tmp_path, monkeypatch):
+    """tests/scale_rehearsal.py's rehearsal (sharded on 2 processes with the lockstep check, stopped and resumed on
+    1, replicated, equal metrics, eval and export) of paper-wan-video's AWM recipe on the tiny A14B: AWM draws a time
+    per row, so the processes' calls hold different mixes of the experts' rows."""
+    from tests import scale_matrix, scale_rehearsal
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with scale_matrix.half_constant_reward():
+        config = dict(scale_rehearsal.cells("paper-wan-video", tmp_path))["awm"]
+        data = yaml.safe_load(config.read_text())
+        data["model"]["name"] = "wan22"
+        data["model"]["args"].update(path=str(build_tiny_wan22(tmp_path / "wan22")), guidance_2=GUIDANCE_2)
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        problems = scale_rehearsal.rehearse(config, tmp_path / "awm")
+    assert not problems, "\n".join(problems)
