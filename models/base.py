@@ -181,6 +181,11 @@ class FlowModel:
             return f'{cls.transformer_class or "<transformer class>"}.from_pretrained("DIR/transformer")'
         return f'{cls.lora_format}.from_pretrained(BASE).load_lora_weights("DIR")'
 
+    def exported_transformers(self) -> dict[str, torch.nn.Module]:
+        """``flowzoo export``: the trained transformers by the pipeline component each loads into (``transformer``;
+        Wan2.2's two experts add ``transformer_2``). Only adapters with a ``lora_format`` are exported."""
+        return {"transformer": self.transformer}
+
     #: the architecture's published facts the memory estimate reads (``models.footprint.Arch``), on adapters of one
     #: fixed architecture (sd3, flux, qwen_image; wan's default size); tiers sized by their arguments compute theirs
     architecture: ClassVar = None

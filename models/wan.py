@@ -124,6 +124,16 @@ class WanModel(DiffusersFlowModel):
             if int(value) <= 0 or int(value) % spatial:
                 raise ConfigError(f"wan {key} must be a positive multiple of {spatial}, got {value!r}")
         self.frames, self.height, self.width = int(frames), int(height), int(width)
+        self._check_generation()
+
+    def _check_generation(self) -> None:
+        """Wan2.1 only: a Wan2.2 directory (a second expert ``transformer_2``, a ``boundary_ratio``, per-token
+        timesteps) run through this adapter would sample with its high-noise expert alone; it is wan22's."""
+        config = self.pipe.config
+        if (getattr(self.pipe, "transformer_2", None) is not None or config.get("boundary_ratio") is not None
+                or config.get("expand_timesteps")):
+            raise ConfigError(f"model 'wan': {str(self.path)!r} holds a Wan2.2 pipeline (transformer_2, "
+                              f"boundary_ratio or expand_timesteps in model_index.json); the adapter for it: wan22")
 
     @property
     def latent_shape(self) -> tuple[int, ...]:

@@ -51,7 +51,7 @@ def test_every_shared_argument_reaches_the_base_constructor(name, monkeypatch):
     monkeypatch.setattr(diffusers_common.DiffusersFlowModel, "__init__", recording)
     with pytest.raises(_Handed):
         cls("some/dir", **taken)
-    extra = {"component_dtypes": {"vae": "float32"}} if name == "wan" else {}  # Wan's VAE in its vae_dtype
+    extra = {"component_dtypes": {"vae": "float32"}} if name in ("wan", "wan22") else {}  # Wan's VAE: vae_dtype
     assert received == {"path": "some/dir", **taken, **extra}
     with pytest.raises(_Handed):  # and the adapter's own defaults, not the base's, when none is given
         cls()

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_SUITES = [name for name in suite_names() if name.startswith("paper-")]
 #: ``algorithm.rollout_batch``'s defaults, the released trainers' sampling batches (models' default_rollout_batch:
 #: Flow-GRPO's SD3 config 9 per call, Wan 8, DanceGRPO/MixGRPO FLUX 1, Flow-GRPO Qwen-Image 4)
-ROLLOUT_DEFAULTS = {"sd3": 9, "flux": 1, "qwen_image": 4, "wan": 8}
+ROLLOUT_DEFAULTS = {"sd3": 9, "flux": 1, "qwen_image": 4, "wan": 8, "wan22": 1}
 
 
 @pytest.fixture
@@ -129,6 +129,7 @@ def test_the_table_counts_are_the_published_architectures():
     from flowzoo.models.flux import FLUX_DANCE_GRPO_LORA_TARGETS, FLUX_LORA_TARGETS
     from flowzoo.models.qwen_image import QWEN_IMAGE_LORA_TARGETS
     from flowzoo.models.wan import WAN_ARCHES
+    from flowzoo.models.wan22 import WAN22_ARCHES
 
     wan = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
                text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
@@ -139,16 +140,24 @@ def test_the_table_counts_are_the_published_architectures():
               "qwen_image": ("QwenImageTransformer2DModel", QWEN_IMAGE, {"default": QWEN_IMAGE_LORA_TARGETS}),
               "wan": ("WanTransformer3DModel", wan, {"default": WAN_LORA_TARGETS}),
               "wan-14b": ("WanTransformer3DModel", dict(wan, num_attention_heads=40, ffn_dim=13824, num_layers=40),
-                          {"default": WAN_LORA_TARGETS})}
+                          {"default": WAN_LORA_TARGETS}),
+              "wan22": ("WanTransformer3DModel", dict(wan, num_attention_heads=40, ffn_dim=13824, num_layers=40),
+                        {"default": WAN_LORA_TARGETS}),
+              "wan22-ti2v": ("WanTransformer3DModel",
+                             dict(wan, num_attention_heads=24, ffn_dim=14336, in_channels=48, out_channels=48),
+                             {"default": WAN_LORA_TARGETS})}
+    experts = {"wan22": 2}  # the A14B: two experts of this shape, a LoRA on each
     for key, (cls, config, targets) in builds.items():
         with torch.device("meta"):
             net = getattr(diffusers, cls)(**config)
-        arch = WAN_ARCHES[40] if key == "wan-14b" else models.get(key).architecture
-        assert sum(p.numel() for p in net.parameters()) == arch.transformer_params, key
+        own = {"wan-14b": WAN_ARCHES[40], "wan22-ti2v": WAN22_ARCHES["TI2V-5B"]}
+        arch = own.get(key) or models.get(key).architecture
+        n = experts.get(key, 1)
+        assert n * sum(p.numel() for p in net.parameters()) == arch.transformer_params, key
         for name, wanted in targets.items():  # peft's match: the module's name is the target or ends with .target
             width = sum(m.in_features + m.out_features for n, m in net.named_modules()
                         if isinstance(m, torch.nn.Linear) and any(n == t or n.endswith("." + t) for t in wanted))
-            assert width == arch.lora_widths[name], (key, name)
+            assert n * width == arch.lora_widths[name], (key, name)
         assert arch.hidden == net.config.num_attention_heads * net.config.attention_head_dim
 
 

@@ -6,10 +6,13 @@ The run's ``config.yaml`` rebuilds its model (on the CPU), the LoRA of its last 
 ``DIR/pytorch_lora_weights.safetensors`` (keys ``transformer.<module>.lora_A.weight``/``lora_B.weight``, the
 adapter's ``LoraConfig`` - rank, alpha, targets - in the file's metadata), so that
 ``StableDiffusion3Pipeline.from_pretrained(base).load_lora_weights(DIR)`` (``WanPipeline`` for wan runs,
-``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. The pipeline class is the
-model adapter's ``lora_format`` (``models/base.py``; a diffusers adapter's own ``pipeline_class``), so a new adapter
-declares it on its class. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline:
-its file has the SD3 layout and loads with
+``FluxPipeline`` for flux, ``QwenImagePipeline`` for qwen_image) gives the trained policy. A Wan2.2 two-expert
+run (wan22) writes its low-noise expert's LoRA beside it, ``DIR/pytorch_lora_weights_transformer_2.safetensors``,
+which ``load_lora_weights(DIR, weight_name=..., load_into_transformer_2=True)`` loads (the adapter's
+``exported_transformers``; a full fine-tuning: ``DIR/transformer_2``). The pipeline class is the model adapter's
+``lora_format`` (``models/base.py``; a diffusers adapter's own ``pipeline_class``), so a new adapter declares it
+on its class. The tiny tier's transformer is an ``SD3Transformer2DModel`` without a diffusers pipeline: its file has
+the SD3 layout and loads with
 ``transformer.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")`` (the
 model card's line: the adapter's ``export_load_hint``).
 A full fine-tuning (``model.args.finetune: full``) has no LoRA: its whole transformer goes to ``DIR/transformer``
@@ -95,21 +98,34 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
     model = model_cls(**{**config.model.args, "device": "cpu"})  # export needs no accelerator
     model.load_trainable_state_dict(state["algorithm"]["model"])
     load_average(model, state["algorithm"])  # with algorithm.ema on, the moving average the run evaluates with
-    transformer = model.transformer
-    if getattr(model, "finetune", "lora") == "full":  # every weight trained: the whole transformer
+    transformers = model.exported_transformers()
+    if getattr(model, "finetune", "lora") == "full":  # every weight trained: the whole transformer(s)
         with staged_directory(out) as staging:
-            transformer.save_pretrained(staging / "transformer")
+            for component, transformer in transformers.items():
+                transformer.save_pretrained(staging / component)
             atomic_write_text(staging / "README.md", _model_card(run_dir, config, state))
         return out
-    lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
-    metadata = transformer.peft_config["default"].to_dict()
     pipeline = getattr(diffusers, model_cls.lora_format)
 
     with staged_directory(out) as staging:  # all or nothing: no half-written --out folder
-        pipeline.save_lora_weights(staging, transformer_lora_layers=lora, transformer_lora_adapter_metadata=metadata)
-        os.chmod(staging / WEIGHTS_NAME, 0o666 & ~_UMASK)  # safetensors writes 0600; give it open()'s mode
+        for component, transformer in transformers.items():
+            lora = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+            metadata = transformer.peft_config["default"].to_dict()
+            name = weights_name(component)
+            pipeline.save_lora_weights(staging, transformer_lora_layers=lora, weight_name=name,
+                                       transformer_lora_adapter_metadata=metadata)
+            os.chmod(staging / name, 0o666 & ~_UMASK)  # safetensors writes 0600; give it open()'s mode
         atomic_write_text(staging / "README.md", _model_card(run_dir, config, state))
     return out
+
+
+def weights_name(component: str) -> str:
+    """The LoRA file of a pipeline component: ``pytorch_lora_weights.safetensors`` for ``transformer`` (what
+    ``load_lora_weights(DIR)`` finds by itself), ``pytorch_lora_weights_<component>.safetensors`` for another (Wan2.2's
+    ``transformer_2``: a name diffusers' own guess never picks, loaded with ``weight_name=``)."""
+    if component == "transformer":
+        return WEIGHTS_NAME
+    return WEIGHTS_NAME.replace(".safetensors", f"_{component}.safetensors")
 
 
 DESCRIPTION = ("Writes DIR/pytorch_lora_weights.safetensors and a model card (DIR/README.md) with the run's "
