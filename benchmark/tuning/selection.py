@@ -23,6 +23,7 @@ import numpy as np
 
 from flowzoo.command_line import run_alias
 from flowzoo.errors import ConfigError
+from flowzoo.markdown import markdown_table
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"f(x) = {landscape.peak} - {landscape.depth} ((x - {landscape.optimum}) / 0.5)^2, default x = "
           f"{landscape.default} (f = {float(landscape.value(landscape.default)):.4f}); 24 trials; confirmation: top 3 "
           f"+ the default on 3 fresh seeds; {args.simulations} simulated tunings each")
-    print("| noise sd (one run) | tuning seeds | argmax worse than default | confirmed worse | argmax mean gain | "
-          "confirmed mean gain |")
-    print("|---|---|---|---|---|---|")
+    rows = []
     for noise, seeds in ((0.01, 1), (0.03, 1), (0.05, 1), (0.05, 3), (0.08, 1), (0.08, 3)):
         out = simulate(noise, tuning_seeds=seeds, simulations=args.simulations)
-        print(f"| {noise} | {seeds} | {out.worse_argmax:.1%} | {out.worse_confirmed:.1%} | {out.gain_argmax:+.4f} | "
-              f"{out.gain_confirmed:+.4f} |")
+        rows.append([noise, seeds, f"{out.worse_argmax:.1%}", f"{out.worse_confirmed:.1%}", f"{out.gain_argmax:+.4f}",
+                     f"{out.gain_confirmed:+.4f}"])
+    print("\n".join(markdown_table(["noise sd (one run)", "tuning seeds", "argmax worse than default",
+                                    "confirmed worse", "argmax mean gain", "confirmed mean gain"], rows)))
     return 0
 
 
