@@ -252,10 +252,10 @@ def test_op_grpo_replays_an_edit_with_its_own_source(model, restore_lora, monkey
     original = OPGRPO._replay_inputs
 
     def spy(self, groups, prompts, metadata, rows):
-        inputs = original(self, groups, prompts, metadata, rows)
+        inputs, stored, pi_off = original(self, groups, prompts, metadata, rows)
         order = [e for _, entries in groups.items() for e in entries][rows.start: rows.stop]
         seen.extend((e.metadata[SOURCE_IMAGE], m[SOURCE_IMAGE]) for e, m in zip(order, inputs.metadata))
-        return inputs
+        return inputs, stored, pi_off
 
     monkeypatch.setattr(OPGRPO, "_replay_inputs", spy)
     stats = alg.step(prompts, metadata)
