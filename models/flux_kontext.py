@@ -51,8 +51,9 @@ FLUX1_KONTEXT_DEV_ARCH = dataclasses.replace(
 
 @register("flux_kontext")
 class FluxKontextModel(FluxModel):
-    """FLUX.1-Kontext-dev instruction editing (diffusers FluxKontextPipeline, packed latents + the source image's
-    tokens), LoRA."""
+    """FLUX.1-Kontext-dev image editing: an instruction and a source image (FluxKontextPipeline), LoRA.
+
+    The source image is each prompt's ``metadata["source_image"]`` (the module docstring)."""
 
     pipeline_class = "FluxKontextPipeline"
     lora_format = "FluxKontextPipeline"  # its own save/load_lora_weights (FLUX's inherited value would name FluxPipeline)

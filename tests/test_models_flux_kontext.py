@@ -262,3 +262,33 @@ def test_op_grpo_replays_an_edit_with_its_own_source(model, restore_lora, monkey
     assert stats.extra["off_policy_frac"] > 0 and seen
     assert all(torch.equal(stored, given) for stored, given in seen)
     assert {id(given) for _, given in seen} <= {id(s) for s in SOURCES}
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_sharded_two_process_rehearsal(kontext_dir, tmp_path, monkeypatch):
+    """tests/scale_rehearsal.py's rehearsal (sharded on 2 processes with the lockstep check, stopped and resumed on
+    1, replicated, equal metrics, eval and export) of paper-flux-hpsv2's DanceGRPO recipe on the tiny Kontext
+    pipeline, its prompts (image, instruction) pairs of a prompt file: the source images travel with the samples
+    through the sharded rollouts, updates, checkpoint, resume and evaluation."""
+    import yaml
+    from PIL import Image
+
+    from tests import scale_matrix, scale_rehearsal
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200)]):
+        Image.new("RGB", (R, R), colour).save(pairs / f"{i}.png")
+    lines = [f'{{"prompt": "make it {word}", "image": "{i}.png"}}' for i, word in enumerate(["blue", "red", "red"])]
+    for split in ("train", "test"):
+        (pairs / f"{split}_metadata.jsonl").write_text("\n".join(lines) + "\n")
+    with scale_matrix.half_constant_reward():
+        config = dict(scale_rehearsal.cells("paper-flux-hpsv2", tmp_path))["dance_grpo"]
+        data = yaml.safe_load(config.read_text())
+        data["model"]["name"] = "flux_kontext"
+        data["model"]["args"]["path"] = str(kontext_dir)
+        data["prompts"].update(train=str(pairs), test=str(pairs))
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        problems = scale_rehearsal.rehearse(config, tmp_path / "dance_grpo")
+    assert not problems, "\n".join(problems)
