@@ -56,7 +56,8 @@ class FluxKontextModel(FluxModel):
     The source image is each prompt's ``metadata["source_image"]`` (the module docstring)."""
 
     pipeline_class = "FluxKontextPipeline"
-    lora_format = "FluxKontextPipeline"  # its own save/load_lora_weights (FLUX's inherited value would name FluxPipeline)
+    #: its own save/load_lora_weights (the value inherited from FLUX would name FluxPipeline)
+    lora_format = "FluxKontextPipeline"
     env_var = "FLOWZOO_FLUX_KONTEXT_PATH"
     architecture = FLUX1_KONTEXT_DEV_ARCH
 
