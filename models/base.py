@@ -241,14 +241,19 @@ class FlowModel:
         if detach_uncond and split:
             v_cond = self.predict(x, sigma, cond)
             with torch.no_grad():
-                v_uncond = self.predict(x, sigma, self.null_condition(batch))
+                v_uncond = self.predict(x, sigma, self.unconditional(cond))
             return self.guide(v_cond, v_uncond, g)
-        both = Condition.cat([cond, self.null_condition(batch)])
+        both = Condition.cat([cond, self.unconditional(cond)])
         v = self.predict(torch.cat([x, x]), torch.cat([sigma, sigma]), both)
         v_cond, v_uncond = v.chunk(2)
         if detach_uncond:
             v_uncond = v_uncond.detach()
         return self.guide(v_cond, v_uncond, g)
+
+    def unconditional(self, cond: Condition) -> Condition:
+        """CFG's unconditional branch of the batch ``cond``: ``null_condition`` of its size. An edit model
+        overrides it to keep each row's source image there (its pipeline's negative branch sees the same image)."""
+        return self.null_condition(len(cond))
 
     def guide(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, guidance: float) -> torch.Tensor:
         """How the two CFG branches combine: ``v_u + g (v_c - v_u)``. An adapter whose pipeline rescales the result

@@ -154,12 +154,13 @@ class FluxModel(DiffusersFlowModel):
         integer_timesteps: bool = False,
     ) -> None:
         if not isinstance(integer_timesteps, bool):
-            raise ConfigError(f"flux integer_timesteps must be true or false, got {integer_timesteps!r}")
+            raise ConfigError(f"{self.name} integer_timesteps must be true or false, got {integer_timesteps!r}")
         distilled_guidance = float(distilled_guidance)
         if not math.isfinite(distilled_guidance) or distilled_guidance < 0:
-            raise ConfigError(f"flux distilled_guidance must be a finite number >= 0, got {distilled_guidance!r}")
+            raise ConfigError(f"{self.name} distilled_guidance must be a finite number >= 0, "
+                              f"got {distilled_guidance!r}")
         super().__init__(path, **shared_arguments(locals()))
-        self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, "flux")
+        self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, self.name)
         self.distilled_guidance = distilled_guidance
         self.integer_timesteps = integer_timesteps
         self.guidance_embeds = bool(self.transformer.config.guidance_embeds)
@@ -179,19 +180,24 @@ class FluxModel(DiffusersFlowModel):
         return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
 
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
+        return self._flux_call(x, timestep, cond, self._img_ids)
+
+    def _flux_call(self, hidden: torch.Tensor, timestep: torch.Tensor, cond: Condition, img_ids: torch.Tensor
+                   ) -> torch.Tensor:
+        """One transformer call on the token sequence ``hidden`` at positions ``img_ids``, as the pipeline makes it."""
         embeds = cond.tensors["prompt_embeds"]
         guidance = None
         if self.guidance_embeds:
-            guidance = torch.full((x.shape[0],), self.distilled_guidance, device=self.device, dtype=torch.float32)
+            guidance = torch.full((hidden.shape[0],), self.distilled_guidance, device=self.device, dtype=torch.float32)
         return self.transformer(
-            hidden_states=x,
+            hidden_states=hidden,
             # the pipeline's t / 1000: FLUX's transformer takes sigma (int(t) / 1000 with integer_timesteps, t >= 0)
             timestep=(torch.floor(timestep) if self.integer_timesteps else timestep) / 1000,
             guidance=guidance,
             pooled_projections=cond.tensors["pooled_prompt_embeds"],
             encoder_hidden_states=embeds,
             txt_ids=torch.zeros(embeds.shape[1], 3, device=self.device, dtype=embeds.dtype),
-            img_ids=self._img_ids.to(embeds.dtype),
+            img_ids=img_ids.to(embeds.dtype),
             return_dict=False,
         )[0]
 

@@ -22,13 +22,14 @@ SMALL_T = {
 }
 
 
-def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball")) -> None:
+def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball"), metadata=None) -> None:
+    """``metadata``: the prompts' metadata (an edit model's source images), None for text-only prompts."""
     config = {"group_size": 2, "num_steps": 3, "kl_beta": 0.04, "clip_range": 1e-3, "lr": 1e-2, "micro_batch": 2,
               **SMALL_T.get(algorithm, {})}
     alg = algorithms.get(algorithm)(model, MeanBrightness(), config, seed=0)
     base = {n: p.detach().clone() for n, p in model.transformer.named_parameters() if not p.requires_grad}
     lora = {k: v.clone() for k, v in model.trainable_state_dict().items()}
-    first = alg.step(list(prompts))
+    first = alg.step(list(prompts), metadata)
     assert abs(first.ratio_mean - 1) < 1e-4 and first.clip_frac == 0.0  # on-policy first update
     assert all(torch.isfinite(torch.tensor(v)) for v in (first.loss, first.grad_norm, first.kl))
     # G 2 x prompts samples x 3 steps, doubled by CFG where the model's default guidance is on
@@ -41,7 +42,7 @@ def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball"))
     assert changed, "no LoRA weight changed"
     assert all(torch.equal(p, base[n]) for n, p in model.transformer.named_parameters() if n in base)
     if algorithm.startswith("op_grpo"):
-        second = alg.step(list(prompts))  # the buffer now holds one trajectory per prompt
+        second = alg.step(list(prompts), metadata)  # the buffer now holds one trajectory per prompt
         assert second.extra["off_policy_frac"] > 0 and torch.isfinite(torch.tensor(second.loss))
 
 

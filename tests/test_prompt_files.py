@@ -81,3 +81,36 @@ def test_real_flow_grpo_files():
     assert len(geneval) == 2212 and {m["tag"] for _, m in geneval} >= {"counting", "color_attr", "position"}
     assert len(read_prompts(REAL / "ocr", "test")) == 1018
     assert len(read_prompts(REAL / "pickscore", "test")) == 2048
+
+
+def edit_pairs(tmp_path, records) -> Path:
+    from PIL import Image
+
+    (tmp_path / "sources").mkdir(exist_ok=True)
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "sources" / "red.png")
+    (tmp_path / "train_metadata.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return tmp_path
+
+
+def test_edit_pairs_carry_their_source_image_as_an_absolute_path(tmp_path):
+    """(image, instruction) pairs: ``image`` relative to the file's folder becomes metadata["source_image"], the
+    resolved absolute path, beside the record's own fields."""
+    folder = edit_pairs(tmp_path, [{"prompt": "make it blue", "image": "sources/red.png", "tag": "color"},
+                                   {"prompt": "no source", "tag": "t2i"}])
+    (prompt, meta), (plain, plain_meta) = read_prompts(folder, "train")
+    assert prompt == "make it blue" and meta["tag"] == "color" and meta["image"] == "sources/red.png"
+    assert meta["source_image"] == str((tmp_path / "sources" / "red.png").resolve())
+    assert plain == "no source" and "source_image" not in plain_meta
+
+
+@pytest.mark.parametrize("image, message", [
+    ("sources/missing.png", r"train_metadata.jsonl:2: source image '.*missing.png' does not exist"),
+    ("sources/notes.txt", r"train_metadata.jsonl:2: source image '.*notes.txt' is not a readable image"),
+    (3, r"train_metadata.jsonl:2: 'image' must be the path of the source image \(a non-empty string\), got 3"),
+])
+def test_a_bad_source_image_is_one_line_naming_file_and_line(tmp_path, image, message):
+    folder = edit_pairs(tmp_path, [{"prompt": "fine", "image": "sources/red.png"}, {"prompt": "bad", "image": image}])
+    (tmp_path / "sources" / "notes.txt").write_text("not an image")
+    with pytest.raises(ConfigError, match=message) as err:
+        read_prompts(folder, "train")
+    assert "\n" not in str(err.value)

@@ -1,7 +1,8 @@
-"""Tiny random FluxPipeline and QwenImagePipeline built in code (like diffusers' own ``get_dummy_components``), no
-hub: saved with ``save_pretrained`` so that the adapters load them through their real ``from_pretrained`` path.
+"""Tiny random FluxPipeline (and FluxKontextPipeline) and QwenImagePipeline built in code (like diffusers' own
+``get_dummy_components``), no hub: saved with ``save_pretrained`` so that the adapters load them through their real
+``from_pretrained`` path.
 
-Shared by the flux / qwen_image adapter tests, the export test and the paper-suite dry runs."""
+Shared by the flux / flux_kontext / qwen_image adapter tests, the export test and the paper-suite dry runs."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ FLUX_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=
                       use_dynamic_shifting=True)
 
 
-def build_tiny_flux(directory, tmp):
-    """FluxPipeline: CLIP (pooled) + T5, a 1 + 1-block FluxTransformer2DModel with the guidance embedding, a 2x VAE."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+def build_tiny_flux(directory, tmp, pipeline_class: str = "FluxPipeline"):
+    """FluxPipeline: CLIP (pooled) + T5, a 1 + 1-block FluxTransformer2DModel with the guidance embedding, a 2x VAE
+    (``pipeline_class`` FluxKontextPipeline: the same components as FLUX.1-Kontext-dev's pipeline)."""
+    import diffusers
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     torch.manual_seed(0)
@@ -46,7 +49,7 @@ def build_tiny_flux(directory, tmp):
         layers_per_block=1, latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
         shift_factor=0.1159, scaling_factor=0.3611,  # FLUX.1-dev's VAE values
     )
-    pipe = FluxPipeline(
+    pipe = getattr(diffusers, pipeline_class)(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER), vae=vae,
         text_encoder=text_encoder, tokenizer=clip_tok, text_encoder_2=text_encoder_2, tokenizer_2=t5_tok,
     )

@@ -11,7 +11,9 @@ Rules (the papers give the rules, not the numbers; every number here is a docume
   best of an all-failure group is stored and later replayed in place of a fresh sample, which under sparse rewards
   replays failures. ``any`` (no gate) is the ablation.
 * **Uniqueness** (``unique=True``): at most one entry per prompt. A candidate whose prompt already has an entry is
-  compared with *that* entry only and replaces it iff ``candidate.reward > score(entry)``.
+  compared with *that* entry only and replaces it iff ``candidate.reward > score(entry)``. A prompt is its condition
+  (``ReplayEntry.key``): the text, and an edit prompt's source image (``flowzoo.source_images.condition_key``), so
+  one instruction on two source images holds two entries and each is replayed only with its own source.
 * **Capacity.** A candidate for a prompt without an entry (or any candidate when ``unique=False``) is inserted while
   the buffer has room; when it is full it replaces the weakest entry (lowest decayed score; ties: the oldest, then the
   earliest inserted) iff ``candidate.reward > score(weakest)``. Comparisons are strict, so an equal reward never
@@ -39,6 +41,7 @@ from typing import Any, Literal
 import torch
 
 from flowzoo.algorithms.engine.trajectory import StepPlan
+from flowzoo.source_images import condition_key
 
 Outcome = Literal["inserted", "replaced", "rejected"]
 Admission = Literal["above_group_mean", "any"]
@@ -74,6 +77,11 @@ class ReplayEntry:
     age: int = 0  # training steps since insertion (drives the decay)
     serial: int = 0  # insertion counter (tie-break, bookkeeping)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """The condition this entry replays in: its prompt text, with its source image where it has one."""
+        return condition_key(self.prompt, self.metadata)
 
     def nbytes(self) -> int:
         held = [self.latents, self.log_probs] + ([self.plan.sigmas, self.plan.sde] if self.plan is not None else [])
@@ -137,7 +145,8 @@ class ReplayBuffer:
         entry.age = 0
         slot: int | None = None
         if self.unique:
-            slot = next((i for i, e in enumerate(self.entries) if e.prompt == entry.prompt), None)
+            key = entry.key
+            slot = next((i for i, e in enumerate(self.entries) if e.key == key), None)
         if slot is None and len(self.entries) < self.capacity:
             entry.serial = self.serial
             self.serial += 1
@@ -156,12 +165,14 @@ class ReplayBuffer:
         return "rejected"
 
     # ---- lookup ---------------------------------------------------------------------------------------------
-    def has(self, prompt: str) -> bool:
-        return any(e.prompt == prompt for e in self.entries)
+    def has(self, key: str) -> bool:
+        """Whether a condition (``ReplayEntry.key``: a text prompt is its own key) has an entry."""
+        return any(e.key == key for e in self.entries)
 
-    def lookup(self, prompt: str, k: int = 1) -> list[ReplayEntry]:
-        """Up to ``k`` distinct entries of ``prompt``, highest decayed score first (ties: newest first)."""
-        found = [e for e in self.entries if e.prompt == prompt]
+    def lookup(self, key: str, k: int = 1) -> list[ReplayEntry]:
+        """Up to ``k`` distinct entries of the condition ``key`` (``ReplayEntry.key``: a text prompt is its own key),
+        highest decayed score first (ties: newest first)."""
+        found = [e for e in self.entries if e.key == key]
         found.sort(key=lambda e: (-self.score(e), e.age, -e.serial))
         return found[:k]
 

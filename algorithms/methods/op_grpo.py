@@ -63,6 +63,7 @@ from flowzoo.algorithms.engine.plans import iteration_generator
 from flowzoo.algorithms.engine.rollout import chunk_spans, rollout, sample_generators
 from flowzoo.algorithms.engine.trajectory import RolloutInputs, StepPlan, Trajectory
 from flowzoo.errors import ConfigError
+from flowzoo.source_images import condition_key
 from flowzoo.streams import OP_GRPO_GROUP_CHOICE, OP_GRPO_REGENERATION
 
 
@@ -168,11 +169,12 @@ class OPGRPO(Algorithm):
                         and scale(entry.guidance) == scale(self.config.guidance))
         return same_density and entry.plan.same_grid(plan) and entry.latents.shape[0] >= self.t_off + 1
 
-    def _entries_for(self, prompt: str, plan: StepPlan) -> list[ReplayEntry]:
-        """The entries a group of ``prompt`` replays: up to k distinct compatible ones, repeated up to k when
-        truncating (the copies get different regenerated tails)."""
+    def _entries_for(self, prompt: str, metadata: dict, plan: StepPlan) -> list[ReplayEntry]:
+        """The entries a group of ``prompt`` replays (with its source image, for an edit prompt: its condition key):
+        up to k distinct compatible ones, repeated up to k when truncating (the copies get different regenerated
+        tails)."""
         k = self.config.replay_k
-        entries = [e for e in self.buffer.lookup(prompt, k) if self._compatible(e, plan)]
+        entries = [e for e in self.buffer.lookup(condition_key(prompt, metadata), k) if self._compatible(e, plan)]
         if entries and self.truncating:
             entries = [entries[j % len(entries)] for j in range(k)]
         return entries
@@ -203,8 +205,8 @@ class OPGRPO(Algorithm):
         plan = self._cpu_plan()
         stored: dict[str, ReplayEntry] = {}
         for e in self.buffer.entries:
-            if e.prompt not in stored and self._compatible(e, plan):
-                stored[e.prompt] = e
+            if e.key not in stored and self._compatible(e, plan):
+                stored[e.key] = e
         return [(e.prompt, dict(e.metadata)) for e in stored.values()]
 
     def _cpu_plan(self) -> StepPlan:
@@ -224,11 +226,11 @@ class OPGRPO(Algorithm):
         plan = self._cpu_plan()
         if cfg.replay_prompts == "buffer":
             chosen = sorted(self.current_draw.from_buffer) if self.current_draw is not None else []
-            return prompts, metadata, {i: self._entries_for(prompts[i], plan) for i in chosen}
+            return prompts, metadata, {i: self._entries_for(prompts[i], metadata[i], plan) for i in chosen}
         gen = iteration_generator(self.seed, self.iteration, OP_GRPO_GROUP_CHOICE)
         eligible: dict[int, list[ReplayEntry]] = {}
         for i, p in enumerate(prompts):
-            entries = self._entries_for(p, plan)
+            entries = self._entries_for(p, metadata[i], plan)
             if entries:
                 eligible[i] = entries
         if not eligible:

@@ -5,6 +5,10 @@
 * ``{split}_metadata.jsonl`` - GenEval: one JSON object a line with ``tag``, ``include``, ``exclude`` (optional in
   the released file), ``prompt``; the whole object is the prompt's metadata, as Flow-GRPO's
   ``GenevalPromptDataset`` gives.
+* edit pairs: a ``.jsonl`` whose objects also carry ``image``, the path of the source image (relative to the file's
+  folder, or absolute), with ``prompt`` the instruction, as Flow-GRPO's image-editing datasets pair them. The path is
+  resolved and checked at read time and given as ``metadata["source_image"]`` (``flowzoo.source_images``), the key
+  the edit models read; a missing or unreadable image is a one-line error naming the file and line.
 
 ``path`` is either such a file or a folder holding ``{split}_metadata.jsonl`` or ``{split}.txt`` (the jsonl wins,
 as it carries the metadata). Blank lines are skipped.
@@ -22,6 +26,7 @@ import os
 from pathlib import Path
 
 from flowzoo.errors import ConfigError
+from flowzoo.source_images import SOURCE_IMAGE, check_image_file
 
 
 def resolve_prompt_file(path: str | os.PathLike, split: str = "train") -> Path:
@@ -65,8 +70,20 @@ def read_prompts(path: str | os.PathLike, split: str = "train") -> list[tuple[st
             raise ConfigError(f"{file}:{number}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise ConfigError(f"{file}:{number}: expected a JSON object with a string 'prompt' field")
+        if "image" in record:
+            record[SOURCE_IMAGE] = _source_path(record["image"], file, number)
         rows.append((record["prompt"], record))
     if not rows:
         raise ConfigError(f"prompt file {str(file)!r} holds no prompts")
     return rows
 
+
+
+def _source_path(image, file: Path, number: int) -> str:
+    """The absolute path of an edit pair's ``image`` (relative to the prompt file's folder), checked to be an image."""
+    where = f"{file}:{number}"
+    if not isinstance(image, str) or not image:
+        raise ConfigError(f"{where}: 'image' must be the path of the source image (a non-empty string), got {image!r}")
+    path = (file.parent / Path(image).expanduser()).resolve()
+    check_image_file(path, where)
+    return str(path)
