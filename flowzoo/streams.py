@@ -49,6 +49,9 @@ key                                value        drawn by                        
                                                                                             ``])`` spawned per sample
 ``TINY_SAMPLE``                    0x5EED       ``models.tiny_data.sample_rng``             scene/text ``index`` of a
                                                                                             data stream
+``TINY_EDIT_SAMPLE``               0xED17       ``models.tiny_edit_data``                   ``SeedSequence([seed,
+                                                ``.sample_edit_triple``                     index, 0xED17])``: edit
+                                                                                            triple ``index``
 ``TINY_PRETRAIN_BATCH``            0xF10        ``models.tiny_pretrain.step_generator``     noise, sigma, dropout of a
                                                                                             pretraining step
 ``TINY_TEXT_INIT_OFFSET``          0            ``models.tiny.build_networks``              text encoder init: ``seed``
@@ -82,6 +85,7 @@ UPDATE_ORDER_OFFSET = 7919
 GRAD_SNR_STEP_OFFSET = 1_000_000
 TINY_SAMPLE = 0x5EED
 TINY_PRETRAIN_BATCH = 0xF10
+TINY_EDIT_SAMPLE = 0xED17
 TINY_TEXT_INIT_OFFSET = 0
 TINY_TRANSFORMER_INIT_OFFSET = 1
 TINY_LORA_INIT_OFFSET = 2
@@ -98,7 +102,8 @@ ITERATION_PURPOSES = {
 }
 #: the last element of ``SeedSequence([a, b, key])`` streams drawn without spawning (prompt order, tiny data, pretrain)
 SEQUENCE_TAGS = {"PROMPT_ORDER": PROMPT_ORDER, "PROMPT_REFILL": PROMPT_REFILL, "PROMPT_CURRICULUM": PROMPT_CURRICULUM,
-                 "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH}
+                 "TINY_SAMPLE": TINY_SAMPLE, "TINY_PRETRAIN_BATCH": TINY_PRETRAIN_BATCH,
+                 "TINY_EDIT_SAMPLE": TINY_EDIT_SAMPLE}
 #: offsets added to a seed for ``torch`` generators of model initialisation and the update's order
 SEED_OFFSETS = {
     "UPDATE_ORDER_OFFSET": UPDATE_ORDER_OFFSET,
