@@ -18,9 +18,10 @@ fractions of the frame (source and output may differ in size), within ``position
   tolerance of its source centre), or a change nobody asked for.
 * ``edit`` (0 or 1): recolour: the named object is there in the new colour; remove: the named object is gone (no
   object of its shape near its place); add: a left-over object of the asked shape and colour (anywhere).
-* ``preserve`` = kept objects found / (kept objects + changes nobody asked for): a kept object moved, recoloured,
-  reshaped or gone, or a new object (beyond the one an add asks for), lowers it; 1 when the source has nothing to
-  keep and nothing was added.
+* ``preserve`` = kept objects found / (kept objects + new objects): a kept object moved, recoloured, reshaped or
+  gone is not found (it counts once: what it became is not counted again), and output objects nobody asked for
+  beyond those (new objects, beyond the one an add asks for) add to the denominator; 1 when the source has nothing
+  to keep and nothing new appeared.
 
 Score: the weighted mean of ``edit`` and ``preserve`` (``rewards/edit_score.py``; weights 0.5 / 0.5), both logged
 as components. Doing nothing scores edit 0, preserve 1.
@@ -104,7 +105,8 @@ def edit_terms(source: Sequence[Placed], output: Sequence[Placed], edit: EditIns
         done = any(f.color == edit.color for f in at_named)
     else:  # remove
         done = not at_named
-    total = len(kept) + len(unasked)
+    # a kept object that changed is missing once; only left-overs beyond the missing ones are new objects
+    total = len(kept) + max(0, len(unasked) - (len(kept) - found))
     return float(done), found / total if total else 1.0
 
 
