@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 
 from flowzoo.errors import ConfigError
+from flowzoo.ranges import FRACTION, NON_NEGATIVE, POSITIVE, Range
 from flowzoo.models.tiny_edit_data import EditInstruction, parse_instruction
 from flowzoo.rewards import register
 from flowzoo.rewards.base import Reward, RewardOutput
@@ -117,6 +118,9 @@ class ShapesEdit(Reward):
 
     accepts = ("image",)
     bounds = (0.0, 1.0)
+    argument_ranges = {"edit_weight": NON_NEGATIVE, "preserve_weight": NON_NEGATIVE,
+                       "position_tolerance": Range(0, 1, low_open=True), "color_tolerance": POSITIVE,
+                       "min_area": FRACTION, "max_extent": Range(0, 1, low_open=True), "max_aspect": Range(1)}
 
     def __init__(self, edit_weight: float = EDIT_WEIGHT, preserve_weight: float = PRESERVE_WEIGHT,
                  position_tolerance: float = POSITION_TOLERANCE, color_tolerance: float = 0.35,

@@ -32,7 +32,8 @@ RANGES: dict[tuple[str, str], dict[str, Range | Callable[[Any, str], None]]] = {
     # an unbounded count or wait (retries 10^6: days of doubling back-off) is refused, not waited out
     ("reward", "unifiedreward"): {"timeout": Range(0, 3600, low_open=True), "retries": Range(0, 10),
                                   "retry_wait_s": Range(0, 600), "max_score": POSITIVE, "max_concurrency": AT_LEAST_1,
-                                  "max_tokens": AT_LEAST_1, "max_response_bytes": AT_LEAST_1},
+                                  "max_tokens": AT_LEAST_1, "max_response_bytes": AT_LEAST_1,
+                                  "edit_weight": NON_NEGATIVE, "preserve_weight": NON_NEGATIVE},
 }
 
 #: arguments that name a file or directory: plain path text (no control characters)
