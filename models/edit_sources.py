@@ -1,7 +1,7 @@
 """What the instruction-editing adapters (``flux_kontext``, ``qwen_image_edit``) share about a prompt's source image:
 reading it from the prompt's metadata (``flowzoo.source_images``), resizing it to the target's square resolution with
-the pipeline's own image processor, and a least-recently-used cache of what is computed from an image file (its VAE
-latents, packed as the target's, and for Qwen-Image-Edit the instruction's embeddings read with the image), keyed by the file's path.
+the pipeline's own image processor, its VAE latents packed as the target's, and a least-recently-used cache of what is
+computed from an image file (those latents; for Qwen-Image-Edit the instruction read with the image), keyed by path.
 
 A mixin of a diffusers adapter: it reads ``self.pipe.image_processor``, ``self.resolution``, ``self.cache_size`` and
 ``self.name``. Tensors are not cached (they are recomputed at each call)."""

@@ -118,7 +118,8 @@ class QwenImageModel(DiffusersFlowModel):
         if self.max_sequence_length < 1:
             raise ConfigError(f"{self.name} max_sequence_length must be >= 1, got {max_sequence_length!r}")
         if text_padding not in TEXT_PADDINGS:
-            raise ConfigError(f"{self.name} text_padding must be one of {', '.join(TEXT_PADDINGS)}, got {text_padding!r}")
+            raise ConfigError(f"{self.name} text_padding must be one of {', '.join(TEXT_PADDINGS)}, got "
+                              f"{text_padding!r}")
         self.text_padding = text_padding
         self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, self.name)
         side = self.resolution // (self.pipe.vae_scale_factor * 2)

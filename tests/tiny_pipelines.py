@@ -1,8 +1,9 @@
-"""Tiny random FluxPipeline (and FluxKontextPipeline), QwenImagePipeline and QwenImageEditPipeline built in code (like diffusers' own
-``get_dummy_components``), no hub: saved with ``save_pretrained`` so that the adapters load them through their real
-``from_pretrained`` path.
+"""Tiny random FluxPipeline (and FluxKontextPipeline), QwenImagePipeline and QwenImageEditPipeline built in code
+(like diffusers' own ``get_dummy_components``), no hub: saved with ``save_pretrained`` so that the adapters load them
+through their real ``from_pretrained`` path.
 
-Shared by the flux / flux_kontext / qwen_image / qwen_image_edit adapter tests, the export test and the paper-suite dry runs."""
+Shared by the flux / flux_kontext / qwen_image / qwen_image_edit adapter tests, the export test and the paper-suite
+dry runs."""
 
 from __future__ import annotations
 
