@@ -2,7 +2,7 @@
 text encoder with a 1-block vision tower, a small Qwen2VLImageProcessor) built in code, saved and loaded through the
 adapter's real ``from_pretrained`` path: a sample from the same noise and source image equals the pipeline's (with
 and without true CFG), planted bugs fail that, the LoRA exports for ``load_lora_weights``, every algorithm trains a
-step on edit prompts.
+step on edit prompts, and (make scale-check) the sharded 2-process rehearsal runs on edit pairs.
 
 The pipeline resizes every source to about 1 megapixel (``calculate_dimensions``); the adapter resizes it to the
 target's resolution. The parity tests point the pipeline's ``calculate_dimensions`` at the target's size, where the
@@ -11,6 +11,7 @@ two agree (docs/models.md)."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -288,3 +289,34 @@ def test_every_algorithm_trains_a_step_on_edit_prompts(model, restore_lora, algo
     from tests.adapter_training import check_training
 
     check_training(model, algorithm, PROMPTS, [{SOURCE_IMAGE: s} for s in SOURCES])
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+@pytest.mark.skipif(os.environ.get("FLOWZOO_SCALE_MATRIX") != "full",
+                    reason="a 2-process rehearsal of about a minute: make scale-check runs it (FLOWZOO_SCALE_MATRIX=full)")
+def test_sharded_two_process_rehearsal(edit_dir, tmp_path, monkeypatch):
+    """tests/scale_rehearsal.py's rehearsal (sharded on 2 processes with the lockstep check, stopped and resumed on
+    1, replicated, equal metrics, eval and export) of paper-qwen-image-pickscore's Flow-GRPO-Fast recipe on the tiny
+    edit pipeline, its prompts (image, instruction) pairs of a prompt file: the source images travel with the samples
+    through the sharded rollouts, updates, checkpoint, resume and evaluation."""
+    import yaml
+
+    from tests import scale_matrix, scale_rehearsal
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for i, seed in enumerate((11, 12, 13)):
+        pil(source(seed)).save(pairs / f"{i}.png")
+    lines = [f'{{"prompt": "make it {word}", "image": "{i}.png"}}' for i, word in enumerate(["blue", "red", "red"])]
+    for split in ("train", "test"):
+        (pairs / f"{split}_metadata.jsonl").write_text("\n".join(lines) + "\n")
+    with scale_matrix.half_constant_reward():
+        config = dict(scale_rehearsal.cells("paper-qwen-image-pickscore", tmp_path))["flow_grpo_fast"]
+        data = yaml.safe_load(config.read_text())
+        data["model"]["name"] = "qwen_image_edit"
+        data["model"]["args"].update(path=str(edit_dir), max_sequence_length=QWEN_EDIT_MAX_SEQ)
+        data["prompts"].update(train=str(pairs), test=str(pairs))
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        problems = scale_rehearsal.rehearse(config, tmp_path / "flow_grpo_fast")
+    assert not problems, "\n".join(problems)
