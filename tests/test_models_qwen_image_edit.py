@@ -291,6 +291,13 @@ def test_every_algorithm_trains_a_step_on_edit_prompts(model, restore_lora, algo
     check_training(model, algorithm, PROMPTS, [{SOURCE_IMAGE: s} for s in SOURCES])
 
 
+
+def test_op_grpo_replays_an_edit_with_its_own_source(model, restore_lora, monkeypatch):
+    from tests.adapter_training import check_op_grpo_replays_edits
+
+    check_op_grpo_replays_edits(model, [{SOURCE_IMAGE: s} for s in SOURCES], monkeypatch)
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 @pytest.mark.skipif(os.environ.get("FLOWZOO_SCALE_MATRIX") != "full",
                     reason="a 2-process rehearsal of about a minute: make scale-check runs it (FLOWZOO_SCALE_MATRIX=full)")
