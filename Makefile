@@ -70,7 +70,7 @@ sharded-gpu-check: setup  ## with 2+ GPUs: one sharded OP-GRPO run with buffer r
 # then the GPU check's sharded OP-GRPO run on 2 CPU processes
 scale-check: setup  ## the whole scale rehearsal on 2 CPU processes (make test runs a subset), then sharded-gpu-check's CPU dry run
 	FLOWZOO_SCALE_MATRIX=full $(PY) -m pytest tests/test_scale_matrix.py tests/test_scale_rehearsal.py -p no:cacheprovider -rf
-	FLOWZOO_SCALE_MATRIX=full $(PY) -m pytest tests/test_models_wan22.py tests/test_models_flux_kontext.py -k sharded_two_process_rehearsal -p no:cacheprovider -rf
+	FLOWZOO_SCALE_MATRIX=full $(PY) -m pytest tests/test_models_wan22.py tests/test_models_flux_kontext.py tests/test_models_qwen_image_edit.py -k sharded_two_process_rehearsal -p no:cacheprovider -rf
 	$(MAKE) --no-print-directory sharded-gpu-check SHARDED_DEVICE=cpu
 
 report: setup  ## rewrite reports/quick/ from runs/quick/

@@ -274,7 +274,7 @@ class DiffusersFlowModel(FlowModel):
 
         pipe_cls = getattr(diffusers, self.pipeline_class)
         try:
-            self.pipe = pipe_cls.from_pretrained(str(root), dtype=self.dtype)
+            self.pipe = pipe_cls.from_pretrained(str(root), dtype=self.dtype, **self._pipeline_components(root))
         except (OSError, ValueError) as err:  # e.g. a component folder without its weights file
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"model {self.name!r}: cannot load {str(root)!r}: {first}") from None
@@ -295,6 +295,10 @@ class DiffusersFlowModel(FlowModel):
         # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
+
+    def _pipeline_components(self, root: Path) -> dict[str, Any]:
+        """Components the adapter builds itself and hands to the pipeline's ``from_pretrained`` (none by default)."""
+        return {}
 
     # ---- what trains: LoRA or every weight ---------------------------------------------------------------
     def _setup_training(self, finetune: str, rank: int, alpha: float, targets: Sequence[str]) -> None:

@@ -27,18 +27,15 @@ path are cached per path (``cache_size`` paths); tensors are encoded at each cal
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
-from flowzoo.errors import ConfigError
 from flowzoo.models import register
 from flowzoo.models.base import Condition
+from flowzoo.models.edit_sources import SourceImages
 from flowzoo.models.flux import FLUX1_DEV_ARCH, FluxModel
 from flowzoo.models.footprint import Footprint
-from flowzoo.source_images import read_source_image, source_of
 
 #: FLUX.1-Kontext-dev's transformer is FLUX.1-dev's architecture (black-forest-labs/FLUX.1-Kontext-dev
 #: transformer/config.json: 19 double + 38 single blocks, 24 x 128 heads, guidance_embeds true; the same text encoders
@@ -50,7 +47,7 @@ FLUX1_KONTEXT_DEV_ARCH = dataclasses.replace(
 
 
 @register("flux_kontext")
-class FluxKontextModel(FluxModel):
+class FluxKontextModel(SourceImages, FluxModel):
     """FLUX.1-Kontext-dev image editing: an instruction and a source image (FluxKontextPipeline), LoRA.
 
     The source image is each prompt's ``metadata["source_image"]`` (the module docstring)."""
@@ -78,34 +75,11 @@ class FluxKontextModel(FluxModel):
             ids = self.__dict__["_joint_ids"] = torch.cat([self._img_ids, source], dim=0)
         return ids
 
-    def _source_latents(self, prompt: str, metadata: dict | None) -> torch.Tensor:
-        """The packed VAE latents [tokens, 4 C] of a prompt's source image (cached per path)."""
-        source = source_of(metadata)
-        key = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
-        cache: OrderedDict = self.__dict__.setdefault("_source_cache", OrderedDict())
-        if key is not None and key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        image = read_source_image(metadata, f"{self.name} prompt {prompt!r}")
-        processor, side, vae = self.pipe.image_processor, self.resolution, self.pipe.vae
-        pixels = processor.preprocess(processor.resize(image, side, side), side, side)
-        with torch.no_grad():
-            latents = self.pipe._encode_vae_image(pixels.to(device=self.device, dtype=vae.dtype), generator=None)
-        channels, height, width = latents.shape[1:]
-        packed = self.pipe._pack_latents(latents, 1, channels, height, width)[0].detach()
-        if key is not None:
-            cache[key] = packed
-            while len(cache) > max(self.cache_size, 1):
-                cache.popitem(last=False)
-        return packed
-
     def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
         """The instruction's text embeddings (cached per prompt, as FLUX's) and the source image's packed latents
         (``image_latents`` [B, tokens, 4 C]); a prompt without a source image is a one-line ConfigError."""
         prompts = [str(p) for p in prompts]
-        rows = [None] * len(prompts) if metadata is None else list(metadata)
-        if len(rows) != len(prompts):
-            raise ConfigError(f"{self.name}: {len(prompts)} prompts but {len(rows)} metadata entries")
+        rows = self._metadata_rows(prompts, metadata)
         text = self._text_condition(prompts)
         images = torch.stack([self._source_latents(p, m) for p, m in zip(prompts, rows)])
         return Condition({**text.tensors, "image_latents": images})

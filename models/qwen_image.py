@@ -116,11 +116,12 @@ class QwenImageModel(DiffusersFlowModel):
     ) -> None:
         super().__init__(path, **shared_arguments(locals()))
         if self.max_sequence_length < 1:
-            raise ConfigError(f"qwen_image max_sequence_length must be >= 1, got {max_sequence_length!r}")
+            raise ConfigError(f"{self.name} max_sequence_length must be >= 1, got {max_sequence_length!r}")
         if text_padding not in TEXT_PADDINGS:
-            raise ConfigError(f"qwen_image text_padding must be one of {', '.join(TEXT_PADDINGS)}, got {text_padding!r}")
+            raise ConfigError(f"{self.name} text_padding must be one of {', '.join(TEXT_PADDINGS)}, got "
+                              f"{text_padding!r}")
         self.text_padding = text_padding
-        self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, "qwen_image")
+        self.resolution = check_square_resolution(resolution, self.pipe.vae_scale_factor * 2, self.name)
         side = self.resolution // (self.pipe.vae_scale_factor * 2)
         self._patches = side
         config = self.pipe.scheduler.config
@@ -136,6 +137,10 @@ class QwenImageModel(DiffusersFlowModel):
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         embeds, mask = self.pipe.encode_prompt(prompt=prompts, device=self.device,
                                                max_sequence_length=self.max_sequence_length)
+        return self._padded(embeds, mask)
+
+    def _padded(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The pipeline's prompt embeddings and mask padded to ``max_sequence_length`` (mask 0 on the padding)."""
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         pad = self.max_sequence_length - embeds.shape[1]
@@ -146,7 +151,6 @@ class QwenImageModel(DiffusersFlowModel):
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
         mask = cond.tensors["prompt_embeds_mask"]
         length = max(int(mask.sum(dim=1).max()), 1)  # the longest valid prompt of the batch
-        side = self._patches
         return self.transformer(
             hidden_states=x,
             timestep=timestep / 1000,
@@ -154,9 +158,13 @@ class QwenImageModel(DiffusersFlowModel):
             encoder_hidden_states=cond.tensors["prompt_embeds"][:, :length],
             # attended: no mask, the padding of the call's shorter prompts attended to (the release's diffusers)
             encoder_hidden_states_mask=mask[:, :length] if self.text_padding == "masked" else None,
-            img_shapes=[[(1, side, side)]] * x.shape[0],
+            img_shapes=[self._img_shapes()] * x.shape[0],
             return_dict=False,
         )[0]
+
+    def _img_shapes(self) -> list[tuple[int, int, int]]:
+        """The (frames, rows, columns) of the latent grids in the transformer's image stream: the target's."""
+        return [(1, self._patches, self._patches)]
 
     def guide(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, guidance: float) -> torch.Tensor:
         """Qwen-Image's CFG: ``u + g (c - u)`` rescaled to the conditional velocity's norm per token (over the packed

@@ -46,6 +46,37 @@ def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball"),
         assert second.extra["off_policy_frac"] > 0 and torch.isfinite(torch.tensor(second.loss))
 
 
+
+def check_op_grpo_replays_edits(model, metadata, monkeypatch) -> None:
+    """One instruction on the two sources of ``metadata`` (tensors) is two conditions: OP-GRPO's buffer keeps an entry
+    for each, and a replayed sample's condition is encoded with the source its entry was sampled from."""
+    from flowzoo.algorithms.methods.op_grpo import OPGRPO
+    from flowzoo.source_images import SOURCE_IMAGE, condition_key
+
+    prompts = ["make it red"] * 2
+    config = {"group_size": 2, "num_steps": 3, "kl_beta": 0.0, "clip_range": 1e-3, "lr": 1e-2, "micro_batch": 2,
+              "t_off": 1, "off_policy_groups": 1.0, "buffer_admission": "any"}
+    alg = algorithms.get("op_grpo")(model, MeanBrightness(), config, seed=0)
+    alg.step(prompts, metadata)
+    assert len(alg.buffer) == 2
+    keys = {condition_key(e.prompt, e.metadata) for e in alg.buffer.entries}
+    assert keys == {condition_key(p, m) for p, m in zip(prompts, metadata)}
+    seen = []
+    original = OPGRPO._replay_inputs
+
+    def spy(self, groups, prompts, metadata, rows):
+        inputs, stored, pi_off = original(self, groups, prompts, metadata, rows)
+        order = [e for _, entries in groups.items() for e in entries][rows.start: rows.stop]
+        seen.extend((e.metadata[SOURCE_IMAGE], m[SOURCE_IMAGE]) for e, m in zip(order, inputs.metadata))
+        return inputs, stored, pi_off
+
+    monkeypatch.setattr(OPGRPO, "_replay_inputs", spy)
+    stats = alg.step(prompts, metadata)
+    assert stats.extra["off_policy_frac"] > 0 and seen
+    assert all(torch.equal(stored, given) for stored, given in seen)
+    assert {id(given) for _, given in seen} <= {id(m[SOURCE_IMAGE]) for m in metadata}
+
+
 #: the diffusers adapters' tests need these packages (skipped with the reason otherwise)
 needs_diffusers = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("diffusers", "transformers", "peft")),

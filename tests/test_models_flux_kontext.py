@@ -234,35 +234,9 @@ def test_every_algorithm_trains_a_step_on_edit_prompts(model, restore_lora, algo
 
 
 def test_op_grpo_replays_an_edit_with_its_own_source(model, restore_lora, monkeypatch):
-    """One instruction on two sources is two conditions: the buffer keeps an entry for each, and a replayed sample's
-    condition is encoded with the source its entry was sampled from."""
-    from flowzoo import algorithms
-    from flowzoo.algorithms.methods.op_grpo import OPGRPO
-    from flowzoo.source_images import condition_key
-    from tests.adapter_training import MeanBrightness
+    from tests.adapter_training import check_op_grpo_replays_edits
 
-    prompts, metadata = ["make it red"] * 2, METADATA
-    config = {"group_size": 2, "num_steps": 3, "kl_beta": 0.0, "clip_range": 1e-3, "lr": 1e-2, "micro_batch": 2,
-              "t_off": 1, "off_policy_groups": 1.0, "buffer_admission": "any"}
-    alg = algorithms.get("op_grpo")(model, MeanBrightness(), config, seed=0)
-    alg.step(prompts, metadata)
-    assert len(alg.buffer) == 2
-    keys = {condition_key(e.prompt, e.metadata) for e in alg.buffer.entries}
-    assert keys == {condition_key(p, m) for p, m in zip(prompts, metadata)}
-    seen = []
-    original = OPGRPO._replay_inputs
-
-    def spy(self, groups, prompts, metadata, rows):
-        inputs, stored, pi_off = original(self, groups, prompts, metadata, rows)
-        order = [e for _, entries in groups.items() for e in entries][rows.start: rows.stop]
-        seen.extend((e.metadata[SOURCE_IMAGE], m[SOURCE_IMAGE]) for e, m in zip(order, inputs.metadata))
-        return inputs, stored, pi_off
-
-    monkeypatch.setattr(OPGRPO, "_replay_inputs", spy)
-    stats = alg.step(prompts, metadata)
-    assert stats.extra["off_policy_frac"] > 0 and seen
-    assert all(torch.equal(stored, given) for stored, given in seen)
-    assert {id(given) for _, given in seen} <= {id(s) for s in SOURCES}
+    check_op_grpo_replays_edits(model, METADATA, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
