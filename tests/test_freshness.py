@@ -110,5 +110,5 @@ def test_the_committed_quick_example_has_a_fingerprint_of_every_cell():
 
     data = freshness.read_fingerprint(ROOT / "reports" / "example-quick")
     suite = load_suite("quick")
-    assert len(data["cells"]) == len(suite.algorithms) * len(suite.tasks) == 26
+    assert len(data["cells"]) == len(suite.algorithms) * len(suite.tasks) == 30
     assert all(cell["seed"] == 0 and len(cell["rows"]) == data["steps"] + 1 for cell in data["cells"].values())
