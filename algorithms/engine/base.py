@@ -40,7 +40,8 @@ from flowzoo.algorithms.engine.distributed import SINGLE_PROCESS, GatheredBatch,
 from flowzoo.algorithms.engine.ema import WeightEMA
 from flowzoo.algorithms.engine.lockstep import CallLedger, LockstepPadding, requested as lockstep_requested
 from flowzoo.algorithms.prompt_samplers import GroupOutcome, PromptDraw, PromptSampler
-from flowzoo.algorithms.engine.losses import KLVariance, PPOTerms, approx_kl, gaussian_mean_kl, kl_std, ppo_clip_loss
+from flowzoo.algorithms.engine.losses import (KLVariance, PPOTerms, approx_kl, binding_clips, gaussian_mean_kl, kl_std,
+                                              ppo_clip_loss)
 from flowzoo.algorithms.engine.rollout import chunk_spans, initial_noise, rollout, sample_generators
 from flowzoo.algorithms.engine.sde import MAX_SAMPLING_STEPS, Kernel, SigmaGrid, StepOutput, sde_step, sigma_schedule
 from flowzoo.algorithms.engine.trajectory import RolloutInputs, StepPlan, Trajectory
@@ -214,6 +215,9 @@ ONPOLICY_DRIFT = "onpolicy_max_abs_log_ratio"
 FSDP_PADDING = "fsdp_padding_calls"
 #: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
 CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
+#: the fractions of positive- and negative-advantage pairs whose PPO clip binds (``losses.binding_clips``), which
+#: ``update`` logs for a class with ``logs_clip_sides``
+CLIP_FRAC_POS, CLIP_FRAC_NEG = "clip_frac_pos_adv", "clip_frac_neg_adv"
 
 
 @dataclass
@@ -255,37 +259,48 @@ RESERVED_COLUMNS = frozenset(f.name for f in dataclasses.fields(StepStats) if f.
 
 class UpdateTally:
     """The PPO update's bookkeeping: sums over the trained (sample, step) pairs, the clipped pairs of named subsets of
-    the samples (``Algorithm.clip_subsets``) and the gradient norms; ``finish`` sums them over processes.
+    the samples (``Algorithm.clip_subsets``), with ``clip_range`` the pairs whose clip binds by advantage sign
+    (``losses.binding_clips``) and the gradient norms; ``finish`` sums them over processes.
 
     The sums accumulate on the device, in float64 (each chunk's float32 sums widened, as Python floats held them
     before), and reach the host once, in ``finish``: a chunk adds no host read (on a GPU each would wait for it)."""
 
     FIELDS = ("clipped", "approx_kl", "kl", "ratio", "loss")
 
-    def __init__(self, subsets: dict[str, torch.Tensor], device: torch.device | str = "cpu"):
+    def __init__(self, subsets: dict[str, torch.Tensor], device: torch.device | str = "cpu",
+                 clip_range: float | None = None):
         self.subsets = subsets
         #: the subsets' masks on the device, moved once (they index the device's rows)
         self._masks = {name: mask.to(device) for name, mask in subsets.items()}
-        #: [clipped, approx_kl x rows, kl, ratio, loss, then (clipped, total) per subset], float64 on the device
-        self._acc = torch.zeros(len(self.FIELDS) + 2 * len(subsets), dtype=torch.float64, device=device)
+        #: the clip range whose binding sides are counted (None: not counted)
+        self.clip_range = clip_range
+        sides = 0 if clip_range is None else 4
+        #: [clipped, approx_kl x rows, kl, ratio, loss, then (clipped, total) per subset, then (bound, total) for
+        #: positive and negative advantages when counted], float64 on the device
+        self._acc = torch.zeros(len(self.FIELDS) + 2 * len(subsets) + sides, dtype=torch.float64, device=device)
         self.pairs = 0
         self.grad_norms: list[float] = []
 
     @torch.no_grad()
     def add(self, rows: torch.Tensor, terms, log_prob: torch.Tensor, old: torch.Tensor, kl: torch.Tensor,
-            per_sample: torch.Tensor) -> None:
+            per_sample: torch.Tensor, advantages: torch.Tensor | None = None) -> None:
         wide = torch.float64
         values = [terms.clipped.sum().to(wide), approx_kl(log_prob, old).to(wide) * len(rows), kl.sum().to(wide),
                   terms.ratio.sum().to(wide), per_sample.sum().to(wide)]
         for mask in self._masks.values():
             member = mask[rows]
             values += [(terms.clipped & member).sum().to(wide), member.sum().to(wide)]
+        if self.clip_range is not None:
+            positive, negative = binding_clips(terms.ratio, advantages, self.clip_range)
+            values += [positive.sum().to(wide), (advantages > 0).sum().to(wide), negative.sum().to(wide),
+                       (advantages < 0).sum().to(wide)]
         self._acc += torch.stack(values)
         self.pairs += len(rows)
 
     def finish(self, dist: SingleProcess) -> tuple[dict[str, float], dict[str, float]]:
         """(the StepStats fields of the update, {subset column: its clip fraction}) over all processes; the subsets'
-        fractions only when every subset holds trained pairs."""
+        fractions only when every subset holds trained pairs; with ``clip_range`` the binding fractions of the
+        positive- and negative-advantage pairs, each when the update trained such pairs."""
         acc = self._acc.tolist()  # the update's one read of its sums
         local = dict(zip(self.FIELDS, acc[: len(self.FIELDS)]), pairs=self.pairs)
         sums = dist.sum(local)
@@ -301,9 +316,14 @@ class UpdateTally:
         counts = acc[len(self.FIELDS):]
         pairs = {name: dist.sum(torch.tensor(counts[2 * i: 2 * i + 2], dtype=torch.float64))
                  for i, name in enumerate(self.subsets)}
-        if not pairs or any(c[1] == 0 for c in pairs.values()):
-            return result, {}
-        return result, {name: float(c[0] / c[1]) for name, c in pairs.items()}
+        fractions = ({} if not pairs or any(c[1] == 0 for c in pairs.values())
+                     else {name: float(c[0] / c[1]) for name, c in pairs.items()})
+        if self.clip_range is not None:
+            sides = dist.sum(torch.tensor(counts[2 * len(self.subsets):], dtype=torch.float64))
+            for column, (bound, total) in ((CLIP_FRAC_POS, sides[:2]), (CLIP_FRAC_NEG, sides[2:])):
+                if total > 0:
+                    fractions[column] = float(bound / total)
+        return result, fractions
 
 
 def rows_on_device(chunks: list[tuple[torch.Tensor | None, Any]], device: torch.device
@@ -348,6 +368,9 @@ class Algorithm(LockstepPadding):
     #: clean samples (the decoupled methods, DiffusionNFT): its trajectories record no transitions to train, so the
     #: PPO ratio checks do not apply to it
     likelihood_free: ClassVar[bool] = False
+    #: whether the update logs where its PPO clip binds by advantage sign (``clip_frac_pos_adv``,
+    #: ``clip_frac_neg_adv``: ``losses.binding_clips``): Flow-GRPO and GRPO-Guard, whose ``clipped`` is PPO's clip
+    logs_clip_sides: ClassVar[bool] = False
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
     #: the prompt sampler of ``train_step`` (``use_prompts``); None until a training pool is given
@@ -817,7 +840,7 @@ class Algorithm(LockstepPadding):
         offset, batch = self.dist.local_span(len(traj))  # minibatches are drawn over the global batch
         device = traj.log_probs.device
         weight = torch.exp(traj.log_weight).float()
-        tally = UpdateTally(self.clip_subsets(traj), device)
+        tally = UpdateTally(self.clip_subsets(traj), device, cfg.clip_range if self.logs_clip_sides else None)
         on_policy = ~traj.off_policy.to(device)  # once: the drift check reads it at every chunk
         first_drift = None  # max |log pi_theta - log pi_old| of the first optimizer step's on-policy pairs
         padded = 0  # network calls this process made only to keep a sharded model's processes in lockstep
@@ -842,7 +865,7 @@ class Algorithm(LockstepPadding):
                     fused.append(loss)
                 else:
                     loss.backward()
-                tally.add(rows, terms, out.log_prob, old, kl, per_sample)
+                tally.add(rows, terms, out.log_prob, old, kl, per_sample, advantages[rows])
                 if drift is not None:  # before any optimizer step: 0 unless sampling and training disagree
                     gap = (out.log_prob.detach() - old).abs()
                     drift.append(torch.where(on_policy[rows], gap, torch.zeros_like(gap)).amax().reshape(1))
