@@ -93,7 +93,10 @@ def _verdicts(root: Path) -> dict[str, str]:
     return dict(zip(claims["claim"], claims["verdict"]))
 
 
-def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path):
+def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path, monkeypatch):
+    from flowzoo.benchmark.study.claim_sets import reuse_study
+
+    monkeypatch.setattr(reuse_study, "DPPO_BEST_EPOCHS", None)  # the rule picks the count from the runs
     assert "reuse-toy" in names()
     assert claim_set("reuse-toy").source == "benchmark/study/claim_sets/reuse_study.py"
     _write(tmp_path, CELLS)
@@ -110,6 +113,10 @@ def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path):
     assert all("Flow-DPPO at 2 epochs, picked on this seed set" in c for c in reuse)
     assert [v.split(" ")[0] for v in reuse.values()] == ["contradicted", "reproduced", "reproduced", "reproduced",
                                                          "reproduced"]
+    # the count fixed on the exploration seeds is the one judged
+    monkeypatch.setattr(reuse_study, "DPPO_BEST_EPOCHS", 4)
+    fixed = [c for c in _verdicts(tmp_path) if c.startswith("(c)")]
+    assert all("Flow-DPPO at 4 epochs, fixed on the exploration seeds" in c for c in fixed)
     # (d) Flow-GRPO's clip binds on negatives more; GRPO-Guard balances it, gains more by the gold judge, loses no reward
     assert by_letter("d") == ["reproduced"] * 4
     # (e) 25% beats 12.5% and 43.75%, saves steps over 0%, and 0% trains as Flow-GRPO
