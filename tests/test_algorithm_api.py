@@ -105,12 +105,14 @@ def test_log_refuses_the_template_columns(toy_model):
 
 
 def test_on_policy_rows_keep_their_columns(toy_model, toy_prompts):
-    """flow_grpo's metrics row: StepStats' fields, nfe_step and what the template logs; nothing off-policy."""
+    """flow_grpo's metrics row: StepStats' fields, nfe_step and what the template logs, with where its clip binds by
+    advantage sign (``logs_clip_sides``); nothing off-policy."""
     prompts, meta = toy_prompts
     alg = algorithms.get("flow_grpo")(toy_model, rewards.build("toy_mode"), {"group_size": 4}, seed=0)
     row = alg.step(prompts, meta).row()
     fields = {f for f in StepStats.__dataclass_fields__ if f != "extra"}
-    assert set(row) == fields | {"nfe_step", "zero_std_frac", "onpolicy_max_abs_log_ratio"}
+    assert set(row) == fields | {"nfe_step", "zero_std_frac", "onpolicy_max_abs_log_ratio", "clip_frac_pos_adv",
+                                 "clip_frac_neg_adv"}
 
 
 def test_off_policy_frac_is_the_realised_share_every_iteration(toy_model, toy_prompts):

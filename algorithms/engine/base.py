@@ -99,6 +99,9 @@ class Algorithm(PromptIteration, CheckpointState, LockstepPadding):
     #: clean samples (the decoupled methods, DiffusionNFT): its trajectories record no transitions to train, so the
     #: PPO ratio checks do not apply to it
     likelihood_free: ClassVar[bool] = False
+    #: whether the update logs where its PPO clip binds by advantage sign (``clip_frac_pos_adv``,
+    #: ``clip_frac_neg_adv``: ``losses.binding_clips``): Flow-GRPO and GRPO-Guard, whose ``clipped`` is PPO's clip
+    logs_clip_sides: ClassVar[bool] = False
     #: the data-parallel context (the runner sets it under a launcher); the default is the single-process no-op
     dist: SingleProcess = SINGLE_PROCESS
     # (the prompt iteration's attributes, ``prompt_sampler``, ``current_draw`` and ``group_base``: PromptIteration)
@@ -481,7 +484,7 @@ class Algorithm(PromptIteration, CheckpointState, LockstepPadding):
         offset, batch = self.dist.local_span(len(traj))  # minibatches are drawn over the global batch
         device = traj.log_probs.device
         weight = torch.exp(traj.log_weight).float()
-        tally = UpdateTally(self.clip_subsets(traj), device)
+        tally = UpdateTally(self.clip_subsets(traj), device, cfg.clip_range if self.logs_clip_sides else None)
         on_policy = ~traj.off_policy.to(device)  # once: the drift check reads it at every chunk
         first_drift = None  # max |log pi_theta - log pi_old| of the first optimizer step's on-policy pairs
         padded = 0  # network calls this process made only to keep a sharded model's processes in lockstep
@@ -506,7 +509,7 @@ class Algorithm(PromptIteration, CheckpointState, LockstepPadding):
                     fused.append(loss)
                 else:
                     loss.backward()
-                tally.add(rows, terms, out.log_prob, old, kl, per_sample)
+                tally.add(rows, terms, out.log_prob, old, kl, per_sample, advantages[rows])
                 if drift is not None:  # before any optimizer step: 0 unless sampling and training disagree
                     gap = (out.log_prob.detach() - old).abs()
                     drift.append(torch.where(on_policy[rows], gap, torch.zeros_like(gap)).amax().reshape(1))

@@ -32,6 +32,16 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_range:
     return PPOTerms(torch.maximum(unclipped, clipped), ratio, (ratio - 1.0).abs().detach() > clip_range)
 
 
+def binding_clips(ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where PPO's clip binds (the clipped branch of :func:`clipped_surrogate` is the larger loss, so the term has no
+    gradient), by the advantage's sign: (A > 0 and r > 1 + eps, A < 0 and r < 1 - eps), bool per element. GRPO-Guard
+    (arXiv 2510.22319) argues that Flow-GRPO's ratio drifts below 1, so the clip binds on negative advantages and
+    rarely on positive ones; the update logs the two fractions (``clip_frac_pos_adv``, ``clip_frac_neg_adv``)."""
+    ratio, advantages = ratio.detach(), advantages.detach()
+    return (advantages > 0) & (ratio > 1.0 + clip_range), (advantages < 0) & (ratio < 1.0 - clip_range)
+
+
 def ppo_clip_loss(
     log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
 ) -> PPOTerms:

@@ -15,6 +15,9 @@ ONPOLICY_DRIFT = "onpolicy_max_abs_log_ratio"
 FSDP_PADDING = "fsdp_padding_calls"
 #: the PPO clip fractions of the on- and off-policy samples, which ``update`` logs when a batch holds off-policy ones
 CLIP_FRAC_ON, CLIP_FRAC_OFF = "clip_frac_on", "clip_frac_off"
+#: the fractions of positive- and negative-advantage pairs whose PPO clip binds (``losses.binding_clips``), which
+#: ``update`` logs for a class with ``logs_clip_sides``
+CLIP_FRAC_POS, CLIP_FRAC_NEG = "clip_frac_pos_adv", "clip_frac_neg_adv"
 
 
 @dataclass

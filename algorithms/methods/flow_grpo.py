@@ -16,3 +16,8 @@ class FlowGRPO(Algorithm):
     """The base template, registered as ``flow_grpo`` (see the module docstring)."""
 
     label, colormap = "Flow-GRPO", "Blues"  # the report's name and colours of this family
+    logs_clip_sides = True  # clip_frac_pos_adv / clip_frac_neg_adv (GRPO-Guard, which subclasses it, too)
+    diagnostics = {
+        "clip_frac_pos_adv": "fraction of positive-advantage trained pairs whose clip binds (ratio > 1 + clip_range)",
+        "clip_frac_neg_adv": "fraction of negative-advantage trained pairs whose clip binds (ratio < 1 - clip_range)",
+    }

@@ -23,7 +23,8 @@ METRICS = (
 PRIMARY = "steps_to_80"
 #: training-log columns averaged over a run's steps in the run table (absent ones are skipped)
 DIAGNOSTICS = ("zero_std_frac", "off_policy_frac", "clip_frac", "clip_frac_on", "clip_frac_off", "weight_ess",
-               "log_weight_std")
+               "log_weight_std", "approx_kl", "clip_frac_pos_adv", "clip_frac_neg_adv", "dppo_masked_frac",
+               "dppo_kl_score_mean")
 #: per-timestep |log p_old - log p_off| of the reused transitions (OP-GRPO logs one column per reused step k)
 STEP_LOG_RATIO_PREFIX = "abs_log_ratio_t"
 EARLY_STEPS = 10  # zero_std_frac is also reported over the first this many steps
