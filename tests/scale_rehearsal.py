@@ -15,6 +15,7 @@ Every 2-process run checks the lockstep contract (``FLOWZOO_CHECK_LOCKSTEP=1``, 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,8 +29,13 @@ from tests.test_fsdp import _checkpoint, _metrics, _two_processes
 
 #: suite -> the model its tasks train
 SUITES = {"paper-sd3-geneval": "sd3", "paper-sd3-ocr": "sd3", "paper-sd3-pickscore": "sd3",
-          "paper-wan-video": "wan", "paper-flux-hpsv2": "flux", "paper-qwen-image-pickscore": "qwen_image"}
+          "paper-wan-video": "wan", "paper-flux-hpsv2": "flux", "paper-qwen-image-pickscore": "qwen_image",
+          "paper-qwen-image-edit": "qwen_image_edit", "paper-flux-kontext": "flux_kontext"}
 PROMPTS = ("a cat walks", "two red dogs run")
+#: the edit models' prompts: (instruction, source colour) pairs, the sources written as PNG files beside a
+#: ``{split}_metadata.jsonl`` (the files source's edit pairs, benchmark/prompts/files.py)
+EDITS = (("make it blue", (200, 20, 20)), ("make it red", (20, 200, 20)))
+EDIT_MODELS = ("qwen_image_edit", "flux_kontext")
 #: Qwen-Image rehearses with its text padding masked: paper-qwen-image-pickscore's ``text_padding: attended`` (as the
 #: Flow-GRPO release ran) lets a prompt attend to the padding up to the longest prompt of its transformer call, so a
 #: sample's velocity depends on which prompts share its call, and with them on the number of processes and on the
@@ -64,23 +70,50 @@ def pipeline(model: str, tmp: Path) -> tuple[Path, list[str]]:
             tiny.build_tiny_flux(directory, tmp / "tok-flux")
         return directory, [f"model.args.resolution={tiny.FLUX_RESOLUTION}",
                            f"model.args.max_sequence_length={tiny.FLUX_MAX_SEQ}"]
+    if model == "flux_kontext":
+        if not directory.exists():
+            (tmp / "tok-flux-kontext").mkdir(exist_ok=True)
+            tiny.build_tiny_flux(directory, tmp / "tok-flux-kontext", pipeline_class="FluxKontextPipeline")
+        return directory, [f"model.args.resolution={tiny.FLUX_RESOLUTION}",
+                           f"model.args.max_sequence_length={tiny.FLUX_MAX_SEQ}"]
+    if model == "qwen_image_edit":
+        if not directory.exists():
+            tiny.build_tiny_qwen_image_edit(directory)
+        return directory, [f"model.args.resolution={tiny.QWEN_RESOLUTION}",
+                           f"model.args.max_sequence_length={tiny.QWEN_EDIT_MAX_SEQ}", *QWEN_PADDING]
     if not directory.exists():
         tiny.build_tiny_qwen_image(directory)
     return directory, [f"model.args.resolution={tiny.QWEN_RESOLUTION}",
                        f"model.args.max_sequence_length={tiny.QWEN_MAX_SEQ}", *QWEN_PADDING]
 
 
+def write_prompts(model: str, prompts: Path) -> None:
+    """The train and test prompts under ``prompts``: text prompts, or for an edit model (instruction, source) pairs."""
+    prompts.mkdir(exist_ok=True)
+    if model not in EDIT_MODELS:
+        for split in ("train", "test"):
+            (prompts / f"{split}.txt").write_text("\n".join(PROMPTS) + "\n")
+        return
+    from PIL import Image
+
+    lines = []
+    for i, (instruction, colour) in enumerate(EDITS):
+        Image.new("RGB", (32, 32), colour).save(prompts / f"{i}.png")
+        lines.append(json.dumps({"prompt": instruction, "image": f"{i}.png"}))
+    for split in ("train", "test"):
+        (prompts / f"{split}_metadata.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def cells(suite_name: str, tmp: Path) -> list[tuple[str, Path]]:
     """(algorithm, config file) of every algorithm of the suite's first task, at its recipe with the small sizes."""
-    path, sizes = pipeline(SUITES[suite_name], tmp)
-    prompts = tmp / "prompts"
-    prompts.mkdir(exist_ok=True)
-    for split in ("train", "test"):
-        (prompts / f"{split}.txt").write_text("\n".join(PROMPTS) + "\n")
+    model = SUITES[suite_name]
+    path, sizes = pipeline(model, tmp)
+    prompts = tmp / f"prompts-{model}"
+    write_prompts(model, prompts)
     overrides = [
         f"model.args.path={path}", *sizes, "model.args.dtype=float32", "model.args.lora_rank=2",
         "model.args.lora_alpha=4", "model.args.device=cpu", "model.args.gradient_checkpointing=false",
-        "reward=half_constant", f"prompts.train={prompts}", f"prompts.test={prompts}",
+        "reward=half_constant", "reward_args={}", f"prompts.train={prompts}", f"prompts.test={prompts}",
         "train.steps=3", "train.prompts_per_step=2", "algorithm.ema_every=1",  # an EMA that moves in 3 steps
         "train.eval_every=1", "train.eval_num_steps=2", "train.eval_prompts=1", "train.save_samples=false",
         "train.checkpoint_every=1", "train.threads=1",

@@ -110,6 +110,7 @@ def test_each_suite_names_the_protocol_for_what_it_is(name):
     assert "eval_sampler: pipeline" in line and "reference evaluation sampler" in line
     assert "Pipeline's own" not in line and "'s own," not in line
     expected = {"sd3": ("CFG 4.5, 40 steps", "config/base.py:43,45 at 27b6ef8"), "wan": ("UniPC",), "flux": ("truncated",),
-                "qwen_image": ("config/grpo.py:527-528",)}
+                "qwen_image": ("config/grpo.py:527-528",), "qwen_image_edit": ("true CFG 4, 50 steps",),
+                "flux_kontext": ("distilled guidance 2.5, 28 steps",)}
     family = next(m for m in expected if f"name: {m}\n" in text)
     assert all(phrase in line for phrase in expected[family]), (family, line)

@@ -149,6 +149,39 @@ EXPECTED.update({
     ("flux", "mix_grpo_flash"): dict(MIX_FLUX, **FLASH),
     ("qwen_image", "flow_grpo_fast"): FAST_QWEN, ("qwen_image", "dance_grpo"): DANCE_QWEN,
 })
+# Qwen-Image-Edit and FLUX.1-Kontext: Flow-GRPO's counting_qwenimage_edit and counting_flux_kontext (FG config/grpo.py
+# at 27b6ef8, lines 609-649 and 481-517; scripts/train_qwenimage_edit.py and train_flux_kontext.py at 27b6ef8)
+FLOW_QWEN_EDIT = dict(
+    group_size=16, num_steps=10, guidance=4.0,  # FG grpo.py:622,616,618
+    cfg_grad="both",  # FG train_qwenimage_edit.py:220-232: one call on [cond; neg], nothing detached
+    kernel="flow_grpo", noise_level=1.0,  # FG grpo.py:634
+    timestep_fraction=0.99,  # FG train_qwenimage_edit.py:364-367: sde_window_size 0 -> the first T - 1 = 9 steps
+    shared_noise=False,  # FG grpo.py:632
+    clip_range=1e-4, adv_clip=5.0, kl_beta=0.0,  # FG base.py:94,92; grpo.py:630
+    adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4,  # FG grpo.py:631; stat_tracking.py:27
+    drop_zero_advantage=False,  # FG train_qwenimage_edit.py:800-805: no all-zero mask
+    lr=3e-4, weight_decay=1e-4, adam_eps=1e-8, max_grad_norm=1.0,  # FG base.py:71,77,79,84
+    minibatches=2, inner_epochs=1,  # FG grpo.py:623,628-629
+    ema=False,  # FG grpo.py:633
+)
+FLOW_KONTEXT = dict(
+    group_size=21, num_steps=6,  # FG grpo.py:494,488
+    guidance=1.0,  # FG train_flux_kontext.py:183-187: 2.5 is the distilled guidance (a model arg), no true CFG
+    kernel="flow_grpo", noise_level=0.9, timestep_fraction=0.99,  # FG grpo.py:507,502: int(6 x 0.99) = 5 steps
+    shared_noise=False,  # FG grpo.py:505
+    clip_range=1e-4, adv_clip=5.0, kl_beta=0.0,  # FG base.py:94,92; grpo.py:503
+    adv_std="batch", adv_std_unbiased=False, adv_eps=1e-4,  # FG grpo.py:504; stat_tracking.py:27
+    drop_zero_advantage=True,  # FG train_flux_kontext.py:765-786
+    lr=3e-4, weight_decay=1e-4, adam_eps=1e-8, max_grad_norm=1.0,  # FG base.py:71,77,79,84
+    minibatches=2, inner_epochs=1,  # FG grpo.py:495,500-501
+    ema=True, ema_decay=0.9, ema_every=8,  # FG grpo.py:506; train_flux_kontext.py:442
+)
+EXPECTED.update({
+    ("qwen_image_edit", "flow_grpo"): FLOW_QWEN_EDIT,
+    ("qwen_image_edit", "op_grpo"): dict(FLOW_QWEN_EDIT, **OP_SHARE, replay_k=8),
+    ("flux_kontext", "flow_grpo"): FLOW_KONTEXT,
+    ("flux_kontext", "op_grpo"): dict(FLOW_KONTEXT, **OP_SHARE, replay_k=10),
+})
 PER_TASK = {
     ("sd3_pickscore", "flow_grpo"): {"kl_beta": 0.01},  # FG grpo.py:227
     ("sd3_pickscore", "op_grpo"): {"kl_beta": 0.01},
@@ -158,7 +191,7 @@ PER_TASK = {
     ("sd3_pickscore", "awm"): {"kl_beta": 1e-4, "time_type": "discrete", "solver": "dpm2"},  # AWM dgx_awm.py:326-367
 }
 PAPER_SUITES = ["paper-sd3-geneval", "paper-sd3-ocr", "paper-sd3-pickscore", "paper-wan-video", "paper-flux-hpsv2",
-                "paper-qwen-image-pickscore"]
+                "paper-qwen-image-pickscore", "paper-qwen-image-edit", "paper-flux-kontext"]
 
 
 @pytest.fixture

@@ -11,8 +11,11 @@
   refused.
 
 ``prompts.dataset``: ``column`` (default ``prompt``), the text column; ``metadata`` (default none), the columns kept as
-each prompt's metadata (what rewards such as GenEval's read: ``tag``, ``include``, ...). A missing path, split or
-column is one line naming it and what there is.
+each prompt's metadata (what rewards such as GenEval's read: ``tag``, ``include``, ...); ``image`` (default none: the
+column ``image`` where the dataset has one), the column of each prompt's source image for instruction-editing models,
+given as ``metadata["source_image"]`` (an image or array column as a [C, H, W] tensor in [0, 1], a path column as an
+absolute path: ``benchmark/prompts/dataset_images.py``); ``image: ""`` reads none. A missing path, split or column is
+one line naming it and what there is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowzoo.errors import ConfigError
+from flowzoo.source_images import SOURCE_IMAGE
 
 #: file suffix -> the ``datasets`` builder that reads it
 BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
@@ -35,6 +39,12 @@ class DatasetSpec:
     metadata: list[str] = field(default_factory=list)
     train_split: str = "train"
     test_split: str = "test"
+    #: the source-image column (edit models); None: ``DEFAULT_IMAGE_COLUMN`` where the dataset has it; "": none
+    image: str | None = None
+
+
+#: the column read as each prompt's source image when ``prompts.dataset.image`` is unset and the dataset has it
+DEFAULT_IMAGE_COLUMN = "image"
 
 
 def check_dataset_spec(spec: DatasetSpec) -> None:
@@ -62,7 +72,25 @@ def read_dataset_prompts(path: str, split: str, spec: DatasetSpec) -> list[tuple
         raise ConfigError(f"{where}: row {bad} of {path} has no prompt text in column {spec.column!r} "
                           f"(got {prompts[bad]!r})")
     metadata = {c: dataset[c] for c in spec.metadata}
+    image = image_column(spec, columns, where, path)
+    if image is not None:
+        from flowzoo.benchmark.prompts.dataset_images import source_images
+
+        metadata[SOURCE_IMAGE] = source_images(dataset[image], root, where, image)
     return [(p, {c: values[i] for c, values in metadata.items()}) for i, p in enumerate(prompts)]
+
+
+def image_column(spec: DatasetSpec, columns: list[str], where: str, path: str) -> str | None:
+    """The column read as the prompts' source images: the one named (which must exist), else ``image`` where the
+    dataset has it, else none."""
+    if spec.image is None:
+        return DEFAULT_IMAGE_COLUMN if DEFAULT_IMAGE_COLUMN in columns else None
+    if spec.image == "":
+        return None
+    if spec.image not in columns:
+        raise ConfigError(f"{where}: {path} has no image column {spec.image!r} (prompts.dataset.image); its columns: "
+                          f"{', '.join(columns)}")
+    return spec.image
 
 
 #: the names the Hugging Face Hub reads as splits at the start of a data file's name (``train-00000-of-00001.parquet``)

@@ -37,7 +37,7 @@ class PromptSection:
     classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
     layout: str | None = None  # the "toy2d" many-condition layout (models.toy2d.LAYOUTS); None = "overlapping"
     tags: list[str] | None = None  # "tiny_shapes": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS)
-    # "dataset": {column, metadata, train_split, test_split} (benchmark.prompts.local_datasets.DatasetSpec)
+    # "dataset": {column, metadata, train_split, test_split, image} (benchmark.prompts.local_datasets.DatasetSpec)
     dataset: dict | None = None
     # validation prompts, held out from ``test`` (the "files" source; the tiny sources draw their own): what
     # ``flowzoo tune``'s trials evaluate on when its design asks for held-out prompts
