@@ -17,3 +17,12 @@ def toy_model():
     from flowzoo import models
 
     return models.get("toy2d")()  # pretraining is memoised per process
+
+
+@pytest.fixture
+def restore_lora(model):
+    """The trainable state of the test module's ``model`` fixture, put back after the test (the adapter tests train
+    one module-scoped model in place)."""
+    state = model.trainable_state_dict()
+    yield
+    model.load_trainable_state_dict(state)

@@ -43,13 +43,6 @@ def pipe(flux_dir):
     return pipe
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 def test_registered_with_the_pipelines_schedule(model):
     assert models.get("flux") is FluxModel and model.sample_kind == "image" and model.default_sigma_grid == "flux"
     # 16 packed tokens: mu = 0.5 + (1.15 - 0.5) / 3840 * (16 - 256), FLUX.1-dev's calculate_shift line

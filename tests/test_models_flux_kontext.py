@@ -59,13 +59,6 @@ def pipe(kontext_dir):
     return pipe
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 def pipeline_call(pipe, x1, steps, true_cfg, output_type):
     """FluxKontextPipeline on the same noise and sources, at the target's size (max_area R^2, the sources kept at
     their size: no _auto_resize to the ~1 MP preferred resolutions)."""

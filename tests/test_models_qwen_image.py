@@ -44,13 +44,6 @@ def pipe(qwen_dir):
     return pipe
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 def test_registered_with_qwen_images_schedule(model):
     assert models.get("qwen_image") is QwenImageModel and model.default_guidance == 4.0
     assert model.negative_prompt == " " and model.shift_terminal == 0.02

@@ -85,13 +85,6 @@ def at_target_size(monkeypatch):
     monkeypatch.setattr(edit, "calculate_dimensions", lambda area, ratio: (R, R, None))
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 def pipeline_call(pipe, x1, steps, true_cfg, output_type):
     """QwenImageEditPipeline on each row's noise and source (it takes one source image per call)."""
     out = []

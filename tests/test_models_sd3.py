@@ -37,13 +37,6 @@ def model(sd3_dir):
                     device="cpu")
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 @pytest.fixture(scope="module")
 def pipe(sd3_dir):
     from diffusers import StableDiffusion3Pipeline

@@ -72,13 +72,6 @@ def pipe(wan_dir):
     return pipe
 
 
-@pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
 def test_registered_as_video():
     assert models.get("wan") is WanModel and WanModel.sample_kind == "video"
 

@@ -96,13 +96,6 @@ def pipe(a14b_dir):
 
 
 @pytest.fixture
-def restore_lora(model):
-    state = model.trainable_state_dict()
-    yield
-    model.load_trainable_state_dict(state)
-
-
-@pytest.fixture
 def exact_boundary(model, pipe):
     """The boundary moved onto step 2's timestep of the test grid (steps 0-2 high-noise, step 3 low-noise), in the
     pipeline's and the adapter's config, so ``>=`` against ``>`` decides a step."""
