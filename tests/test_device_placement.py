@@ -196,6 +196,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     # ---- the template (algorithms/engine/base.py and its parts; docs/perf.md "Device placement": what is to change)
     ("algorithms/engine/tally.py", "torch.tensor(counts[2 * i:2 * i + 2], dtype=torch.float64)"):
         LOGGING + " (UpdateTally's clip counts, built from the host copy of its sums for the collective)",
+    ("algorithms/engine/tally.py", "torch.tensor(counts[2 * len(self.subsets):], dtype=torch.float64)"):
+        LOGGING + " (UpdateTally's clip counts by advantage sign, from the host copy of its sums for the collective)",
     ("algorithms/engine/base.py", "torch.zeros(batch, self.num_steps, dtype=torch.bool)"): HOST_PLAN,
     ("algorithms/engine/sde.py", "sigmas.detach().to(device='cpu', dtype=torch.float32)"): HOST_GRID,
     ("algorithms/engine/base.py", "torch.ones(self.num_steps, dtype=torch.bool)"): HOST_PLAN,
