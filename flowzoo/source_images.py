@@ -51,7 +51,7 @@ def check_image_file(path: Path, where: str) -> None:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path):
+        with Image.open(path):  # reads the header only: the file is an image PIL can open
             pass
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ConfigError(f"{where}: source image {str(path)!r} is not a readable image ({err})") from None

@@ -296,3 +296,16 @@ def test_an_algorithm_reading_more_than_the_stand_in_gets_the_template_plan(monk
     for reuse, minibatches, keeps in (("auto", 1, True), ("auto", 2, False), (False, 1, False), (True, 1, True)):
         alg_cfg = cls.typed_config({"num_steps": 10, "minibatches": minibatches, "reuse_rollout_graph": reuse})
         assert memory._plan_facts(config, alg_cfg, 8, 10) == (9, keeps)
+
+
+def test_recorded_step_means_count_in_the_batch(rollout_defaults):
+    """Flow-DPPO's and GRPO-Guard's trajectories keep each step's Gaussian mean beside the T + 1 latents
+    (``Algorithm.records_means``): T more float32 latents per sample, resident through the update."""
+    shape = run_shape(sd3_cell(), 8)
+    assert not shape.records_means
+    with_means = estimate(dataclasses.replace(shape, records_means=True))
+    extra = shape.samples * shape.num_steps * shape.latent_numbers * 4 / GIB
+    assert with_means.resident["batch"] - estimate(shape).resident["batch"] == pytest.approx(extra)
+    assert extra == pytest.approx(144 * 10 * 16 * 64 * 64 * 4 / GIB)  # 0.35 GiB a GPU at the paper recipe (512 px)
+    for name in ("flow_dppo", "grpo_guard"):
+        assert run_shape(sd3_cell(f"algorithm.name={name}"), 8).records_means, name

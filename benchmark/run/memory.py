@@ -73,6 +73,7 @@ class RunShape:
     vae: bool = True
     text_tokens: int = 0
     latent_numbers: int = 0  # latent numbers per sample (a trajectory keeps T + 1 of them, float32)
+    records_means: bool = False  # the trajectory also keeps each step's Gaussian mean (T more, float32: Flow-DPPO)
     pixels: int = 0  # decoded pixels per sample at a decode's peak
     num_steps: int = 10
     finetune: str = "lora"
@@ -142,7 +143,8 @@ def estimate(shape: RunShape) -> Estimate:
         "trainable state": trainable,
         # FSDP2 gathers one block ahead of the one computing
         "FSDP gather": 2 * a.transformer_params / a.blocks * shape.weight_bytes if shape.fsdp else 0.0,
-        "batch": shape.samples * ((shape.num_steps + 1) * shape.latent_numbers * 4
+        "batch": shape.samples * ((2 * shape.num_steps + 1 if shape.records_means else shape.num_steps + 1)
+                                  * shape.latent_numbers * 4
                                   + shape.text_tokens * a.text_width * shape.weight_bytes),
     }
     cfg_rows = 2 if shape.cfg else 1
@@ -238,7 +240,7 @@ def run_shape(config, processes: int = 1) -> RunShape:
         copies=int(alg_cfg.ema) + int(alg_cls.likelihood_free), processes=processes,
         fsdp=shard_request(args) and processes > 1, rollout_rows=rows, decode_rows=rows, cfg=cfg,
         grad_rows=grad_rows, update_rows=update_rows, kl=alg_cfg.kl_beta > 0, keeps_graphs=keeps,
-        kept_steps=trained, checkpointing=bool(get("gradient_checkpointing")))
+        kept_steps=trained, checkpointing=bool(get("gradient_checkpointing")), records_means=alg_cls.records_means)
 
 
 # ---- calibration ------------------------------------------------------------------------------------------------
