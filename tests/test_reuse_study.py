@@ -42,14 +42,76 @@ def test_the_suite_expands_to_the_designed_cells(tmp_path):
     assert all(a["lr"] == pytest.approx(1e-4) for a in cells.values())
 
 
-def test_the_replication_seeds_are_held_out_from_every_other_suite():
+#: a suite and the suites that may share its seeds: its own re-run at tuned recipes pairs with it seed by seed
+TWINS = {"reuse-study": {"reuse-study", "reuse-study-tuned"}, "reuse-tiny-study": {"reuse-tiny-study"}}
+
+
+@pytest.mark.parametrize("suite_name", sorted(TWINS))
+def test_the_replication_seeds_are_held_out_from_every_other_suite(suite_name):
     from flowzoo.benchmark.run.suite import load_suite
 
-    held_out = set(load_suite("reuse-study").seed_sets["replication"])
+    held_out = set(load_suite(suite_name).seed_sets["replication"])
     for path in SUITES.glob("*.yaml"):
-        if path.stem != "reuse-study":
+        if path.stem not in TWINS[suite_name]:
             other = load_suite(path.stem)
             assert not held_out & set(other.seeds), path.stem
+
+
+def _tuned_dir(root: Path) -> Path:
+    """Tuned files of the four methods as ``flowzoo tune --out`` writes them (values chosen to be recognisable)."""
+    import yaml
+
+    keys = {"flow_grpo": {"lr": 1.25e-4, "clip_range": 0.03},
+            "flow_dppo": {"lr": 2e-4, "kl_mask_threshold": 1e-4},
+            "grpo_guard": {"lr": 3e-4, "clip_range": 2e-3},
+            "op_grpo": {"lr": 1.07e-4, "off_policy_groups": 0.327, "replay_k": 2, "t_off": 1}}
+    for algorithm, values in keys.items():
+        path = root / "toy2d_sep64_sparse" / f"{algorithm}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({"suite": "reuse-study-tuned", "task": "toy2d_sep64_sparse",
+                                        "algorithm": algorithm, "algorithm_keys": values, "sampler_keys": {}}))
+    return root
+
+
+def test_the_tuned_suite_pins_what_makes_each_cell_and_tunes_the_rest(tmp_path):
+    """Epoch counts and the proportion cells' off-policy share stay as designed under the tuned layer; every other
+    key is the method's tuned value, and OP-GRPO's own cell keeps its tuned proportion."""
+    from dataclasses import replace
+
+    from flowzoo.benchmark.run.suite import expand, load_suite, select
+
+    suite = load_suite("reuse-study-tuned")
+    assert suite.claims == "reuse-toy-tuned" and suite.seed_sets == load_suite("reuse-study").seed_sets
+    suite = replace(select(suite, seed_set="exploration"), tuned=str(_tuned_dir(tmp_path / "tuned")))
+    configs = expand(suite, tmp_path / "runs")
+    cells = {(c.task, c.algorithm_name): c.algorithm for c in configs if c.seed == 0}
+    assert len(cells) == 12 and len(configs) == 120
+    for method, lr in (("flow_grpo", 1.25e-4), ("flow_dppo", 2e-4)):
+        epochs = {task: cells[(task, method)]["inner_epochs"] for task, alg in cells if alg == method}
+        assert epochs == {"toy2d_sep64_sparse": 1, "toy2d_sep64_sparse@e2": 2, "toy2d_sep64_sparse@e4": 4}
+        assert all(cells[(task, method)]["lr"] == pytest.approx(lr) for task in epochs)
+    share = {task: a["off_policy_groups"] * a["replay_k"] / a["group_size"]
+             for (task, alg), a in cells.items() if alg == "op_grpo"}
+    assert share == {"toy2d_sep64_sparse@p0": 0.0, "toy2d_sep64_sparse@p12.5": 0.125,
+                     "toy2d_sep64_sparse@p25": 0.25, "toy2d_sep64_sparse@p43.75": 0.4375,
+                     "toy2d_sep64_sparse": pytest.approx(0.327 * 2 / 8)}
+    assert all(a["lr"] == pytest.approx(1.07e-4) and a["t_off"] == 1 for (_, alg), a in cells.items() if alg == "op_grpo")
+    assert cells[("toy2d_sep64_sparse", "grpo_guard")]["clip_range"] == pytest.approx(2e-3)
+
+
+def test_the_tiny_suite_expands_to_its_cells(tmp_path):
+    from flowzoo.benchmark.run.suite import expand, load_suite, select
+
+    suite = load_suite("reuse-tiny-study")
+    assert suite.claims == "reuse-tiny"
+    configs = expand(select(suite, seed_set="replication"), tmp_path)
+    cells = {(c.task, c.algorithm_name): c.algorithm for c in configs if c.seed == 310}
+    assert len(cells) == 6 and len(configs) == 30
+    assert {task: a["inner_epochs"] for (task, alg), a in cells.items() if alg == "flow_dppo"} == {
+        "tiny_counting_rare": 1, "tiny_counting_rare@e4": 4}
+    op = cells[("tiny_counting_rare", "op_grpo")]
+    assert op["off_policy_groups"] * op["replay_k"] / op["group_size"] == 0.25
+    assert all(a["lr"] == pytest.approx(1e-3) for a in cells.values())
 
 
 STEPS = [0, 10, 20, 30, 40]
@@ -88,20 +150,23 @@ def _write(root: Path, cells: dict, seeds=range(4)) -> None:
                       columns)
 
 
-def _verdicts(root: Path) -> dict[str, str]:
-    table, effects, _, _ = analyze_study(root, smooth=1, also_vs=claim_set("reuse-toy").references, resamples=400)
-    claims, _ = judge(table, effects, None, "reuse-toy")
+def _verdicts(root: Path, rules="reuse-toy", references=None) -> dict[str, str]:
+    references = references or claim_set("reuse-toy").references
+    table, effects, _, _ = analyze_study(root, smooth=1, also_vs=references, resamples=400)
+    claims, _ = judge(table, effects, None, rules)
     return dict(zip(claims["claim"], claims["verdict"]))
 
 
-def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path, monkeypatch):
-    from flowzoo.benchmark.study.claim_sets import reuse_study
+def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path):
+    from dataclasses import replace
 
-    monkeypatch.setattr(reuse_study, "DPPO_BEST_EPOCHS", None)  # the rule picks the count from the runs
+    from flowzoo.benchmark.study.claim_sets.reuse_study import TOY, design_claims
+
+    picking = design_claims(replace(TOY, dppo_best_epochs=None))  # the rule picks the count from the runs
     assert "reuse-toy" in names()
     assert claim_set("reuse-toy").source == "benchmark/study/claim_sets/reuse_study.py"
     _write(tmp_path, CELLS)
-    verdicts = _verdicts(tmp_path)
+    verdicts = _verdicts(tmp_path, picking)
     heads = {claim: verdict.split(" ")[0] for claim, verdict in verdicts.items()}
     assert len(heads) == 21
     by_letter = lambda letter: [v for c, v in heads.items() if c.startswith(f"({letter})")]  # noqa: E731
@@ -115,8 +180,7 @@ def test_the_claim_set_is_registered_and_judges_synthetic_runs(tmp_path, monkeyp
     assert [v.split(" ")[0] for v in reuse.values()] == ["contradicted", "reproduced", "reproduced", "reproduced",
                                                          "reproduced"]
     # the count fixed on the exploration seeds is the one judged
-    monkeypatch.setattr(reuse_study, "DPPO_BEST_EPOCHS", 4)
-    fixed = [c for c in _verdicts(tmp_path) if c.startswith("(c)")]
+    fixed = [c for c in _verdicts(tmp_path, design_claims(replace(TOY, dppo_best_epochs=4))) if c.startswith("(c)")]
     assert all("Flow-DPPO at 4 epochs, fixed on the exploration seeds" in c for c in fixed)
     # (d) Flow-GRPO's clip binds on negatives more; GRPO-Guard balances it, gains more by the gold judge, loses no reward
     assert by_letter("d") == ["reproduced"] * 4
@@ -165,3 +229,50 @@ def test_flow_grpo_and_grpo_guard_log_where_their_clip_binds(toy_model, toy_prom
     logged = [r for r in rows if CLIP_FRAC_POS in r and CLIP_FRAC_NEG in r]
     assert logged and all(0 <= r[CLIP_FRAC_POS] <= 1 and 0 <= r[CLIP_FRAC_NEG] <= 1 for r in logged)
     assert any(r[CLIP_FRAC_POS] + r[CLIP_FRAC_NEG] > 0 for r in logged)
+
+
+def test_the_tuned_rules_read_the_p25_cell_as_the_proportions_reference(tmp_path):
+    """reuse-toy-tuned: the same rules, the ~25% reference its @p25 cell and reuse by replay OP-GRPO's own pick."""
+    cells = dict(CELLS)
+    cells["op_grpo@p25"] = ("toy2d_sep64_sparse@p25", "op_grpo", *CELLS["op_grpo"][2:])
+    # OP-GRPO at its tuned pick: slower than the @p25 cell, so (e) must not read it
+    cells["op_grpo"] = ("toy2d_sep64_sparse", "op_grpo", BASE, SPREAD, GOLD, 10, {})
+    _write(tmp_path, cells)
+    verdicts = _verdicts(tmp_path, "reuse-toy-tuned", claim_set("reuse-toy-tuned").references)
+    first = {c: v.split(" ")[0] for c, v in verdicts.items()}
+    assert len(first) == 21
+    assert [v for c, v in first.items() if c.startswith("(e)")] == ["reproduced"] * 3
+    assert all("OP-GRPO at its tuned recipe" in c for c in first if c.startswith("(c)") and "NFE" not in c)
+
+
+def test_the_tiny_rules_leave_the_proportion_claims_untested_and_read_a_gold_score(tmp_path):
+    """reuse-tiny: 1 and 4 epochs only, a gold judge whose gain is final - base, no proportion cells."""
+    tiny = {}
+    for cell, (task, algorithm, rewards, spread, gold, nfe, extra) in CELLS.items():
+        if cell.endswith(("@e2",)) or "@p" in cell:
+            continue
+        tiny[cell] = (task.replace("toy2d_sep64_sparse", "tiny_counting_rare"), algorithm, rewards, spread,
+                      [2 - g for g in gold], nfe, extra)  # a score: higher is better
+    for task, algorithm, rewards, spread, gold, nfe, extra in tiny.values():
+        for seed in range(4):
+            jitter = 0.01 * seed
+            columns = {"nfe": [nfe * s for s in STEPS], "eval_spread": spread,
+                       "eval_gold": [g - (jitter if i else 0) for i, g in enumerate(gold)],
+                       **{k: [float("nan")] + [v + jitter / 10] * 4 for k, v in extra.items()}}
+            write_run(tmp_path, task, algorithm, seed, STEPS,
+                      [r + (jitter if i == 4 else 0) for i, r in enumerate(rewards)], columns)
+    verdicts = _verdicts(tmp_path, "reuse-tiny", claim_set("reuse-tiny").references)
+    assert len(verdicts) == 21
+    proportions = [v for c, v in verdicts.items() if c.startswith("(e)")]
+    assert proportions == ["not tested"] * 3
+    first = {c: v.split(" ")[0] for c, v in verdicts.items()}
+    # the same verdicts as the toy design's on the same curves: 4 clipped epochs lose reward, diversity and gold
+    assert [v for c, v in first.items() if c.startswith("(a)")][:3] == ["reproduced"] * 3
+    assert [v for c, v in first.items() if c.startswith("(d)")] == ["reproduced"] * 4
+    assert all("of 1 and 4" in rule for rule in _rules_of(tmp_path) if "best epoch count" in rule)
+
+
+def _rules_of(root: Path) -> list[str]:
+    table, effects, _, _ = analyze_study(root, smooth=1, also_vs=claim_set("reuse-tiny").references, resamples=100)
+    claims, _ = judge(table, effects, None, "reuse-tiny")
+    return list(claims["rule"])

@@ -21,6 +21,7 @@ their ``@e2`` / ``@e4`` variants (2, 4 epochs), ``grpo_guard``, ``op_grpo`` (25%
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -43,30 +44,62 @@ from flowzoo.benchmark.study.claims import (
 )
 from flowzoo.benchmark.study.cost_claims import SPREAD_MARGIN
 
-TASK = "toy2d_sep64_sparse"
 #: a final-reward difference within this is no practical difference
 REWARD_MARGIN = 0.05
 #: a gold-gain difference within this share of the reference cell's mean gold gain is no practical difference
 GOLD_SHARE = 0.10
 #: a steps ratio within [1 / MATCH_MARGIN, MATCH_MARGIN] is no practical difference
 MATCH_MARGIN = 1.10
-#: the epoch counts of each method's cells
-EPOCH_CELLS = {"flow_grpo": {1: "flow_grpo", 2: "flow_grpo@e2", 4: "flow_grpo@e4"},
-               "flow_dppo": {1: "flow_dppo", 2: "flow_dppo@e2", 4: "flow_dppo@e4"}}
-#: OP-GRPO's off-policy proportion cells (off_policy_groups x replay_k / G, replay_k 4 of G = 8)
-PROPORTION_CELLS = {"op_grpo@p0": "0%", "op_grpo@p12.5": "12.5%", "op_grpo": "25%", "op_grpo@p43.75": "43.75%"}
-REFERENCES = ("flow_dppo", "op_grpo")
-#: Flow-DPPO's best epoch count, picked by :func:`best_epochs` on the exploration seeds and written here before the
-#: replication runs (None: the rule picks it from the seed set it judges, as on the exploration seeds)
-#: (picked 2026-12-05 on exploration seeds 0-9, before any replication run finished: 349 steps to 80% of the gain at
-#: 1 epoch; at 2 and 4 epochs no run reached it in 400 steps)
-DPPO_BEST_EPOCHS: int | None = 1
 #: a count with more epochs is picked only if its mean steps to 80% of the gain are at least this share lower
 BEST_MARGIN = 0.05
-BEST_RULE = ("Flow-DPPO's best epoch count: of 1, 2 and 4, the one with the fewest mean steps to 80% of Flow-GRPO's "
-             "gain (restricted means, vs flow_grpo) on the exploration seeds, a count with more epochs chosen only if "
-             f"at least {BEST_MARGIN:.0%} lower than every count with fewer; fixed from the exploration seeds for the "
-             "replication seeds")
+
+
+@dataclass(frozen=True)
+class ReuseDesign:
+    """What one run of the reuse study's rules reads: its task, its cells and how claims name them. The rules are the
+    same for every design (fixed with the first suite, ``reuse-study``); a design only says where they read."""
+
+    task: str
+    #: the epoch counts of each method's cells: method -> {epochs: cell}
+    epoch_cells: dict = field(default_factory=dict)
+    #: OP-GRPO's off-policy proportion cells: cell -> label (empty: no proportion cells in the design)
+    proportion_cells: dict = field(default_factory=dict)
+    #: the proportion cells' reference (the ~25% cell)
+    proportion_reference: str = "op_grpo"
+    #: why the design has no proportion cells (the claims' 'measured' text when there are none)
+    no_proportions: str = ""
+    #: reuse by replay: its cell and how claims name it
+    replay_cell: str = "op_grpo"
+    replay_name: str = "OP-GRPO at 25%"
+    replay_long: str = "reuse by replay (OP-GRPO, 25% off-policy)"
+    #: Flow-DPPO's best epoch count fixed on the exploration seeds (None: the rule picks it on the set it judges)
+    dppo_best_epochs: int | None = None
+    #: the gold judge's gain in the rules' words: long (cost rows) and short (GRPO-Guard's row)
+    gold_long: str = "gold gain (toy_w2: the 2-Wasserstein distance to each condition's ideal density, base - final)"
+    gold_short: str = "gold gain (toy_w2, base - final)"
+
+    def best_rule(self) -> str:
+        counts = [str(c) for c in sorted(self.epoch_cells["flow_dppo"])]
+        listed = f"{', '.join(counts[:-1])} and {counts[-1]}"
+        return (f"Flow-DPPO's best epoch count: of {listed}, the one with the fewest mean steps to 80% of "
+                "Flow-GRPO's gain (restricted means, vs flow_grpo) on the exploration seeds, a count with more epochs "
+                f"chosen only if at least {BEST_MARGIN:.0%} lower than every count with fewer; fixed from the "
+                "exploration seeds for the replication seeds")
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(("flow_dppo", self.replay_cell, *((self.proportion_reference,)
+                                                                     if self.proportion_cells else ()))))
+
+
+TOY_EPOCH_CELLS = {"flow_grpo": {1: "flow_grpo", 2: "flow_grpo@e2", 4: "flow_grpo@e4"},
+                   "flow_dppo": {1: "flow_dppo", 2: "flow_dppo@e2", 4: "flow_dppo@e4"}}
+#: the shared-recipe toy design (suite ``reuse-study``). Flow-DPPO's best epoch count picked 2026-12-05 on
+#: exploration seeds 0-9, before any replication run finished: 349 steps to 80% of the gain at 1 epoch; at 2 and 4
+#: epochs no run reached it in 400 steps
+TOY = ReuseDesign("toy2d_sep64_sparse", TOY_EPOCH_CELLS,
+                  {"op_grpo@p0": "0%", "op_grpo@p12.5": "12.5%", "op_grpo": "25%", "op_grpo@p43.75": "43.75%"},
+                  dppo_best_epochs=1)
 
 
 def zone_verdict(low: float, high: float, reproduced: tuple[float, float], contradicted: tuple[float, float],
@@ -87,10 +120,10 @@ def zone_judge(reproduced: tuple[float, float], contradicted: tuple[float, float
     return lambda low, high: zone_verdict(low, high, reproduced, contradicted)
 
 
-def effect_claim(effects: pd.DataFrame, cell: str, reference: str, metric: str, claim: str, rule: str,
+def effect_claim(d: ReuseDesign, effects: pd.DataFrame, cell: str, reference: str, metric: str, claim: str, rule: str,
                  reproduced: tuple[float, float], contradicted: tuple[float, float]) -> dict:
     """A paired difference of the effects table (``cell - reference`` on ``metric``) judged by its zones."""
-    e = find_effect(effects, TASK, reference, cell, metric)
+    e = find_effect(effects, d.task, reference, cell, metric)
     if e is None:
         return claim_row(claim, rule, "no runs", "not tested")
     low, high = float(e["ci_low"]), float(e["ci_high"])
@@ -108,13 +141,13 @@ def gold_zones(mean: float, worse: bool) -> tuple[tuple[float, float], tuple[flo
     return (below, above) if worse else (above, below)
 
 
-def paired_claim(table: pd.DataFrame, cell: str, reference: str, column: str, claim: str, rule: str, zones,
+def paired_claim(d: ReuseDesign, table: pd.DataFrame, cell: str, reference: str, column: str, claim: str, rule: str, zones,
                  unit: str) -> dict:
     """A paired ``cell - reference`` difference of a run-table ``column`` over common seeds, its bootstrap CI judged
     by ``zones(reference mean) -> (reproduced, contradicted)``; 'not tested' without runs or the column."""
-    if cell_runs(table, TASK, cell).empty or cell_runs(table, TASK, reference).empty:
+    if cell_runs(table, d.task, cell).empty or cell_runs(table, d.task, reference).empty:
         return claim_row(claim, rule, "no runs", "not tested")
-    diff, reference_mean = paired(table, TASK, cell, reference, column)
+    diff, reference_mean = paired(table, d.task, cell, reference, column)
     diff = diff[np.isfinite(diff)]
     if diff.size < 2:
         return claim_row(claim, rule, f"{column} not logged", "not tested")
@@ -141,7 +174,7 @@ def _spread_zones(worse: bool):
     return lambda _mean: (below, above) if worse else (above, below)
 
 
-def _cost_claims(table: pd.DataFrame, effects: pd.DataFrame, cell: str, reference: str, name: str,
+def _cost_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame, cell: str, reference: str, name: str,
                  worse: bool) -> list[dict]:
     """What the reuse cost, three rows: final reward, spread kept (diversity), gold gain; ``worse`` claims a
     loss (the claim "X degrades"), else no loss ("X does not degrade")."""
@@ -152,41 +185,41 @@ def _cost_claims(table: pd.DataFrame, effects: pd.DataFrame, cell: str, referenc
     spread_rule = (f"spread kept (final / base mean pairwise distance of a condition's samples), paired {cell} - "
                    f"{reference}: reproduced if its CI lies {side} -{SPREAD_MARGIN}; contradicted if it lies {other} "
                    f"-{SPREAD_MARGIN}; else inconclusive")
-    gold_rule = (f"gold gain (toy_w2: the 2-Wasserstein distance to each condition's ideal density, base - final), "
+    gold_rule = (f"{d.gold_long}, "
                  f"paired {cell} - {reference}: reproduced if its CI lies {side} -{GOLD_SHARE:.0%} of {reference}'s "
                  f"mean gold gain; contradicted if it lies {other} it; else inconclusive")
-    return [effect_claim(effects, cell, reference, "final_reward", f"{name} {verb} final reward", rule,
+    return [effect_claim(d, effects, cell, reference, "final_reward", f"{name} {verb} final reward", rule,
                          reproduced, contradicted),
-            paired_claim(table, cell, reference, "spread_kept", f"{name} {verb} diversity (spread kept)",
+            paired_claim(d, table, cell, reference, "spread_kept", f"{name} {verb} diversity (spread kept)",
                          spread_rule, _spread_zones(worse), "spread kept"),
-            paired_claim(table, cell, reference, "gold_gain", f"{name} {verb} gold-judge gain", gold_rule,
+            paired_claim(d, table, cell, reference, "gold_gain", f"{name} {verb} gold-judge gain", gold_rule,
                          lambda mean: gold_zones(mean, worse), "gold gain")]
 
 
-def _saving_claim(effects: pd.DataFrame, cell: str, reference: str, claim: str, metric: str = STEPS_METRIC,
+def _saving_claim(d: ReuseDesign, effects: pd.DataFrame, cell: str, reference: str, claim: str, metric: str = STEPS_METRIC,
                   also: str | None = "nfe_to_80") -> dict:
     unit = metric.split("_")[0].upper() if metric.startswith("nfe") else "steps"
     rule = (f"{unit} to 80% of Flow-GRPO's gain, {cell} / {reference}: reproduced if the ratio's CI lies below 1; "
             "contradicted if at or above 1")
-    return ratio_claim(effects, TASK, cell, claim, rule, saving_judge, reference=reference, metric=metric,
+    return ratio_claim(effects, d.task, cell, claim, rule, saving_judge, reference=reference, metric=metric,
                        also=also, **SAVING_ZONES)
 
 
-def degrade_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def degrade_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(a) Flow-GRPO at 4 epochs against 1 degrades; what its 4 epochs save."""
-    cell, ref = EPOCH_CELLS["flow_grpo"][4], EPOCH_CELLS["flow_grpo"][1]
-    return [*_cost_claims(table, effects, cell, ref, "(a) Flow-GRPO at 4 epochs per batch, against 1,", worse=True),
-            _saving_claim(effects, cell, ref, "(a) Flow-GRPO at 4 epochs reaches 80% of its 1-epoch gain in fewer "
+    cell, ref = d.epoch_cells["flow_grpo"][4], d.epoch_cells["flow_grpo"][1]
+    return [*_cost_claims(d, table, effects, cell, ref, "(a) Flow-GRPO at 4 epochs per batch, against 1,", worse=True),
+            _saving_claim(d, effects, cell, ref, "(a) Flow-GRPO at 4 epochs reaches 80% of its 1-epoch gain in fewer "
                                               "steps")]
 
 
-def _did_claim(table: pd.DataFrame) -> dict:
+def _did_claim(d: ReuseDesign, table: pd.DataFrame) -> dict:
     """Paired by seed: (Flow-DPPO 4 - 1 epochs) - (Flow-GRPO 4 - 1 epochs) final reward."""
     claim = "(b) the KL mask keeps 4-epoch reuse from losing the final reward that ratio clipping loses"
     rule = ("final reward, paired by seed: (flow_dppo@e4 - flow_dppo) - (flow_grpo@e4 - flow_grpo): reproduced if its "
             "CI lies above 0; contradicted if it lies below 0; else inconclusive")
-    cells = [cell_runs(table, TASK, c) for c in (*EPOCH_CELLS["flow_dppo"].values(), *EPOCH_CELLS["flow_grpo"].values())]
-    d1, _, d4, g1, _, g4 = cells
+    d1, d4, g1, g4 = (cell_runs(table, d.task, d.epoch_cells[method][epochs])
+                      for method in ("flow_dppo", "flow_grpo") for epochs in (1, 4))
     seeds = sorted(set(d1.index) & set(d4.index) & set(g1.index) & set(g4.index))
     if len(seeds) < 2:
         return claim_row(claim, rule, "no runs", "not tested")
@@ -202,20 +235,20 @@ def _did_claim(table: pd.DataFrame) -> dict:
     return claim_row(claim, rule, measured, zone_verdict(low, high, *zones), figure)
 
 
-def trust_region_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def trust_region_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(b) Flow-DPPO at 4 epochs against its 1 epoch does not degrade, where clipping does; what its epochs save."""
-    cell, ref = EPOCH_CELLS["flow_dppo"][4], EPOCH_CELLS["flow_dppo"][1]
-    return [*_cost_claims(table, effects, cell, ref, "(b) Flow-DPPO at 4 epochs per batch, against 1,", worse=False),
-            _did_claim(table),
-            _saving_claim(effects, cell, ref, "(b) Flow-DPPO at 4 epochs reaches 80% of Flow-GRPO's gain in fewer "
+    cell, ref = d.epoch_cells["flow_dppo"][4], d.epoch_cells["flow_dppo"][1]
+    return [*_cost_claims(d, table, effects, cell, ref, "(b) Flow-DPPO at 4 epochs per batch, against 1,", worse=False),
+            _did_claim(d, table),
+            _saving_claim(d, effects, cell, ref, "(b) Flow-DPPO at 4 epochs reaches 80% of Flow-GRPO's gain in fewer "
                                               "steps than at 1")]
 
 
-def best_epochs(effects: pd.DataFrame) -> int | None:
-    """:data:`BEST_RULE` on ``effects`` (the seed set it judges): None when no Flow-DPPO cell ran or gave a mean."""
+def best_epochs(d: ReuseDesign, effects: pd.DataFrame) -> int | None:
+    """:meth:`ReuseDesign.best_rule` on ``effects`` (the seed set it judges): None when no Flow-DPPO cell ran or gave a mean."""
     means = {}
-    for epochs, cell in EPOCH_CELLS["flow_dppo"].items():
-        e = find_effect(effects, TASK, "flow_grpo", cell, STEPS_METRIC)
+    for epochs, cell in d.epoch_cells["flow_dppo"].items():
+        e = find_effect(effects, d.task, "flow_grpo", cell, STEPS_METRIC)
         if e is not None and math.isfinite(float(e["algorithm_mean"])):
             means[epochs] = float(e["algorithm_mean"])
     best = None
@@ -226,19 +259,20 @@ def best_epochs(effects: pd.DataFrame) -> int | None:
     return best
 
 
-def reuse_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def reuse_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(c) reuse by epochs (Flow-DPPO at its best epoch count) against reuse by replay (OP-GRPO at 25%)."""
-    epochs = DPPO_BEST_EPOCHS if DPPO_BEST_EPOCHS is not None else best_epochs(effects)
-    fixed = "fixed on the exploration seeds" if DPPO_BEST_EPOCHS is not None else "picked on this seed set"
-    cell = EPOCH_CELLS["flow_dppo"].get(epochs or 1)
+    epochs = d.dppo_best_epochs if d.dppo_best_epochs is not None else best_epochs(d, effects)
+    fixed = "fixed on the exploration seeds" if d.dppo_best_epochs is not None else "picked on this seed set"
+    cell = d.epoch_cells["flow_dppo"].get(epochs or 1)
     name = f"(c) reuse by epochs (Flow-DPPO at {epochs or '?'} epochs, {fixed})"
-    rows = [_saving_claim(effects, cell, "op_grpo", f"{name} reaches 80% of Flow-GRPO's gain with fewer NFE than reuse "
-                                                    "by replay (OP-GRPO, 25% off-policy)", "nfe_to_80", STEPS_METRIC),
-            _saving_claim(effects, cell, "op_grpo", f"{name} reaches 80% of Flow-GRPO's gain in fewer steps than "
-                                                    "OP-GRPO at 25%", STEPS_METRIC, None),
-            *_cost_claims(table, effects, cell, "op_grpo", f"{name}, against OP-GRPO at 25%,", worse=False)]
+    replay = d.replay_cell
+    rows = [_saving_claim(d, effects, cell, replay, f"{name} reaches 80% of Flow-GRPO's gain with fewer NFE than "
+                                                    f"{d.replay_long}", "nfe_to_80", STEPS_METRIC),
+            _saving_claim(d, effects, cell, replay, f"{name} reaches 80% of Flow-GRPO's gain in fewer steps than "
+                                                    f"{d.replay_name}", STEPS_METRIC, None),
+            *_cost_claims(d, table, effects, cell, replay, f"{name}, against {d.replay_name},", worse=False)]
     for row in rows:
-        row["rule"] = f"{BEST_RULE}. {row['rule']}"
+        row["rule"] = f"{d.best_rule()}. {row['rule']}"
     return rows
 
 
@@ -250,9 +284,9 @@ def _balance(runs: pd.DataFrame) -> pd.Series:
     return runs["clip_frac_neg_adv"] - runs["clip_frac_pos_adv"]
 
 
-def guard_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def guard_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(d) GRPO-Guard against Flow-GRPO: where the clip binds by advantage sign, the gold judge, the reward."""
-    grpo, guard = cell_runs(table, TASK, "flow_grpo"), cell_runs(table, TASK, "grpo_guard")
+    grpo, guard = cell_runs(table, d.task, "flow_grpo"), cell_runs(table, d.task, "grpo_guard")
     sides = {"clip_frac_pos_adv", "clip_frac_neg_adv"}
     rows = []
     claim = "(d) Flow-GRPO's clip binds on negative advantages more often than on positive ones (GRPO-Guard's premise)"
@@ -287,34 +321,34 @@ def guard_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
         figure = estimate("grpo_guard - flow_grpo: |clip gap|", "difference", diff.mean(), low, high, "clip rate",
                           reproduced=(-INF, 0), contradicted=(0, INF))
         rows.append(claim_row(claim, rule, measured, zone_verdict(low, high, (-INF, 0), (0, INF), 3), figure))
-    gold_rule = ("gold gain (toy_w2, base - final), paired grpo_guard - flow_grpo: reproduced if its CI lies above 0; "
+    gold_rule = (f"{d.gold_short}, paired grpo_guard - flow_grpo: reproduced if its CI lies above 0; "
                  "contradicted if below 0; else inconclusive")
-    rows.append(paired_claim(table, "grpo_guard", "flow_grpo", "gold_gain",
+    rows.append(paired_claim(d, table, "grpo_guard", "flow_grpo", "gold_gain",
                              "(d) GRPO-Guard's gain is better by the gold judge than Flow-GRPO's (less over-optimisation)",
                              gold_rule, lambda _mean: ((0, INF), (-INF, 0)), "gold gain"))
     rule, reproduced, contradicted = _reward_rule("grpo_guard", "flow_grpo", worse=False)
-    rows.append(effect_claim(effects, "grpo_guard", "flow_grpo", "final_reward",
+    rows.append(effect_claim(d, effects, "grpo_guard", "flow_grpo", "final_reward",
                              "(d) GRPO-Guard loses no final reward against Flow-GRPO", rule, reproduced, contradicted))
     return rows
 
 
-def _sweet_spot_claim(effects: pd.DataFrame) -> dict:
+def _sweet_spot_claim(d: ReuseDesign, effects: pd.DataFrame) -> dict:
     claim = ("(e) an off-policy proportion of ~25% offers the best balance between convergence speed and stability "
              "(OP-GRPO paper)")
-    rule = (f"against 12.5% and 43.75%, each paired with 25% (op_grpo): speed, steps to 80% of the gain, neighbour / "
+    rule = (f"against 12.5% and 43.75%, each paired with 25% ({d.proportion_reference}): speed, steps to 80% of the gain, neighbour / "
             f"25%: 25% no slower if the CI lies above 1/{MATCH_MARGIN:.2f}, the neighbour faster if it lies below "
             f"1/{MATCH_MARGIN:.2f}; stability, final reward, neighbour - 25%: 25% no worse if the CI lies below "
             f"+{REWARD_MARGIN}, the neighbour better if above +{REWARD_MARGIN}. Reproduced if 25% is no slower and no "
             "worse than both; contradicted if either neighbour is faster or better; else inconclusive")
     parts, ok, beaten = [], [], []
     for cell in ("op_grpo@p12.5", "op_grpo@p43.75"):
-        steps = find_effect(effects, TASK, "op_grpo", cell, STEPS_METRIC)
-        final = find_effect(effects, TASK, "op_grpo", cell, "final_reward")
+        steps = find_effect(effects, d.task, d.proportion_reference, cell, STEPS_METRIC)
+        final = find_effect(effects, d.task, d.proportion_reference, cell, "final_reward")
         if steps is None or final is None:
             return claim_row(claim, rule, "no runs", "not tested")
         s_low, s_high = float(steps["ratio_low"]), float(steps["ratio_high"])
         f_low, f_high = float(final["ci_low"]), float(final["ci_high"])
-        parts.append(f"{PROPORTION_CELLS[cell]}: steps ratio {steps['ratio']:.2f} {ci_text(s_low, s_high)}, final "
+        parts.append(f"{d.proportion_cells[cell]}: steps ratio {steps['ratio']:.2f} {ci_text(s_low, s_high)}, final "
                      f"{final['diff']:+.3f} {ci_text(f_low, f_high)}")
         ok += [s_low > 1 / MATCH_MARGIN, f_high < REWARD_MARGIN]
         beaten += [s_high < 1 / MATCH_MARGIN, f_low > REWARD_MARGIN]
@@ -323,13 +357,13 @@ def _sweet_spot_claim(effects: pd.DataFrame) -> dict:
     return claim_row(claim, rule, measured, verdict)
 
 
-def proportion_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+def proportion_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(e) OP-GRPO's off-policy proportion: the paper's ~25%, its saving over 0%, and the 0% control."""
     inverse = ((1, INF), (-INF, 1))
-    rule = ("steps to 80% of Flow-GRPO's gain, op_grpo@p0 / op_grpo (0% over 25%): reproduced if the ratio's CI lies "
+    rule = (f"steps to 80% of Flow-GRPO's gain, op_grpo@p0 / {d.proportion_reference} (0% over 25%): reproduced if the ratio's CI lies "
             "above 1; contradicted if below 1; else inconclusive")
-    saving = ratio_claim(effects, TASK, "op_grpo@p0", "(e) replaying 25% off-policy saves steps over the same code "
-                         "path at 0%", rule, zone_judge(*inverse), reference="op_grpo", reproduced=inverse[0],
+    saving = ratio_claim(effects, d.task, "op_grpo@p0", "(e) replaying 25% off-policy saves steps over the same code "
+                         "path at 0%", rule, zone_judge(*inverse), reference=d.proportion_reference, reproduced=inverse[0],
                          contradicted=inverse[1])
     equal = ((1 / MATCH_MARGIN, MATCH_MARGIN), (MATCH_MARGIN, INF))
     rule = (f"steps to 80% of the gain, op_grpo@p0 / flow_grpo: reproduced if the ratio's CI lies within "
@@ -340,21 +374,61 @@ def proportion_claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
         if high < 1 / MATCH_MARGIN:
             return "contradicted (faster)"
         return zone_verdict(low, high, *equal)
-    control = ratio_claim(effects, TASK, "op_grpo@p0", "(e) control: OP-GRPO at 0% off-policy trains as Flow-GRPO",
+    control = ratio_claim(effects, d.task, "op_grpo@p0", "(e) control: OP-GRPO at 0% off-policy trains as Flow-GRPO",
                           rule, control_judge, reproduced=equal[0], contradicted=equal[1])
-    return [_sweet_spot_claim(effects), saving, control]
+    rows = [_sweet_spot_claim(d, effects), saving, control]
+    if not d.proportion_cells:  # the same rows, each saying why nothing was measured
+        rows = [claim_row(row["claim"], row["rule"], d.no_proportions, "not tested") for row in rows]
+    return rows
 
 
-def claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
-    """Every claim, in a fixed order (the study lines the seed sets' rows up by position)."""
-    return [*degrade_claims(table, effects), *trust_region_claims(table, effects), *reuse_claims(table, effects),
-            *guard_claims(table, effects), *proportion_claims(table, effects)]
+def design_claims(d: ReuseDesign):
+    """The rules read on design ``d``: a ``claims(table, effects)`` giving every claim in a fixed order (the study
+    lines the seed sets' rows up by position)."""
+    def claims(table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
+        return [*degrade_claims(d, table, effects), *trust_region_claims(d, table, effects),
+                *reuse_claims(d, table, effects), *guard_claims(d, table, effects),
+                *proportion_claims(d, table, effects)]
+    return claims
+
+
+claims = design_claims(TOY)
 
 
 #: the first is a cell of the study's own (a task@variant of its suite), so runs of another suite on the same task
 #: (op-grpo-study's) still match their own claim set; the reuse-study suite names this set with its `claims:` key
-register(ClaimSet("reuse-toy", claims, tasks=("toy2d_sep64_sparse@e4", TASK), references=REFERENCES,
+register(ClaimSet("reuse-toy", claims, tasks=("toy2d_sep64_sparse@e4", TOY.task), references=TOY.references,
                   description="reuse by epochs (Flow-GRPO, Flow-DPPO at 1, 2, 4 epochs; GRPO-Guard) or by replay "
                               "(OP-GRPO at 0-43.75% off-policy) on the toy tier's sparse task (suite reuse-study)",
                   note="Each claim names its letter in the study's design (docs/algorithms.md, \"The reuse study\"); "
                        "all on the sparse task toy2d_sep64_sparse."))
+
+#: the tuned toy design (suite ``reuse-study-tuned``): the same task at each method's tuned recipe; reuse by replay is
+#: OP-GRPO at its tuned pick (its own proportion), the ~25% reference of the proportion claims its @p25 cell (replay_k
+#: 4 pinned). Flow-DPPO's best epoch count: picked by the rule on the exploration seeds, then written here
+TOY_TUNED = ReuseDesign("toy2d_sep64_sparse", TOY_EPOCH_CELLS,
+                        {"op_grpo@p0": "0%", "op_grpo@p12.5": "12.5%", "op_grpo@p25": "25%",
+                         "op_grpo@p43.75": "43.75%"},
+                        proportion_reference="op_grpo@p25", replay_name="OP-GRPO at its tuned recipe",
+                        replay_long="reuse by replay (OP-GRPO at its tuned recipe and off-policy proportion)")
+register(ClaimSet("reuse-toy-tuned", design_claims(TOY_TUNED), tasks=("toy2d_sep64_sparse@p25", TOY_TUNED.task),
+                  references=TOY_TUNED.references,
+                  description="the reuse study's rules at each method's tuned recipe on the toy tier's sparse task "
+                              "(suite reuse-study-tuned)",
+                  note="Each claim names its letter in the study's design (docs/algorithms.md, \"The reuse study\"); "
+                       "all on the sparse task toy2d_sep64_sparse, each method at its tuned recipe."))
+
+#: the tiny design (suite ``reuse-tiny-study``): 1 and 4 epochs, OP-GRPO at 25%, no proportion cells; the gold judge
+#: is GenEval's partial credit (a score: its gain is final - base)
+TINY = ReuseDesign("tiny_counting_rare",
+                   {"flow_grpo": {1: "flow_grpo", 4: "flow_grpo@e4"}, "flow_dppo": {1: "flow_dppo", 4: "flow_dppo@e4"}},
+                   no_proportions="no proportion cells in this design (the tiny tier's CPU budget: suite "
+                                  "reuse-tiny-study)",
+                   gold_long="gold gain (shapes_geneval's partial credit, final - base)",
+                   gold_short="gold gain (shapes_geneval partial credit, final - base)")
+register(ClaimSet("reuse-tiny", design_claims(TINY), tasks=("tiny_counting_rare@e4", TINY.task),
+                  references=TINY.references,
+                  description="the reuse study's rules on the tiny tier's rare counting prompts: Flow-GRPO and "
+                              "Flow-DPPO at 1 and 4 epochs, GRPO-Guard, OP-GRPO at 25% (suite reuse-tiny-study)",
+                  note="Each claim names its letter in the study's design (docs/algorithms.md, \"The reuse study\"); "
+                       "all on the tiny tier's rare counting prompts tiny_counting_rare, at the shared recipe."))
