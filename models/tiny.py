@@ -304,8 +304,9 @@ class TinyModel(DiffusersFlowModel):
         ``tiny_edit`` (a one-line ConfigError naming the other model)."""
         if self.arch.source_channels == self.source_channels:
             return
-        held = "an edit" if self.arch.source_channels else "a text-to-image"
-        where = f"{str(self.path)!r} holds" if self.path else f"arch.source_channels {self.arch.source_channels} makes"
+        channels = self.arch.source_channels
+        held = "an edit" if channels else "a text-to-image"
+        where = f"{str(self.path)!r} holds" if self.path else f"arch.source_channels {channels} makes"
         other = "tiny_edit" if self.arch.source_channels else "tiny"
         raise ConfigError(f"{self.name}: {where} {held} model (source_channels {self.arch.source_channels}); model "
                           f"{self.name!r} takes source_channels {self.source_channels}: use model {other!r}")

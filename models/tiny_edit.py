@@ -53,7 +53,7 @@ SOURCE = "source_image"
 TEXT_TO_IMAGE_INIT = "models/weights/tiny_shapes.safetensors"
 #: the keys whose shapes differ between a text-to-image model and its edit model
 PATCH_WEIGHT = "transformer.pos_embed.proj.weight"
-TOKEN_EMBEDDING = "text_encoder.text_model.embeddings.token_embedding.weight"
+TOKEN_EMBEDDING = "text_encoder.embeddings.token_embedding.weight"
 
 
 def source_pixels(prompt: str, metadata: dict | None, shape: Sequence[int], where: str) -> torch.Tensor:
@@ -106,7 +106,8 @@ class TinyEditModel(SourceImages, TinyModel):
         finetune: Finetune = "lora",
     ) -> None:
         if data not in EDIT_DATA.values():
-            raise ConfigError(f"{self.name}: unknown data {data!r}; the edit tier edits: {', '.join(EDIT_DATA.values())}")
+            raise ConfigError(f"{self.name}: unknown data {data!r}; the edit tier edits: "
+                              f"{', '.join(EDIT_DATA.values())}")
         super().__init__(data, weights, arch, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets,
                          seed=seed, device=device, cache_size=cache_size, dtype=dtype, no_grad_path=no_grad_path,
                          finetune=finetune)

@@ -247,11 +247,15 @@ def _toy_unseen(section: PromptSection, metadata: dict) -> bool:
 
 
 def _evaluated(section: PromptSection, test: Prompts, validation: Prompts) -> Prompts:
-    """The prompts evaluations use: ``test``, or with ``eval_split: validation`` the validation prompts whose text is
-    not a test prompt's (none left: a one-line error)."""
+    """The prompts evaluations use: ``test``, or with ``eval_split: validation`` the validation prompts whose condition
+    is not a test prompt's (none left: a one-line error). A condition is the text, with an edit prompt's source image
+    (``flowzoo.source_images.condition_key``): the tiny edit tier's few instructions recur on other sources."""
     if section.eval_split != "validation":
         return test
-    held_out = [(p, m) for p, m in validation if p not in {q for q, _ in test}]
+    from flowzoo.source_images import condition_key
+
+    tested = {condition_key(q, m) for q, m in test}
+    held_out = [(p, m) for p, m in validation if condition_key(p, m) not in tested]
     if not held_out:
         raise ConfigError(f"prompts.eval_split validation: the {section.source!r} prompts"
                           f"{' of tags ' + str(section.tags) if section.tags else ''} hold no validation prompt "
