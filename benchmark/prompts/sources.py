@@ -64,6 +64,8 @@ class PromptSection:
 EVAL_SPLITS = ("test", "validation")
 #: the sources with validation prompts held out from their evaluation prompts
 VALIDATION_SOURCES = ("files", *TINY_SOURCES)
+#: the sources whose prompts carry a tag ``prompts.tags`` selects by (GenEval tags; edit kinds)
+TAGGED_SOURCES = ("tiny_shapes", "tiny_edit")
 
 
 def check_source(section: PromptSection) -> None:
@@ -143,8 +145,8 @@ def _check_tags(section: PromptSection) -> None:
     from flowzoo.models.tiny_data import TAG_WEIGHTS
     from flowzoo.models.tiny_edit_data import EDIT_KINDS
 
-    known = {"tiny_shapes": tuple(TAG_WEIGHTS), "tiny_edit": EDIT_KINDS}.get(section.source)
-    if known is None:
+    known = tuple(TAG_WEIGHTS) if section.source == "tiny_shapes" else EDIT_KINDS
+    if section.source not in TAGGED_SOURCES:
         raise ConfigError(f"prompts.tags is only used by the 'tiny_shapes' and 'tiny_edit' sources, not "
                           f"{section.source!r}")
     tags = section.tags
