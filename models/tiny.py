@@ -52,7 +52,9 @@ def shipped_weights(data: str) -> Path:
 
 @dataclass(frozen=True)
 class TinyArch:
-    """Sizes of the tiny networks (defaults: the shipped models)."""
+    """Sizes of the tiny networks (defaults: the shipped models). ``source_channels``: the source image's channels
+    concatenated to the noisy image at the transformer's input (0: text-to-image; 3: the edit tier,
+    ``models/tiny_edit.py``, whose tokenizer also knows the edit instructions' words)."""
 
     data: str = "shapes"
     patch_size: int = 4
@@ -62,14 +64,15 @@ class TinyArch:
     text_width: int = 64
     text_layers: int = 2
     text_heads: int = 2
+    source_channels: int = 0
 
     def __post_init__(self) -> None:
         if self.data not in DATASETS:
             raise ConfigError(f"tiny: unknown data {self.data!r}; known: {', '.join(DATASETS)}")
         for f in fields(self):  # every other field is a size: a torch error (or an empty network) otherwise
-            value = getattr(self, f.name)
-            if f.name != "data" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"tiny: arch.{f.name} must be an integer >= 1, got {value!r}")
+            value, least = getattr(self, f.name), 0 if f.name == "source_channels" else 1
+            if f.name != "data" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ConfigError(f"tiny: arch.{f.name} must be an integer >= {least}, got {value!r}")
         _, height, width = image_shape(self.data)
         if height % self.patch_size or width % self.patch_size:
             raise ConfigError(f"tiny: patch_size {self.patch_size} does not divide the {height}x{width} images")
@@ -82,12 +85,30 @@ class TinyArch:
             raise ConfigError(f"tiny: unknown arch keys {sorted(unknown)}; valid: {', '.join(sorted(known))}")
         return cls(**values)
 
+    def to_dict(self) -> dict:
+        """The fields as a weights file and a pretrain checkpoint record them; a text-to-image arch leaves out its
+        ``source_channels`` 0, so its files and checkpoints are the ones written before the field existed."""
+        values = asdict(self)
+        if not self.source_channels:
+            del values["source_channels"]
+        return values
+
+
+def tokenizer_of(arch: TinyArch) -> WordTokenizer:
+    """The tiny tier's word vocabulary; an edit arch's adds the instruction words after it (every earlier word keeps
+    its id, so a text-to-image text encoder's embeddings carry over, ``models/tiny_edit.py``)."""
+    if not arch.source_channels:
+        return WordTokenizer()
+    from flowzoo.models.tiny_edit_data import instruction_vocabulary
+
+    return WordTokenizer(instruction_vocabulary())
+
 
 def build_networks(arch: TinyArch, seed: int = 0):
     """(tokenizer, text encoder, transformer), randomly initialised from ``seed``."""
     from diffusers import SD3Transformer2DModel
 
-    tokenizer = WordTokenizer()
+    tokenizer = tokenizer_of(arch)
     text_encoder = build_text_encoder(tokenizer, arch.text_width, arch.text_layers, arch.text_heads,
                                       seed + TINY_TEXT_INIT_OFFSET)
     channels, height, width = image_shape(arch.data)
@@ -96,7 +117,7 @@ def build_networks(arch: TinyArch, seed: int = 0):
         transformer = SD3Transformer2DModel(
             sample_size=max(height, width),
             patch_size=arch.patch_size,
-            in_channels=channels,
+            in_channels=channels + arch.source_channels,
             out_channels=channels,
             num_layers=arch.layers,
             attention_head_dim=arch.head_dim,
@@ -137,7 +158,7 @@ def save_weights(path: str | Path, arch: TinyArch, transformer, text_encoder, ex
     tensors = {f"transformer.{k.replace('.base_layer.', '.')}": v.detach().contiguous()
                for k, v in transformer.state_dict().items() if "lora_" not in k}
     tensors.update({f"text_encoder.{k}": v.detach().contiguous() for k, v in text_encoder.state_dict().items()})
-    metadata = {"arch": json.dumps(asdict(arch)), **{k: json.dumps(v) for k, v in (extra or {}).items()}}
+    metadata = {"arch": json.dumps(arch.to_dict()), **{k: json.dumps(v) for k, v in (extra or {}).items()}}
     blob = save(tensors, metadata=metadata)
     atomic_write(path, lambda f: f.write(blob), mode="wb")
 
@@ -187,10 +208,12 @@ class TinyModel(DiffusersFlowModel):
         from flowzoo.models.sd3 import SD35_MEDIUM_ARCH
         from flowzoo.models.tiny_text import MAX_LENGTH
 
-        arch = TinyArch.from_dict(dict(args.get("arch") or {}, data=args.get("data", "shapes")))
+        arch = TinyArch.from_dict(dict(args.get("arch") or {}, data=args.get("data", "shapes"),
+                                       source_channels=cls.source_channels))
         d, w = arch.heads * arch.head_dim, arch.text_width
         channels, height, width = image_shape(arch.data)
-        transformer = 36 * d * d * arch.layers + 2 * d * (w + 256) + 2 * d * d + 2 * d * arch.patch_size ** 2 * channels
+        patches = d * arch.patch_size ** 2 * (2 * channels + arch.source_channels)  # the input and output projections
+        transformer = 36 * d * d * arch.layers + 2 * d * (w + 256) + 2 * d * d + patches
         described = Arch("tiny", transformer_params=transformer, hidden=d, blocks=arch.layers, text_width=w,
                          text_encoder_params=8 * w * w * arch.text_layers + 100 * w, vae_params=0, vae_channels=0,
                          lora_widths={"default": 16 * d * arch.layers}, activation=SD35_MEDIUM_ARCH.activation,
@@ -203,6 +226,18 @@ class TinyModel(DiffusersFlowModel):
     # no diffusers pipeline, but an SD3 transformer: its LoRA file has StableDiffusion3Pipeline's layout
     lora_format = "StableDiffusion3Pipeline"
     transformer_class = "SD3Transformer2DModel"
+    #: the source image's channels at the transformer's input (``TinyArch.source_channels``): 0, text-to-image
+    source_channels: int = 0
+
+    @classmethod
+    def weights_file(cls, data: str) -> Path:
+        """The shipped weights ``weights: auto`` loads."""
+        return shipped_weights(data)
+
+    @classmethod
+    def pretrain_hint(cls, data: str) -> str:
+        """The command that writes :meth:`weights_file`."""
+        return f"flowzoo pretrain tiny --data {data}"
 
     def __init__(
         self,
@@ -234,21 +269,22 @@ class TinyModel(DiffusersFlowModel):
         self.num_train_timesteps = 1000
         tensors = None
         if weights is None:
-            self.arch = TinyArch.from_dict({"data": data, **(arch or {})})
+            self.arch = TinyArch.from_dict({"data": data, "source_channels": self.source_channels, **(arch or {})})
             self.path = None
             self.weights_info: dict = {}
         else:
-            self.path = shipped_weights(data) if weights == "auto" else Path(weights)
+            self.path = self.weights_file(data) if weights == "auto" else Path(weights)
             if weights == "auto" and not self.path.is_file():
                 raise ConfigError(
-                    f"tiny: no shipped weights for data {data!r} at {str(self.path)!r}; "
-                    f"run `flowzoo pretrain tiny --data {data}` or pass weights=null for a random model"
+                    f"{self.name}: no shipped weights for data {data!r} at {str(self.path)!r}; "
+                    f"run `{self.pretrain_hint(data)}` or pass weights=null for a random model"
                 )
             self.arch, tensors, self.weights_info = read_weights(self.path)
             if self.arch.data != data:
                 raise ConfigError(f"tiny: {str(self.path)!r} holds a {self.arch.data!r} model, not {data!r}")
             if arch and TinyArch.from_dict({**asdict(self.arch), **arch}) != self.arch:
                 raise ConfigError(f"tiny: arch {arch} conflicts with the weights' arch {asdict(self.arch)}")
+        self._check_kind()
         self.tokenizer, self.text_encoder, self.transformer = build_networks(self.arch, seed)
         if tensors is not None:
             load_networks(self.transformer, self.text_encoder, tensors)
@@ -262,6 +298,18 @@ class TinyModel(DiffusersFlowModel):
             self._setup_training(finetune, int(lora_rank), float(lora_alpha), lora_targets or self.default_lora_targets)
         self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self.cache_size = int(cache_size)
+
+    def _check_kind(self) -> None:
+        """The arch is this model's kind: text-to-image (no source channels) for ``tiny``, an edit arch for
+        ``tiny_edit`` (a one-line ConfigError naming the other model)."""
+        if self.arch.source_channels == self.source_channels:
+            return
+        channels = self.arch.source_channels
+        held = "an edit" if channels else "a text-to-image"
+        where = f"{str(self.path)!r} holds" if self.path else f"arch.source_channels {channels} makes"
+        other = "tiny_edit" if self.arch.source_channels else "tiny"
+        raise ConfigError(f"{self.name}: {where} {held} model (source_channels {self.arch.source_channels}); model "
+                          f"{self.name!r} takes source_channels {self.source_channels}: use model {other!r}")
 
     @property
     def latent_shape(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ import torch
 
 from flowzoo.errors import ConfigError
 from flowzoo.models.tiny_data import (COLORS, RELATIONS, SHAPES, SHAPES_SIZE, ShapeObject, _pair_boxes,
-                                      render_shapes)
+                                      render_shapes, vocabulary)
 from flowzoo.streams import TINY_EDIT_SAMPLE
 
 #: edit kind -> the instruction's form; the one place the grammar is written (formatting and parsing both read it)
@@ -43,6 +43,14 @@ class EditInstruction:
 
     def text(self) -> str:
         return EDIT_FORMS[self.kind].format(shape=self.shape, color=self.color)
+
+
+def instruction_vocabulary() -> list[str]:
+    """The tiny tier's vocabulary (``tiny_data.vocabulary``) followed by the words of ``EDIT_FORMS`` it lacks, in
+    their order of appearance: the edit model's tokenizer (earlier words keep their ids)."""
+    words = vocabulary()
+    extra = [w for form in EDIT_FORMS.values() for w in form.split() if not w.startswith("{") and w not in words]
+    return words + list(dict.fromkeys(extra))
 
 
 def _form_pattern(form: str) -> re.Pattern:
@@ -124,3 +132,11 @@ def edit_batch(seed: int, start: int, count: int, size: int = SHAPES_SIZE
     targets = torch.stack([render_shapes(t.target, size) for t in triples])
     metadata = [{"source_image": source} for source in sources]
     return sources, targets, [t.instruction for t in triples], metadata
+
+
+def edit_prompt_set(count: int, seed: int, size: int = SHAPES_SIZE) -> list[tuple[str, dict]]:
+    """The first ``count`` triples of the stream ``seed`` as prompts: each instruction with its metadata, the source
+    image (``source_image``, a [3, size, size] tensor in [0, 1], its own copy) and the edit kind (``tag``)."""
+    sources, _, instructions, _ = edit_batch(seed, 0, count, size)
+    return [(text, {"source_image": source.clone(), "tag": parse_instruction(text).kind})
+            for text, source in zip(instructions, sources)]

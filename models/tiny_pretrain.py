@@ -1,4 +1,4 @@
-"""Pretraining of the tiny tier by rectified flow: ``flowzoo pretrain tiny --data shapes|glyphs``.
+"""Pretraining of the tiny tier by rectified flow: ``flowzoo pretrain tiny --data shapes|glyphs|shapes_edit``.
 
 Objective (Liu et al. 2022, "Flow straight and fast"; SD3, Esser et al. 2024, eq. 1-3 and sec. 3.1):
 ``x_sigma = (1 - sigma) x0 + sigma noise``, regress the network output on ``v = noise - x0`` (MSE), with
@@ -6,6 +6,13 @@ Objective (Liu et al. 2022, "Flow straight and fast"; SD3, Esser et al. 2024, eq
 prompt with probability ``cond_dropout`` so that the same network gives the unconditional velocity for CFG.
 The transformer and the text encoder train jointly from scratch; the shipped weights are an exponential moving
 average of the parameters (decay ``ema``).
+
+``shapes_edit`` trains the edit tier (``models/tiny_edit.py``) on the edit triples of ``models/tiny_edit_data.py``:
+``x0`` is the target image, the source image (in [-1, 1]) is concatenated to ``x_sigma`` along the channels, the
+instruction is the prompt, and ``cond_dropout`` drops the instruction only (the source stays: CFG's unconditional
+branch). ``init`` starts it from a tiny text-to-image weights file instead of from scratch
+(``models.tiny_edit.init_from_text_to_image``: the network starts as that model); the checkpoint records the file's
+digest, so a resumed run refuses another file.
 
 Batch ``k`` holds the data samples ``k*B .. (k+1)*B - 1`` of the stream ``data_seed`` and noise/sigma/dropout from a
 generator seeded by ``(seed, k)``, so a resumed run continues exactly. The run directory holds ``checkpoint.pt``
@@ -24,7 +31,6 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +42,11 @@ from flowzoo.streams import TINY_PRETRAIN_BATCH
 from flowzoo.models.shipped import refuse_shipped
 from flowzoo.models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
 from flowzoo.models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
+from flowzoo.models.tiny_edit import EDIT_DATA, edit_arch, file_digest, init_from_text_to_image
+from flowzoo.models.tiny_edit_data import edit_batch
+
+#: what ``--data`` takes: the text-to-image data sets and the edit tier's
+PRETRAIN_DATA = (*DATASETS, *EDIT_DATA)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -43,8 +54,21 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state >> 1))
 
 
-def flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts, generator, cond_dropout: float):
-    """Rectified-flow MSE on one batch of images in [0, 1] (module docstring)."""
+def training_batch(data: str, start: int, count: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
+    """Images in [0, 1], prompts and (``shapes_edit``) source images in [0, 1] of the pretraining samples ``start ..
+    start + count - 1`` (the stream ``PRETRAIN_DATA_SEED``); an edit's image is its target, its prompt the
+    instruction."""
+    if data in EDIT_DATA:
+        sources, targets, instructions, _ = edit_batch(PRETRAIN_DATA_SEED, start, count)
+        return targets, instructions, sources
+    images, prompts, _ = sample_batch(data, PRETRAIN_DATA_SEED, start, count)
+    return images, prompts, None
+
+
+def flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts, generator, cond_dropout: float,
+                       sources: torch.Tensor | None = None):
+    """Rectified-flow MSE on one batch of images in [0, 1] (module docstring); ``sources`` (in [0, 1]) are
+    concatenated to the noisy images, never dropped."""
     x0 = images * 2 - 1
     batch = x0.shape[0]
     noise = torch.randn(x0.shape, generator=generator)
@@ -53,6 +77,8 @@ def flow_matching_loss(tokenizer, text_encoder, transformer, images, prompts, ge
     prompts = ["" if d else p for p, d in zip(prompts, drop.tolist())]
     s = sigma.view(-1, 1, 1, 1)
     x = (1 - s) * x0 + s * noise
+    if sources is not None:
+        x = torch.cat([x, sources * 2 - 1], dim=1)
     v = transformer_velocity(transformer, x, sigma * 1000, text_embeddings(tokenizer, text_encoder, prompts))
     return ((v - (noise - x0)) ** 2).mean()
 
@@ -97,12 +123,13 @@ def check_outputs(run_dir: Path, out: Path) -> bool:
     for path, option in ((run_dir, "--run-dir"), (out, "--out")):
         if "\x00" in str(path):
             raise ConfigError(f"pretrain: {option} {str(path)!r}: a path cannot hold a NUL byte")
-    shipped_files = {shipped_weights(name).resolve() for name in DATASETS}
+    shipped_files = {shipped_weights(name).resolve() for name in PRETRAIN_DATA}
     shipped = out.resolve() in shipped_files
     refuse_shipped(run_dir, "pretrain: --run-dir")
     if not shipped:
         refuse_shipped(out, "pretrain: --out", "choose another path (a shipped weights file is replaced only when "
-                                               "--out names it exactly: tiny_shapes/tiny_glyphs.safetensors)")
+                                               "--out names it exactly: tiny_shapes/tiny_glyphs/tiny_shapes_edit"
+                                               ".safetensors)")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"pretrain: --run-dir {str(run_dir)!r} is a file, not a directory")
     if (run_dir / "config.yaml").is_file() or (run_dir / "done.json").is_file():
@@ -128,16 +155,31 @@ def read_checkpoint(path: Path) -> dict:
     return state
 
 
+def pretrain_arch(data: str, arch: dict | None, init: Path | None) -> TinyArch:
+    """The networks a pretraining of ``data`` builds: ``arch``'s sizes (an edit model's: those of its ``init`` file,
+    ``models.tiny_edit.edit_arch``); ``init`` for anything but an edit model is a one-line ConfigError."""
+    if data not in PRETRAIN_DATA:
+        raise ConfigError(f"pretrain: unknown --data {data!r}; known: {', '.join(PRETRAIN_DATA)}")
+    if data in EDIT_DATA:
+        return edit_arch(data, arch, init)
+    if init is not None:
+        raise ConfigError(f"pretrain: --init starts an edit model from text-to-image weights; it needs --data "
+                          f"{' or '.join(EDIT_DATA)}, not {data!r}")
+    return TinyArch.from_dict({**(arch or {}), "data": data, "source_channels": 0})
+
+
 class _Pretraining:
     """One pretraining run's state: the networks (trained jointly), their EMA copy, the optimizer and its warmup
     schedule, the steps done, the training wall time and the loss curve; resumed from and saved to
     ``<run_dir>/checkpoint.pt``, with the EMA weights exported to ``out`` and ``pretrain.json`` beside it."""
 
     def __init__(self, arch: TinyArch, settings: dict, run_dir: Path, out: Path, shipped: bool,
-                 command: str | None):
+                 command: str | None, init: Path | None = None):
         self.arch, self.settings, self.run_dir, self.out, self.shipped = arch, settings, run_dir, out, shipped
         self.command = command
         self.tokenizer, text_encoder, transformer = build_networks(arch, settings["seed"])
+        if init is not None:  # an edit model starting from text-to-image weights (module docstring)
+            init_from_text_to_image(transformer, text_encoder, arch, init)
         self.nets = torch.nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder}).train()
         self.ema_nets = copy.deepcopy(self.nets).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.nets.parameters(), lr=settings["lr"], betas=(0.9, 0.99),
@@ -163,9 +205,9 @@ class _Pretraining:
     def train_step(self) -> torch.Tensor:
         """One optimizer step on batch ``step`` (module docstring), the EMA moved after it; returns the loss."""
         cfg, nets = self.settings, self.nets
-        images, prompts, _ = sample_batch(cfg["data"], PRETRAIN_DATA_SEED, self.step * cfg["batch"], cfg["batch"])
+        images, prompts, sources = training_batch(cfg["data"], self.step * cfg["batch"], cfg["batch"])
         loss = flow_matching_loss(self.tokenizer, nets["text_encoder"], nets["transformer"], images, prompts,
-                                  step_generator(cfg["seed"], self.step), cfg["cond_dropout"])
+                                  step_generator(cfg["seed"], self.step), cfg["cond_dropout"], sources)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(nets.parameters(), 1.0)
@@ -208,15 +250,18 @@ def pretrain(
     threads: int | None = 2,
     checkpoint_minutes: float = 2.0,
     arch: dict | None = None,
+    init: str | Path | None = None,
     progress: bool = True,
     command: str | None = None,
 ) -> Path:
-    """Train (or resume) until ``steps`` optimizer steps or ``minutes`` of training wall time; returns ``out``."""
+    """Train (or resume) until ``steps`` optimizer steps or ``minutes`` of training wall time; returns ``out``.
+    ``init``: the text-to-image weights an edit model (``data`` shapes_edit) starts from (module docstring)."""
     from tqdm.auto import tqdm
 
     check_settings(steps=steps, minutes=minutes, batch=batch, lr=lr, warmup=warmup, ema=ema,
                    cond_dropout=cond_dropout, seed=seed, threads=threads, checkpoint_minutes=checkpoint_minutes)
-    arch_cfg = TinyArch.from_dict({**(arch or {}), "data": data})
+    init = None if init is None else Path(init)
+    arch_cfg = pretrain_arch(data, arch, init)
     run_dir = Path(run_dir) if run_dir else Path("runs") / f"pretrain_tiny_{data}"
     out = Path(out) if out else run_dir / f"tiny_{data}.safetensors"
     shipped = check_outputs(run_dir, out)
@@ -226,8 +271,9 @@ def pretrain(
     if threads:
         torch.set_num_threads(int(threads))
     settings = dict(data=data, batch=batch, lr=lr, warmup=warmup, ema=ema, cond_dropout=cond_dropout,
-                    seed=seed, data_seed=PRETRAIN_DATA_SEED, arch=asdict(arch_cfg))
-    run = _Pretraining(arch_cfg, settings, run_dir, out, shipped, command)
+                    seed=seed, data_seed=PRETRAIN_DATA_SEED, arch=arch_cfg.to_dict(),
+                    **({} if init is None else {"init": file_digest(init)}))
+    run = _Pretraining(arch_cfg, settings, run_dir, out, shipped, command, init)
     run.resume()
 
     budget_s = None if minutes is None else 60.0 * minutes

@@ -47,13 +47,13 @@ def check_training(model, algorithm: str, prompts=("a red cube", "a blue ball"),
 
 
 
-def check_op_grpo_replays_edits(model, metadata, monkeypatch) -> None:
+def check_op_grpo_replays_edits(model, metadata, monkeypatch, instruction: str = "make it red") -> None:
     """One instruction on the two sources of ``metadata`` (tensors) is two conditions: OP-GRPO's buffer keeps an entry
     for each, and a replayed sample's condition is encoded with the source its entry was sampled from."""
     from flowzoo.algorithms.methods.op_grpo import OPGRPO
     from flowzoo.source_images import SOURCE_IMAGE, condition_key
 
-    prompts = ["make it red"] * 2
+    prompts = [instruction] * 2
     config = {"group_size": 2, "num_steps": 3, "kl_beta": 0.0, "clip_range": 1e-3, "lr": 1e-2, "micro_batch": 2,
               "t_off": 1, "off_policy_groups": 1.0, "buffer_admission": "any"}
     alg = algorithms.get("op_grpo")(model, MeanBrightness(), config, seed=0)

@@ -87,7 +87,8 @@ def test_per_adapter_facts_are_class_attributes():
     assert models.get("sd3").lora_format == models.get("sd3").pipeline_class == "StableDiffusion3Pipeline"
     assert models.get("tiny").lora_format == "StableDiffusion3Pipeline"  # an SD3 transformer without a pipeline
     assert models.get("flux").transformer_class == "FluxTransformer2DModel"
-    assert exportable() == ["flux", "flux_kontext", "qwen_image", "qwen_image_edit", "sd3", "tiny", "wan", "wan22"]
+    assert exportable() == ["flux", "flux_kontext", "qwen_image", "qwen_image_edit", "sd3", "tiny", "tiny_edit", "wan",
+                            "wan22"]
     assert 'transformer.load_lora_adapter("DIR"' in models.get("tiny").export_load_hint(False, "w.safetensors")
     assert models.get("wan").export_load_hint(True, "w") == 'WanTransformer3DModel.from_pretrained("DIR/transformer")'
     with pytest.raises(ConfigError, match=r"model.args.hidden must be >= 1, got 0"):
@@ -142,7 +143,7 @@ def test_the_example_trains_through_the_cli_toward_the_reward(example, tmp_path,
     capsys.readouterr()
     assert main(["export", str(run), "--out", str(tmp_path / "lora")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "'gmm2d' run" in err and "export takes runs of flux, flux_kontext, qwen_image, qwen_image_edit, sd3, tiny, wan, wan22" in err
+    assert "'gmm2d' run" in err and "export takes runs of flux, flux_kontext, qwen_image, qwen_image_edit, sd3, tiny, tiny_edit, wan, wan22" in err
 
 
 def test_the_example_is_one_file_in_a_copy_of_the_zoo(tmp_path):

@@ -82,8 +82,8 @@ def test_tiny_prompt_tags_keep_only_those_tags_in_both_lists():
     (PromptSection(source="tiny_shapes", tags=["cunting"]), "unknown tag 'cunting'; valid: colors, counting"),
     (PromptSection(source="tiny_shapes", tags="counting"), "must be a non-empty list"),
     (PromptSection(source="tiny_shapes", tags=[]), "must be a non-empty list"),
-    (PromptSection(source="tiny_glyphs", tags=["counting"]), "only used by the 'tiny_shapes' source"),
-    (PromptSection(source="toy2d", tags=["counting"]), "only used by the 'tiny_shapes' source"),
+    (PromptSection(source="tiny_glyphs", tags=["counting"]), "only used by the 'tiny_shapes' and 'tiny_edit' sources"),
+    (PromptSection(source="toy2d", tags=["counting"]), "only used by the 'tiny_shapes' and 'tiny_edit' sources"),
 ])
 def test_tiny_prompt_tags_bad_values_are_named(section, message):
     with pytest.raises(ConfigError, match=message):

@@ -13,6 +13,11 @@
 * ``tiny_shapes`` / ``tiny_glyphs``: the tiny tier's synthetic prompts (``models.tiny_data.prompt_set``): 1024
   training prompts and 256 held-out evaluation prompts from two fixed seeds. ``tags`` (``tiny_shapes`` only) keeps
   the prompts of those GenEval tags in both lists (e.g. ``[counting]``: the 12 counting prompts, repeats kept).
+* ``tiny_edit``: the edit tier's prompts (``models.tiny_edit_data.edit_prompt_set``): instructions of edit triples
+  with their source images (``metadata["source_image"]``, [3, 32, 32] tensors in [0, 1]) and their edit kind
+  (``metadata["tag"]``: recolor, add, remove), 1024 training and 256 held-out evaluation prompts from the same two
+  fixed seeds (edit triples draw their own stream: these are not the ``tiny_shapes`` scenes), validation prompts
+  from the third; ``tags`` keeps those edit kinds.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from dataclasses import dataclass
 from flowzoo.errors import ConfigError
 
 Prompts = list[tuple[str, dict]]
-SOURCES = ("toy2d", "files", "dataset", "tiny_shapes", "tiny_glyphs")
+SOURCES = ("toy2d", "files", "dataset", "tiny_shapes", "tiny_glyphs", "tiny_edit")
+#: the tiny tier's sources
+TINY_SOURCES = ("tiny_shapes", "tiny_glyphs", "tiny_edit")
 #: sizes of the tiny sources: training prompts, held-out evaluation prompts (docs/tiny.md)
 TINY_TRAIN_PROMPTS, TINY_EVAL_PROMPTS = 1024, 256
 
@@ -36,7 +43,9 @@ class PromptSection:
     test: str | None = None  # held-out evaluation prompts: a file or folder (the "files" source)
     classes: int | None = None  # the "toy2d" source's class count (models.toy2d.check_classes); None = 4
     layout: str | None = None  # the "toy2d" many-condition layout (models.toy2d.LAYOUTS); None = "overlapping"
-    tags: list[str] | None = None  # "tiny_shapes": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS)
+    # "tiny_shapes" / "tiny_edit": keep only prompts of these tags (models.tiny_data.TAG_WEIGHTS; edit kinds,
+    # models.tiny_edit_data.EDIT_KINDS)
+    tags: list[str] | None = None
     # "dataset": {column, metadata, train_split, test_split, image} (benchmark.prompts.local_datasets.DatasetSpec)
     dataset: dict | None = None
     # validation prompts, held out from ``test`` (the "files" source; the tiny sources draw their own): what
@@ -54,7 +63,9 @@ class PromptSection:
 
 EVAL_SPLITS = ("test", "validation")
 #: the sources with validation prompts held out from their evaluation prompts
-VALIDATION_SOURCES = ("files", "tiny_shapes", "tiny_glyphs")
+VALIDATION_SOURCES = ("files", *TINY_SOURCES)
+#: the sources whose prompts carry a tag ``prompts.tags`` selects by (GenEval tags; edit kinds)
+TAGGED_SOURCES = ("tiny_shapes", "tiny_edit")
 
 
 def check_source(section: PromptSection) -> None:
@@ -132,15 +143,18 @@ def dataset_spec(section: PromptSection):
 
 def _check_tags(section: PromptSection) -> None:
     from flowzoo.models.tiny_data import TAG_WEIGHTS
+    from flowzoo.models.tiny_edit_data import EDIT_KINDS
 
-    if section.source != "tiny_shapes":
-        raise ConfigError(f"prompts.tags is only used by the 'tiny_shapes' source, not {section.source!r}")
+    known = tuple(TAG_WEIGHTS) if section.source == "tiny_shapes" else EDIT_KINDS
+    if section.source not in TAGGED_SOURCES:
+        raise ConfigError(f"prompts.tags is only used by the 'tiny_shapes' and 'tiny_edit' sources, not "
+                          f"{section.source!r}")
     tags = section.tags
     if isinstance(tags, str) or not isinstance(tags, (list, tuple)) or not tags:
-        raise ConfigError(f"prompts.tags must be a non-empty list of tags ({', '.join(TAG_WEIGHTS)}), got {tags!r}")
-    unknown = [t for t in tags if t not in TAG_WEIGHTS]
+        raise ConfigError(f"prompts.tags must be a non-empty list of tags ({', '.join(known)}), got {tags!r}")
+    unknown = [t for t in tags if t not in known]
     if unknown:
-        raise ConfigError(f"prompts.tags: unknown tag {unknown[0]!r}; valid: {', '.join(TAG_WEIGHTS)}")
+        raise ConfigError(f"prompts.tags: unknown tag {unknown[0]!r}; valid: {', '.join(known)}")
 
 
 def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
@@ -149,15 +163,13 @@ def load_prompts(section: PromptSection) -> tuple[Prompts, Prompts]:
     if section.source == "toy2d":
         trained = [(p, m) for p, m in _toy_prompts(section) if not _toy_unseen(section, m)]
         return trained, list(trained)
-    if section.source in ("tiny_shapes", "tiny_glyphs"):
-        from flowzoo.models.tiny_data import (EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, VALIDATION_PROMPT_SEED,
-                                               prompt_set as tiny_prompt_set)
+    if section.source in TINY_SOURCES:
+        from flowzoo.models.tiny_data import EVAL_PROMPT_SEED, TRAIN_PROMPT_SEED, VALIDATION_PROMPT_SEED
 
-        data = section.source.removeprefix("tiny_")
-        train = tiny_prompt_set(data, TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED)
-        test = tiny_prompt_set(data, TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED)
-        validation = (tiny_prompt_set(data, TINY_EVAL_PROMPTS, VALIDATION_PROMPT_SEED)
-                      if section.eval_split == "validation" else [])
+        draw = _tiny_prompt_set(section.source)
+        train = draw(TINY_TRAIN_PROMPTS, TRAIN_PROMPT_SEED)
+        test = draw(TINY_EVAL_PROMPTS, EVAL_PROMPT_SEED)
+        validation = draw(TINY_EVAL_PROMPTS, VALIDATION_PROMPT_SEED) if section.eval_split == "validation" else []
         if section.tags is not None:
             keep = set(section.tags)
             train, test, validation = ([(p, m) for p, m in prompts if m.get("tag") in keep]
@@ -211,6 +223,17 @@ def load_unseen(section: PromptSection, train: Prompts) -> Prompts:
     return unseen
 
 
+def _tiny_prompt_set(source: str):
+    """``(count, seed) -> prompts`` of a tiny source: the edit triples' (``tiny_edit``) or the scenes' of its data."""
+    if source == "tiny_edit":
+        from flowzoo.models.tiny_edit_data import edit_prompt_set
+
+        return edit_prompt_set
+    from flowzoo.models.tiny_data import prompt_set
+
+    return lambda count, seed: prompt_set(source.removeprefix("tiny_"), count, seed)
+
+
 def _toy_prompts(section: PromptSection) -> Prompts:
     """Every condition of the ``toy2d`` source (its class count and layout, or their defaults)."""
     from flowzoo.models.toy2d import DEFAULT_LAYOUT, NUM_CLASSES, prompt_set
@@ -226,11 +249,15 @@ def _toy_unseen(section: PromptSection, metadata: dict) -> bool:
 
 
 def _evaluated(section: PromptSection, test: Prompts, validation: Prompts) -> Prompts:
-    """The prompts evaluations use: ``test``, or with ``eval_split: validation`` the validation prompts whose text is
-    not a test prompt's (none left: a one-line error)."""
+    """The prompts evaluations use: ``test``, or with ``eval_split: validation`` the validation prompts whose condition
+    is not a test prompt's (none left: a one-line error). A condition is the text, with an edit prompt's source image
+    (``flowzoo.source_images.condition_key``): the tiny edit tier's few instructions recur on other sources."""
     if section.eval_split != "validation":
         return test
-    held_out = [(p, m) for p, m in validation if p not in {q for q, _ in test}]
+    from flowzoo.source_images import condition_key
+
+    tested = {condition_key(q, m) for q, m in test}
+    held_out = [(p, m) for p, m in validation if condition_key(p, m) not in tested]
     if not held_out:
         raise ConfigError(f"prompts.eval_split validation: the {section.source!r} prompts"
                           f"{' of tags ' + str(section.tags) if section.tags else ''} hold no validation prompt "
