@@ -128,3 +128,13 @@ def test_interval_is_the_prompt_clustered_standard_error():
     one_prompt = _TagRecorder(_Scores())
     one_prompt(torch.ones(2, 2), ["a", "a"], [{}, {}])
     assert all(v != v for v in one_prompt.interval()["eval_reward_ci95"])  # NaN: no spread between prompts to use
+
+
+def test_an_edit_instruction_on_two_sources_is_two_clusters():
+    """Edit prompts cluster by instruction and source (condition_key): the same instruction on two source images is
+    two conditions, so the interval exists (clustering by text alone would see one prompt and give NaN)."""
+    recorder = _TagRecorder(_Scores())
+    sources = [{"source_image": torch.zeros(3, 2, 2)}, {"source_image": torch.ones(3, 2, 2)}]
+    recorder(torch.tensor([[1.0, 1.0], [0.0, 0.5]]), ["remove the square"] * 2, sources)
+    recorder(torch.tensor([[1.0, 1.0], [0.5, 0.5]]), ["remove the square"] * 2, sources)
+    assert recorder.interval()["eval_reward_se"] == pytest.approx(0.625)  # the two-prompt case above

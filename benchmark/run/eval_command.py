@@ -48,15 +48,19 @@ class _TagRecorder:
 
     def __call__(self, samples, prompts, metadata):
         out = self.reward(samples, prompts, metadata)
-        self.batches.append((out, list(metadata or [{} for _ in prompts])))
-        self.prompts += list(prompts)
+        from flowzoo.source_images import condition_key
+
+        rows = list(metadata or [{} for _ in prompts])
+        self.batches.append((out, rows))
+        self.prompts += [condition_key(prompt, meta) for prompt, meta in zip(prompts, rows)]
         return out
 
     def interval(self, z: float = 1.96) -> dict[str, float]:
-        """The mean score's standard error clustered by prompt text, and its normal 95% interval.
+        """The mean score's standard error clustered by condition, and its normal 95% interval.
 
-        Samples of one prompt (its repeats in the prompt list and its samples per prompt) are correlated, so the
-        standard error treats each distinct prompt as one cluster: the cluster-robust (Liang-Zeger sandwich)
+        Samples of one condition (its repeats in the prompt list and its samples per prompt) are correlated, so the
+        standard error treats each distinct condition as one cluster (the prompt text, joined by its source image for
+        an edit prompt: ``flowzoo.source_images.condition_key``; one instruction on two sources is two clusters): the cluster-robust (Liang-Zeger sandwich)
         variance of a mean, ``C / (C - 1) * sum_c (sum_{i in c} (s_i - mean))^2 / N^2`` over C prompts and N
         samples. NaN with fewer than two distinct prompts."""
         scores = [float(v) for out, _ in self.batches for v in out.score.tolist()]
