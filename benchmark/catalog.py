@@ -40,6 +40,7 @@ def _sections():
     from flowzoo import models
     from flowzoo import rewards
     from flowzoo.algorithms import prompt_samplers
+    from flowzoo.benchmark.prompts.sources import SOURCE_SUMMARIES, SOURCES
     from flowzoo.benchmark.study import claims as study_claims
     from flowzoo.benchmark.run.suite import load_suite, suite_names
 
@@ -55,6 +56,7 @@ def _sections():
         ("models", models.names(), lambda name: summary(models.get(name))),
         ("rewards", rewards.names(), lambda name: summary(rewards.get(name))),
         ("prompt samplers", prompt_samplers.names(), lambda name: summary(prompt_samplers.get(name))),
+        ("prompt sources", list(SOURCES), lambda name: SOURCE_SUMMARIES[name]),
         ("suites", suite_names(), lambda name: _one_line(load_suite(name).description)),
         ("claim sets", study_claims.names(), lambda name: _one_line(study_claims.claim_set(name).description)),
     )

@@ -274,3 +274,16 @@ def test_the_pretrain_command_takes_init(tmp_path):
     record = json.loads((run_dir / "pretrain.json").read_text())
     assert f"--data shapes_edit --init {t2i_file}" in record["command"] and record["settings"]["init"]
     assert models.get("tiny_edit")(weights=str(out)).arch.source_channels == 3
+
+
+def test_flowzoo_list_shows_the_edit_tier_and_every_prompt_source(capsys):
+    from flowzoo.benchmark.cli import main
+    from flowzoo.benchmark.prompts.sources import SOURCE_SUMMARIES, SOURCES
+
+    assert set(SOURCE_SUMMARIES) == set(SOURCES)  # a new source without its line would be a KeyError in the list
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    sources = out.split("prompt sources:")[1].split("suites:")[0]
+    assert all(f"  {name} " in sources for name in SOURCES)
+    assert "  tiny_edit " in out.split("models:")[1].split("rewards:")[0]
+    assert all(f"  {name} " in out for name in ("flux_kontext", "qwen_image_edit", "wan22", "shapes_edit"))

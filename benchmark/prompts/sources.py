@@ -28,6 +28,16 @@ from flowzoo.errors import ConfigError
 
 Prompts = list[tuple[str, dict]]
 SOURCES = ("toy2d", "files", "dataset", "tiny_shapes", "tiny_glyphs", "tiny_edit")
+#: one line each for ``flowzoo list`` (the module docstring has the details)
+SOURCE_SUMMARIES = {
+    "toy2d": "the toy tier's class prompts, the same for training and evaluation (unseen_every holds some out)",
+    "files": "local prompt files in Flow-GRPO's formats (.txt, _metadata.jsonl; edit pairs with an image path)",
+    "dataset": "a Hugging Face dataset on local disk (save_to_disk folder, Parquet, Arrow, JSON or CSV)",
+    "tiny_shapes": "the tiny tier's synthetic GenEval-style prompts: 1024 training, 256 held-out evaluation",
+    "tiny_glyphs": "the tiny tier's synthetic text-rendering prompts: 1024 training, 256 held-out evaluation",
+    "tiny_edit": "the edit tier's instructions with their source scenes (recolor, add, remove): 1024 training, 256 "
+                 "held-out evaluation",
+}
 #: the tiny tier's sources
 TINY_SOURCES = ("tiny_shapes", "tiny_glyphs", "tiny_edit")
 #: sizes of the tiny sources: training prompts, held-out evaluation prompts (docs/tiny.md)
