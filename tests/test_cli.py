@@ -124,7 +124,10 @@ def test_list_prints_registries(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "algorithms:" in out and "flow_grpo" in out and "toy2d" in out and "toy_mode" in out
-    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    lines = {}
+    for line in out.splitlines():  # a name's first section (toy2d is a model and a prompt source)
+        if line.startswith("  "):
+            lines.setdefault(line.split()[0], line)
     # each entry with its one-line description (the class's own docstring) and, for algorithms, its family
     assert "OP-GRPO ablation: no truncation" in lines["op_grpo_no_truncation"]
     assert "family op_grpo; ablation of op_grpo" in lines["op_grpo_no_truncation"]
