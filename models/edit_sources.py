@@ -1,10 +1,13 @@
-"""What the instruction-editing adapters (``flux_kontext``, ``qwen_image_edit``) share about a prompt's source image:
+"""What the instruction-editing adapters (``flux_kontext``, ``qwen_image_edit``, ``tiny_edit``) share about a prompt's
+source image:
 reading it from the prompt's metadata (``flowzoo.source_images``), resizing it to the target's square resolution with
 the pipeline's own image processor, its VAE latents packed as the target's, and a least-recently-used cache of what is
 computed from an image file (those latents; for Qwen-Image-Edit the instruction read with the image), keyed by path.
 
 A mixin of a diffusers adapter: it reads ``self.pipe.image_processor``, ``self.resolution``, ``self.cache_size`` and
-``self.name``. Tensors are not cached (they are recomputed at each call)."""
+``self.name``. Tensors are not cached (they are recomputed at each call). :class:`TextAndSource` adds the condition of
+an adapter whose text is read without the image (``flux_kontext``, ``tiny_edit``): the base adapter's text embeddings
+beside one tensor per row computed from its source image."""
 
 from __future__ import annotations
 
@@ -75,3 +78,44 @@ class SourceImages:
         while len(cache) > max(self.cache_size, 1):
             cache.popitem(last=False)
         return value
+
+
+class TextAndSource(SourceImages):
+    """Mixin: a condition of the prompts' text embeddings (the base adapter's ``encode``, cached per prompt) and, under
+    :attr:`source_key`, one tensor per row computed from its source image by :meth:`_source_tensor`; CFG's branch is
+    the negative prompt with each row's own source image (the edit pipelines' negative branch)."""
+
+    #: the condition's key of the source tensors
+    source_key = "image_latents"
+
+    def _source_tensor(self, prompt: str, metadata: dict | None):
+        """What the transformer reads of one row's source image (a one-line ConfigError when it has none)."""
+        raise NotImplementedError
+
+    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None):
+        """The prompts' text embeddings and their source tensors (``source_key``); a prompt without a source image is
+        a one-line ConfigError."""
+        import torch
+
+        from flowzoo.models.base import Condition
+
+        prompts = [str(p) for p in prompts]
+        rows = self._metadata_rows(prompts, metadata)
+        text = self._text_condition(prompts)
+        sources = torch.stack([self._source_tensor(p, m) for p, m in zip(prompts, rows)])
+        return Condition({**text.tensors, self.source_key: sources})
+
+    def _text_condition(self, prompts: list[str]):
+        """The prompts' text embeddings alone (the base adapter's encode: cached per prompt)."""
+        return super().encode(prompts)
+
+    def null_condition(self, n: int):
+        """The negative prompt's text embeddings; CFG's branch takes each row's source image (``unconditional``)."""
+        return self._text_condition([self.negative_prompt]).repeat_interleave(n)
+
+    def unconditional(self, cond):
+        """The negative prompt with each row's own source tensor."""
+        from flowzoo.models.base import Condition
+
+        null = self.null_condition(len(cond))
+        return Condition({**null.tensors, self.source_key: cond.tensors[self.source_key]})

@@ -27,13 +27,12 @@ path are cached per path (``cache_size`` paths); tensors are encoded at each cal
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import torch
 
 from flowzoo.models import register
 from flowzoo.models.base import Condition
-from flowzoo.models.edit_sources import SourceImages
+from flowzoo.models.edit_sources import TextAndSource
 from flowzoo.models.flux import FLUX1_DEV_ARCH, FluxModel
 from flowzoo.models.footprint import Footprint
 
@@ -47,7 +46,7 @@ FLUX1_KONTEXT_DEV_ARCH = dataclasses.replace(
 
 
 @register("flux_kontext")
-class FluxKontextModel(SourceImages, FluxModel):
+class FluxKontextModel(TextAndSource, FluxModel):
     """FLUX.1-Kontext-dev image editing: an instruction and a source image (FluxKontextPipeline), LoRA.
 
     The source image is each prompt's ``metadata["source_image"]`` (the module docstring)."""
@@ -75,27 +74,9 @@ class FluxKontextModel(SourceImages, FluxModel):
             ids = self.__dict__["_joint_ids"] = torch.cat([self._img_ids, source], dim=0)
         return ids
 
-    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
-        """The instruction's text embeddings (cached per prompt, as FLUX's) and the source image's packed latents
-        (``image_latents`` [B, tokens, 4 C]); a prompt without a source image is a one-line ConfigError."""
-        prompts = [str(p) for p in prompts]
-        rows = self._metadata_rows(prompts, metadata)
-        text = self._text_condition(prompts)
-        images = torch.stack([self._source_latents(p, m) for p, m in zip(prompts, rows)])
-        return Condition({**text.tensors, "image_latents": images})
-
-    def _text_condition(self, prompts: list[str]) -> Condition:
-        """The prompts' text embeddings alone (FLUX's encode: cached per prompt)."""
-        return super().encode(prompts)
-
-    def null_condition(self, n: int) -> Condition:
-        """The negative prompt's text embeddings; CFG's branch takes each row's source image (``unconditional``)."""
-        return self._text_condition([self.negative_prompt]).repeat_interleave(n)
-
-    def unconditional(self, cond: Condition) -> Condition:
-        """The negative prompt with each row's own source image (the pipeline's negative branch)."""
-        null = self.null_condition(len(cond))
-        return Condition({**null.tensors, "image_latents": cond.tensors["image_latents"]})
+    def _source_tensor(self, prompt: str, metadata: dict | None) -> torch.Tensor:
+        """The source image's packed VAE latents [tokens, 4 C] (``image_latents``)."""
+        return self._source_latents(prompt, metadata)
 
     # ---- the network --------------------------------------------------------------------------------------
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:

@@ -40,7 +40,7 @@ from flowzoo.errors import ConfigError
 from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.diffusers_common import Finetune, NoGradPath
-from flowzoo.models.edit_sources import SourceImages
+from flowzoo.models.edit_sources import TextAndSource
 from flowzoo.models.tiny import (TinyArch, TinyModel, load_networks, read_weights, shipped_weights,
                                  transformer_velocity)
 from flowzoo.source_images import read_source_image
@@ -75,11 +75,12 @@ def source_pixels(prompt: str, metadata: dict | None, shape: Sequence[int], wher
 
 
 @register("tiny_edit")
-class TinyEditModel(SourceImages, TinyModel):
+class TinyEditModel(TextAndSource, TinyModel):
     """The tiny edit tier: an instruction and a source image concatenated to the noisy image (InstructPix2Pix-style).
     ``weights``: "auto" = ``models/weights/tiny_<data>_edit.safetensors``, a path, or None for a random model."""
 
     source_channels = 3
+    source_key = SOURCE  # the condition carries the source pixels under the metadata key's name
 
     @classmethod
     def weights_file(cls, data: str) -> Path:
@@ -112,28 +113,10 @@ class TinyEditModel(SourceImages, TinyModel):
                          seed=seed, device=device, cache_size=cache_size, dtype=dtype, no_grad_path=no_grad_path,
                          finetune=finetune)
 
-    def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
-        """The instructions' text embeddings (cached per instruction) and the source images (``source_image``
-        [B, 3, H, W] in [-1, 1]; cached per path)."""
-        prompts = [str(p) for p in prompts]
-        rows = self._metadata_rows(prompts, metadata)
-        text = self._text_condition(prompts)
-        images = torch.stack([self._cached(m, lambda p=p, m=m: source_pixels(p, m, self.latent_shape, self.name),
-                                           "pixels") for p, m in zip(prompts, rows)])
-        return Condition({**text.tensors, SOURCE: images.to(self.latent_dtype)})
-
-    def _text_condition(self, prompts: list[str]) -> Condition:
-        """The instructions' text embeddings alone (the tiny tier's encode: cached per prompt)."""
-        return super().encode(prompts)
-
-    def null_condition(self, n: int) -> Condition:
-        """The empty instruction's text embeddings; CFG's branch takes each row's source image (``unconditional``)."""
-        return self._text_condition([self.negative_prompt]).repeat_interleave(n)
-
-    def unconditional(self, cond: Condition) -> Condition:
-        """The empty instruction with each row's own source image (guidance on the instruction, given the image)."""
-        null = self.null_condition(len(cond))
-        return Condition({**null.tensors, SOURCE: cond.tensors[SOURCE]})
+    def _source_tensor(self, prompt: str, metadata: dict | None) -> torch.Tensor:
+        """The source image in [-1, 1] [3, H, W] (``source_image``; cached per path)."""
+        pixels = self._cached(metadata, lambda: source_pixels(prompt, metadata, self.latent_shape, self.name), "pixels")
+        return pixels.to(self.latent_dtype)
 
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
         """The noisy image and the source image along the channels in, the edited image's velocity out."""
