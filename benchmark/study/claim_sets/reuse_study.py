@@ -405,11 +405,13 @@ register(ClaimSet("reuse-toy", claims, tasks=("toy2d_sep64_sparse@e4", TOY.task)
 
 #: the tuned toy design (suite ``reuse-study-tuned``): the same task at each method's tuned recipe; reuse by replay is
 #: OP-GRPO at its tuned pick (its own proportion), the ~25% reference of the proportion claims its @p25 cell (replay_k
-#: 4 pinned). Flow-DPPO's best epoch count: picked by the rule on the exploration seeds, then written here
+#: 4 pinned). Flow-DPPO's best epoch count picked 2026-12-05 20:58 UTC by the rule on exploration seeds 0-9 (their
+#: 120 runs alone, copied apart), as the replication runs started: mean 205 steps to 80% of the gain at 1 epoch; at 2
+#: and 4 epochs no run reached it in 400 steps
 TOY_TUNED = ReuseDesign("toy2d_sep64_sparse", TOY_EPOCH_CELLS,
                         {"op_grpo@p0": "0%", "op_grpo@p12.5": "12.5%", "op_grpo@p25": "25%",
                          "op_grpo@p43.75": "43.75%"},
-                        proportion_reference="op_grpo@p25", replay_name="OP-GRPO at its tuned recipe",
+                        proportion_reference="op_grpo@p25", replay_name="OP-GRPO at its tuned recipe", dppo_best_epochs=1,
                         replay_long="reuse by replay (OP-GRPO at its tuned recipe and off-policy proportion)")
 register(ClaimSet("reuse-toy-tuned", design_claims(TOY_TUNED), tasks=("toy2d_sep64_sparse@p25", TOY_TUNED.task),
                   references=TOY_TUNED.references,
