@@ -141,7 +141,8 @@ def gold_zones(mean: float, worse: bool) -> tuple[tuple[float, float], tuple[flo
     return (below, above) if worse else (above, below)
 
 
-def paired_claim(d: ReuseDesign, table: pd.DataFrame, cell: str, reference: str, column: str, claim: str, rule: str, zones,
+def paired_claim(d: ReuseDesign, table: pd.DataFrame, cell: str, reference: str, column: str, claim: str, rule: str,
+                 zones,
                  unit: str) -> dict:
     """A paired ``cell - reference`` difference of a run-table ``column`` over common seeds, its bootstrap CI judged
     by ``zones(reference mean) -> (reproduced, contradicted)``; 'not tested' without runs or the column."""
@@ -196,7 +197,8 @@ def _cost_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame, cel
                          lambda mean: gold_zones(mean, worse), "gold gain")]
 
 
-def _saving_claim(d: ReuseDesign, effects: pd.DataFrame, cell: str, reference: str, claim: str, metric: str = STEPS_METRIC,
+def _saving_claim(d: ReuseDesign, effects: pd.DataFrame, cell: str, reference: str, claim: str,
+                  metric: str = STEPS_METRIC,
                   also: str | None = "nfe_to_80") -> dict:
     unit = metric.split("_")[0].upper() if metric.startswith("nfe") else "steps"
     rule = (f"{unit} to 80% of Flow-GRPO's gain, {cell} / {reference}: reproduced if the ratio's CI lies below 1; "
@@ -245,7 +247,8 @@ def trust_region_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFra
 
 
 def best_epochs(d: ReuseDesign, effects: pd.DataFrame) -> int | None:
-    """:meth:`ReuseDesign.best_rule` on ``effects`` (the seed set it judges): None when no Flow-DPPO cell ran or gave a mean."""
+    """:meth:`ReuseDesign.best_rule` on ``effects`` (the seed set it judges): None when no Flow-DPPO cell ran or gave
+    a mean."""
     means = {}
     for epochs, cell in d.epoch_cells["flow_dppo"].items():
         e = find_effect(effects, d.task, "flow_grpo", cell, STEPS_METRIC)
@@ -324,7 +327,8 @@ def guard_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> 
     gold_rule = (f"{d.gold_short}, paired grpo_guard - flow_grpo: reproduced if its CI lies above 0; "
                  "contradicted if below 0; else inconclusive")
     rows.append(paired_claim(d, table, "grpo_guard", "flow_grpo", "gold_gain",
-                             "(d) GRPO-Guard's gain is better by the gold judge than Flow-GRPO's (less over-optimisation)",
+                             "(d) GRPO-Guard's gain is better by the gold judge than Flow-GRPO's "
+                             "(less over-optimisation)",
                              gold_rule, lambda _mean: ((0, INF), (-INF, 0)), "gold gain"))
     rule, reproduced, contradicted = _reward_rule("grpo_guard", "flow_grpo", worse=False)
     rows.append(effect_claim(d, effects, "grpo_guard", "flow_grpo", "final_reward",
@@ -335,7 +339,8 @@ def guard_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> 
 def _sweet_spot_claim(d: ReuseDesign, effects: pd.DataFrame) -> dict:
     claim = ("(e) an off-policy proportion of ~25% offers the best balance between convergence speed and stability "
              "(OP-GRPO paper)")
-    rule = (f"against 12.5% and 43.75%, each paired with 25% ({d.proportion_reference}): speed, steps to 80% of the gain, neighbour / "
+    rule = (f"against 12.5% and 43.75%, each paired with 25% ({d.proportion_reference}): speed, steps to 80% of the "
+            "gain, neighbour / "
             f"25%: 25% no slower if the CI lies above 1/{MATCH_MARGIN:.2f}, the neighbour faster if it lies below "
             f"1/{MATCH_MARGIN:.2f}; stability, final reward, neighbour - 25%: 25% no worse if the CI lies below "
             f"+{REWARD_MARGIN}, the neighbour better if above +{REWARD_MARGIN}. Reproduced if 25% is no slower and no "
@@ -360,10 +365,12 @@ def _sweet_spot_claim(d: ReuseDesign, effects: pd.DataFrame) -> dict:
 def proportion_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> list[dict]:
     """(e) OP-GRPO's off-policy proportion: the paper's ~25%, its saving over 0%, and the 0% control."""
     inverse = ((1, INF), (-INF, 1))
-    rule = (f"steps to 80% of Flow-GRPO's gain, op_grpo@p0 / {d.proportion_reference} (0% over 25%): reproduced if the ratio's CI lies "
+    rule = (f"steps to 80% of Flow-GRPO's gain, op_grpo@p0 / {d.proportion_reference} (0% over 25%): reproduced if "
+            "the ratio's CI lies "
             "above 1; contradicted if below 1; else inconclusive")
     saving = ratio_claim(effects, d.task, "op_grpo@p0", "(e) replaying 25% off-policy saves steps over the same code "
-                         "path at 0%", rule, zone_judge(*inverse), reference=d.proportion_reference, reproduced=inverse[0],
+                         "path at 0%", rule, zone_judge(*inverse), reference=d.proportion_reference,
+                         reproduced=inverse[0],
                          contradicted=inverse[1])
     equal = ((1 / MATCH_MARGIN, MATCH_MARGIN), (MATCH_MARGIN, INF))
     rule = (f"steps to 80% of the gain, op_grpo@p0 / flow_grpo: reproduced if the ratio's CI lies within "
@@ -411,7 +418,8 @@ register(ClaimSet("reuse-toy", claims, tasks=("toy2d_sep64_sparse@e4", TOY.task)
 TOY_TUNED = ReuseDesign("toy2d_sep64_sparse", TOY_EPOCH_CELLS,
                         {"op_grpo@p0": "0%", "op_grpo@p12.5": "12.5%", "op_grpo@p25": "25%",
                          "op_grpo@p43.75": "43.75%"},
-                        proportion_reference="op_grpo@p25", replay_name="OP-GRPO at its tuned recipe", dppo_best_epochs=1,
+                        proportion_reference="op_grpo@p25", replay_name="OP-GRPO at its tuned recipe",
+                        dppo_best_epochs=1,
                         replay_long="reuse by replay (OP-GRPO at its tuned recipe and off-policy proportion)")
 register(ClaimSet("reuse-toy-tuned", design_claims(TOY_TUNED), tasks=("toy2d_sep64_sparse@p25", TOY_TUNED.task),
                   references=TOY_TUNED.references,
