@@ -221,3 +221,33 @@ def test_kill_9_of_a_confirmation_process_is_one_line(monkeypatch):
     monkeypatch.setattr(confirm, "_train", _killed_run)  # forked into the pool's processes
     with pytest.raises(RunError, match="a process of the confirmation died .* rerun the same command"):
         confirm._train_all([1, 2], workers=2)
+
+
+def test_a_dead_workers_trial_already_failed_by_a_survivor_is_still_named(tmp_path):
+    """The race under load: the surviving worker's look for dead trials (budget.fail_dead_trials) fails and queues the
+    killed worker's trial before the command writes its line. The line still names that trial (it said "between
+    trials"), and nothing is queued twice."""
+    from flowzoo.benchmark.tuning.budget import _fail
+    from flowzoo.benchmark.tuning.local_workers import Death, worker_death
+    from flowzoo.benchmark.tuning.studies import open_study
+
+    suite, design = tuning.load_tuning(str(write_suite(tmp_path)))
+    cells = tuning.tuning_cells(suite, design, None, None)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = open_study(tuning.open_storage(url), suite, design, cells[0])
+    pid = 4242
+    for state in ("complete", "killed"):
+        trial = study.ask()
+        trial.suggest_float("lr", 1e-5, 1e-3, log=True)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{pid}:123")
+        if state == "complete":
+            study.tell(trial, 0.5)
+    killed = study.get_trials(deepcopy=False)[1]
+    _fail(study, killed, killed.params)  # what the survivor did first
+    line = worker_death(suite, cells, url, 4, 2, Death(1, pid, -signal.SIGKILL))
+    assert f"in trial 1 of {cells[0].study_name}" in line and "between trials" not in line
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert len(queued) == 1 and queued[0].user_attrs.get("retry_of") == 1
+    # a worker killed between trials (its last one finished) is still said to be between trials
+    other = worker_death(suite, cells, url, 4, 2, Death(0, 999999, -signal.SIGKILL))
+    assert "between trials" in other

@@ -168,10 +168,16 @@ def worker_death(suite: Suite, cells: list[Cell], url: str, budget: int, workers
         except KeyError:  # no worker opened it
             continue
         with lock if lock is not None else nullcontext():
-            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if str(trial.user_attrs.get("worker", "")).startswith(prefix):
-                    where.append(f"trial {trial.number} of {cell.study_name}")
-                    _fail(study, trial, trial.params)
+            mine = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.FAIL))
+                    if str(t.user_attrs.get("worker", "")).startswith(prefix)
+                    and not {"duplicate", "over_budget"} & set(t.user_attrs)]  # failed on purpose, not by its death
+            # its last trial: still running, or already failed and queued again by a surviving worker that looked
+            # for dead trials before this (budget.fail_dead_trials): named either way
+            last = max(mine, key=lambda t: t.number, default=None)
+            if last is not None:
+                where.append(f"trial {last.number} of {cell.study_name}")
+                if last.state == TrialState.RUNNING:
+                    _fail(study, last, last.params)
     during = f"in {', '.join(where)}" if where else "between trials"
     return (f"tune {suite.name}: worker {death.index + 1} of {workers} (pid {death.pid}) died, {death.how()}, {during}; "
             f"the other workers were stopped; finished trials are kept and the interrupted ones queued again: rerun "
