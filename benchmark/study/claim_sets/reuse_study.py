@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from flowzoo.benchmark.analysis.stats import bootstrap_ci
@@ -37,12 +36,12 @@ from flowzoo.benchmark.study.claims import (
     claim_row,
     estimate,
     find_effect,
-    paired,
     ratio_claim,
     register,
     saving_judge,
 )
 from flowzoo.benchmark.study.cost_claims import SPREAD_MARGIN
+from flowzoo.benchmark.study.zone_claims import effect_claim, paired_claim, zone_judge, zone_verdict
 
 #: a final-reward difference within this is no practical difference
 REWARD_MARGIN = 0.05
@@ -102,63 +101,12 @@ TOY = ReuseDesign("toy2d_sep64_sparse", TOY_EPOCH_CELLS,
                   dppo_best_epochs=1)
 
 
-def zone_verdict(low: float, high: float, reproduced: tuple[float, float], contradicted: tuple[float, float],
-                 digits: int = 3) -> str:
-    """'reproduced' if the CI [low, high] lies inside the open interval ``reproduced``, 'contradicted' if inside
-    ``contradicted``, else 'inconclusive' with the CI's width."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "inconclusive (no CI)"
-    if reproduced[0] < low and high < reproduced[1]:
-        return "reproduced"
-    if contradicted[0] < low and high < contradicted[1]:
-        return "contradicted"
-    return f"inconclusive (CI width {high - low:.{digits}g})"
-
-
-def zone_judge(reproduced: tuple[float, float], contradicted: tuple[float, float]):
-    """A ``judge(low, high)`` for :func:`ratio_claim` from the rule's zones."""
-    return lambda low, high: zone_verdict(low, high, reproduced, contradicted)
-
-
-def effect_claim(d: ReuseDesign, effects: pd.DataFrame, cell: str, reference: str, metric: str, claim: str, rule: str,
-                 reproduced: tuple[float, float], contradicted: tuple[float, float]) -> dict:
-    """A paired difference of the effects table (``cell - reference`` on ``metric``) judged by its zones."""
-    e = find_effect(effects, d.task, reference, cell, metric)
-    if e is None:
-        return claim_row(claim, rule, "no runs", "not tested")
-    low, high = float(e["ci_low"]), float(e["ci_high"])
-    measured = (f"{cell} - {reference}: {e['diff']:+.3f} {ci_text(low, high)} (MDE {e['mde']:.3f}, n {int(e['n'])})")
-    figure = estimate(f"{cell} - {reference}: {metric.replace('_', ' ')}", "difference", e["diff"], low, high,
-                      "reward", reproduced=reproduced, contradicted=contradicted)
-    return claim_row(claim, rule, measured, zone_verdict(low, high, reproduced, contradicted), figure)
-
-
 def gold_zones(mean: float, worse: bool) -> tuple[tuple[float, float], tuple[float, float]]:
     """The zones of a gold-gain difference with margin :data:`GOLD_SHARE` x |the reference's mean gold gain|:
     ``worse`` claims a loss (reproduced below minus the margin), else claims no loss (reproduced above it)."""
     margin = GOLD_SHARE * abs(mean) if math.isfinite(mean) else 0.0
     below, above = (-INF, -margin), (-margin, INF)
     return (below, above) if worse else (above, below)
-
-
-def paired_claim(d: ReuseDesign, table: pd.DataFrame, cell: str, reference: str, column: str, claim: str, rule: str,
-                 zones,
-                 unit: str) -> dict:
-    """A paired ``cell - reference`` difference of a run-table ``column`` over common seeds, its bootstrap CI judged
-    by ``zones(reference mean) -> (reproduced, contradicted)``; 'not tested' without runs or the column."""
-    if cell_runs(table, d.task, cell).empty or cell_runs(table, d.task, reference).empty:
-        return claim_row(claim, rule, "no runs", "not tested")
-    diff, reference_mean = paired(table, d.task, cell, reference, column)
-    diff = diff[np.isfinite(diff)]
-    if diff.size < 2:
-        return claim_row(claim, rule, f"{column} not logged", "not tested")
-    low, high = bootstrap_ci(diff)
-    reproduced, contradicted = zones(reference_mean)
-    measured = (f"{column}: {reference} {reference_mean:.4g}, {cell} {reference_mean + diff.mean():.4g}; difference "
-                f"{diff.mean():+.4g} {ci_text(low, high)} (n {diff.size})")
-    figure = estimate(f"{cell} - {reference}: {unit}", "difference", diff.mean(), low, high, unit,
-                      reproduced=reproduced, contradicted=contradicted)
-    return claim_row(claim, rule, measured, zone_verdict(low, high, reproduced, contradicted), figure)
 
 
 def _reward_rule(cell: str, reference: str, worse: bool) -> tuple[str, tuple, tuple]:
@@ -189,11 +137,11 @@ def _cost_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame, cel
     gold_rule = (f"{d.gold_long}, "
                  f"paired {cell} - {reference}: reproduced if its CI lies {side} -{GOLD_SHARE:.0%} of {reference}'s "
                  f"mean gold gain; contradicted if it lies {other} it; else inconclusive")
-    return [effect_claim(d, effects, cell, reference, "final_reward", f"{name} {verb} final reward", rule,
+    return [effect_claim(d.task, effects, cell, reference, "final_reward", f"{name} {verb} final reward", rule,
                          reproduced, contradicted),
-            paired_claim(d, table, cell, reference, "spread_kept", f"{name} {verb} diversity (spread kept)",
+            paired_claim(d.task, table, cell, reference, "spread_kept", f"{name} {verb} diversity (spread kept)",
                          spread_rule, _spread_zones(worse), "spread kept"),
-            paired_claim(d, table, cell, reference, "gold_gain", f"{name} {verb} gold-judge gain", gold_rule,
+            paired_claim(d.task, table, cell, reference, "gold_gain", f"{name} {verb} gold-judge gain", gold_rule,
                          lambda mean: gold_zones(mean, worse), "gold gain")]
 
 
@@ -326,12 +274,12 @@ def guard_claims(d: ReuseDesign, table: pd.DataFrame, effects: pd.DataFrame) -> 
         rows.append(claim_row(claim, rule, measured, zone_verdict(low, high, (-INF, 0), (0, INF), 3), figure))
     gold_rule = (f"{d.gold_short}, paired grpo_guard - flow_grpo: reproduced if its CI lies above 0; "
                  "contradicted if below 0; else inconclusive")
-    rows.append(paired_claim(d, table, "grpo_guard", "flow_grpo", "gold_gain",
+    rows.append(paired_claim(d.task, table, "grpo_guard", "flow_grpo", "gold_gain",
                              "(d) GRPO-Guard's gain is better by the gold judge than Flow-GRPO's "
                              "(less over-optimisation)",
                              gold_rule, lambda _mean: ((0, INF), (-INF, 0)), "gold gain"))
     rule, reproduced, contradicted = _reward_rule("grpo_guard", "flow_grpo", worse=False)
-    rows.append(effect_claim(d, effects, "grpo_guard", "flow_grpo", "final_reward",
+    rows.append(effect_claim(d.task, effects, "grpo_guard", "flow_grpo", "final_reward",
                              "(d) GRPO-Guard loses no final reward against Flow-GRPO", rule, reproduced, contradicted))
     return rows
 
