@@ -15,9 +15,9 @@ noisy image along the channels, so the transformer takes 6 input channels (noisy
   source channels (``TinyArch.source_channels`` = 3), so ``tiny`` refuses edit weights and ``tiny_edit`` refuses
   text-to-image ones.
 
-Weights: ``models/weights/tiny_shapes_edit.safetensors`` (``weights: auto``; not shipped until pretrained:
-``flowzoo pretrain tiny --data shapes_edit --init models/weights/tiny_shapes.safetensors``, docs/tiny.md),
-a path, or None for a random model of ``arch``.
+Weights: ``models/weights/tiny_shapes_edit.safetensors`` (``weights: auto``; shipped, pretrained by
+``flowzoo pretrain tiny --data shapes_edit --init models/weights/tiny_shapes.safetensors --steps 8256``, its
+provenance in ``tiny_shapes_edit.json`` beside it, docs/tiny.md), a path, or None for a random model of ``arch``.
 
 Pretraining from text-to-image weights (``--init``, :func:`init_from_text_to_image`): every weight is copied; the
 patch embedding's weights on the 3 source channels start at zero and the new words' embeddings keep their random

@@ -238,8 +238,8 @@ def test_tiny_study_claims_read_the_tiny_task(tmp_path, suite, task, label):
                     ) == "reproduced"
     assert _verdict(verdicts, "DAPO's dynamic sampling, needs no more steps") == "not tested"
     assert not any("sparse binary reward" in claim or "video" in claim for claim in verdicts.index)
-    with pytest.raises(ConfigError, match="--claims 'quick': no such claim set; claim sets: op-grpo-tiny-counting, "
-                                          "op-grpo-tiny-rare-counting, op-grpo-toy"):
+    with pytest.raises(ConfigError, match="--claims 'quick': no such claim set; claim sets: edit-replay, "
+                                          "op-grpo-tiny-counting, op-grpo-tiny-rare-counting, op-grpo-toy"):
         claim_set("quick")
 
 

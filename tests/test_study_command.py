@@ -111,7 +111,7 @@ def test_seed_sets_named_by_the_user_and_replication_on_them(study):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--claims", "op-grpo-nope"], "--claims 'op-grpo-nope': no such claim set; claim sets: op-grpo-tiny-counting, "),
+    (["--claims", "op-grpo-nope"], "--claims 'op-grpo-nope': no such claim set; claim sets: edit-replay, op-grpo-tiny-counting, "),
     (["--seed-sets", "mine=9-3"], "--seed-sets 'mine=9-3': range '9-3' runs backwards"),
     (["--seed-sets", "unknown"], "--seed-sets unknown: no such seed set in the suite; its sets: exploration, "
                                  "replication"),
