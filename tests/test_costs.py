@@ -161,3 +161,22 @@ def test_cost_columns_on_the_held_out_seeds_only_give_held_out_only_verdicts(tmp
     assert row["verdict exploration"] == "not tested" and row["verdict replication"].startswith("reproduced")
     assert row["replication"] == "held-out only: reproduced"
     assert "**held-out only** when only the held-out seeds could be judged" in (out / "README.md").read_text()
+
+
+def test_a_report_with_a_task_that_measures_no_cost_draws_the_others_panels(tmp_path):
+    """The quick suite's shape: toy tasks log spread and gold, the edit run-through (one sample per prompt, no gold)
+    logs none; the report draws a panel for the first only and lists both tasks in the table (it crashed on an
+    empty panel before)."""
+    from flowzoo.benchmark.cli import main
+
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _write(runs, "flow_grpo", seed, 0.9, 0.1)
+        write_run(runs, "tiny_edit", "flow_grpo", seed, STEPS, [0.7, 0.71, 0.72, 0.72, 0.73, 0.73])
+    out = tmp_path / "report"
+    assert main(["report", str(runs), "--out", str(out)]) == 0
+    page = (out / "index.md").read_text()
+    section = page[page.index("## What the gain cost"):]
+    assert "### tiny_edit" in section and f"### {TASK}" in section
+    assert (out / "figures" / f"{TASK}_costs.png").is_file()
+    assert not list((out / "figures").glob("tiny_edit_costs*"))

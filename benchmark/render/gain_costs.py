@@ -13,6 +13,10 @@ from flowzoo.benchmark.render import figures
 from flowzoo.benchmark.render.tables import markdown_table
 
 
+#: the costs a panel draws the reward gain against, in panel order
+PANEL_COSTS = ("spread_kept", "gold_gain", "unseen_gain")
+
+
 def _cell(row: pd.Series, cost: str, digits: int = 3) -> str:
     value = row[cost]
     if not math.isfinite(value):
@@ -52,7 +56,7 @@ def plot_costs(costs: pd.DataFrame, task: str, seed_set: str, palette: dict, ste
     its 95% CIs as bars, the Pareto front joined."""
     plt = figures.pyplot()
     rows = costs[(costs["task"] == task) & (costs["seed_set"] == seed_set)]
-    xs = [c for c in ("spread_kept", "gold_gain", "unseen_gain") if rows[c].notna().any()]
+    xs = [c for c in PANEL_COSTS if rows[c].notna().any()]
     fig, axes = plt.subplots(1, len(xs), figsize=(5.2 * len(xs), 4.2), squeeze=False, sharey=True)
     fig.subplots_adjust(left=0.1, right=0.98, bottom=0.14, top=0.86, wspace=0.08)
     for ax, x in zip(axes[0], xs):
@@ -77,5 +81,9 @@ def plot_costs(costs: pd.DataFrame, task: str, seed_set: str, palette: dict, ste
 
 
 def plot_panels(costs: pd.DataFrame, seed_set: str, palette: dict, stem_of) -> list[tuple[str, list[Path]]]:
-    """Every task's panel (:func:`plot_costs`) at ``stem_of(task)``: (task, paths) in task order."""
-    return [(task, plot_costs(costs, task, seed_set, palette, stem_of(task))) for task in sorted(set(costs["task"]))]
+    """Every task's panel (:func:`plot_costs`) at ``stem_of(task)``: (task, paths) in task order. A task none of whose
+    runs measured a cost of :data:`PANEL_COSTS` (e.g. one sample per prompt and no gold, beside tasks that measure
+    them) has no panel; its table row still shows the reward gain."""
+    shown = costs[costs["seed_set"] == seed_set]
+    tasks = [task for task, rows in shown.groupby("task", sort=True) if rows[list(PANEL_COSTS)].notna().any().any()]
+    return [(task, plot_costs(costs, task, seed_set, palette, stem_of(task))) for task in tasks]
