@@ -79,7 +79,7 @@ report: setup  ## rewrite reports/quick/ from runs/quick/
 # the committed example reports in headless Chromium (the OS package, installed when missing and possible): fails
 # on a missing image, a broken link, or a first screen without a figure; writes docs/report-<name>-first-screen.png.
 # Then reruns the first 3 steps of every cell of reports/example-quick (fingerprint.json): fails when today's code
-# or recipe gives other numbers, i.e. when the example is stale (~1 CPU-minute).
+# or recipe gives other numbers, i.e. when the example is stale (45 cells: ~2 CPU-minutes, the edit ones the dearest).
 # Without a browser only the static checks run, and the output says that the browser part was skipped and why.
 REPORT_CHECK ?= reports/example-quick reports/example-op-grpo-study reports/example-tiny-counting-study reports/example-tiny-rare-counting-study
 REPORT_CHECK_TABLES ?=

@@ -98,6 +98,14 @@ def test_reports_name_the_protocol():
     assert one.startswith("Evaluation protocol: `pipeline (28 steps)` for every run")
     mixed = protocol_line({"a": "pipeline (28 steps)", "b": "algorithm (28 steps)"})
     assert "`algorithm (28 steps)` (1 runs)" in mixed and "not comparable" in mixed
+    # protocols that differ only between tasks are listed per task; a task of two protocols still warns
+    tasks = {"a": "toy", "b": "edit", "c": "toy"}
+    per_task = protocol_line({"a": "pipeline (the model's steps)", "b": "pipeline (6 steps)",
+                              "c": "pipeline (the model's steps)"}, tasks)
+    assert per_task == ("Evaluation protocol, one per task: `edit`: `pipeline (6 steps)`; `toy`: `pipeline (the "
+                        "model's steps)` (every run of a task under the same sampler; docs/harness.md).")
+    within = protocol_line({"a": "pipeline (28 steps)", "b": "pipeline (6 steps)", "c": "algorithm (28 steps)"}, tasks)
+    assert "not comparable" in within
 
 
 @pytest.mark.parametrize("name", PAPER_SUITES)

@@ -105,10 +105,10 @@ def test_bad_input_is_one_line(tmp_path, capsys, made):
 
 
 def test_the_committed_quick_example_has_a_fingerprint_of_every_cell():
-    """reports/example-quick can be checked: `make report-check` reruns its cells (not here: ~1 CPU-minute)."""
+    """reports/example-quick can be checked: `make report-check` reruns its cells (not here: a few CPU-minutes)."""
     from flowzoo.benchmark.run.suite import load_suite
 
     data = freshness.read_fingerprint(ROOT / "reports" / "example-quick")
     suite = load_suite("quick")
-    assert len(data["cells"]) == len(suite.algorithms) * len(suite.tasks) == 30
+    assert len(data["cells"]) == len(suite.algorithms) * len(suite.tasks) == 45
     assert all(cell["seed"] == 0 and len(cell["rows"]) == data["steps"] + 1 for cell in data["cells"].values())

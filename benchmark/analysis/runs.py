@@ -128,15 +128,27 @@ def evaluation_protocol(config: Mapping) -> str:
     return f"{sampler} ({', '.join(parts)})"
 
 
-def protocol_line(protocols: Mapping[str, str]) -> str:
+def protocol_line(protocols: Mapping[str, str], tasks: Mapping[str, str] | None = None) -> str:
     """One line for a page: the evaluation protocol of every run (``protocols``: run -> :func:`evaluation_protocol`),
-    or, where they differ, each with its count and a warning that those eval rewards are not of one sampler."""
+    or, where they differ, each with its count and a warning that those eval rewards are not of one sampler. With
+    ``tasks`` (run -> task), protocols that differ only between tasks (each task's runs of one sampler: their rewards
+    compare within the task, the only comparison a page makes) are listed per task, without the warning."""
     counts: dict[str, int] = {}
     for protocol in protocols.values():
         counts[protocol] = counts.get(protocol, 0) + 1
     if len(counts) == 1:
         return (f"Evaluation protocol: `{next(iter(counts))}` for every run (`pipeline`: the model's own sampler, its "
                 "shift and CFG scale on its grid; `algorithm`: each algorithm's training shift and guidance; "
+                "docs/harness.md).")
+    by_task: dict[str, set[str]] = {}
+    for run, protocol in protocols.items():
+        by_task.setdefault((tasks or {}).get(run, ""), set()).add(protocol)
+    if tasks is not None and "" not in by_task and all(len(p) == 1 for p in by_task.values()):
+        shared: dict[str, list[str]] = {}
+        for task, (protocol,) in sorted(by_task.items()):
+            shared.setdefault(protocol, []).append(f"`{task}`")
+        listed = "; ".join(f"{', '.join(names)}: `{protocol}`" for protocol, names in sorted(shared.items()))
+        return (f"Evaluation protocol, one per task: {listed} (every run of a task under the same sampler; "
                 "docs/harness.md).")
     listed = ", ".join(f"`{p}` ({n} runs)" for p, n in sorted(counts.items()))
     return (f"Evaluation protocols differ between runs: {listed}; eval rewards of different protocols come from "

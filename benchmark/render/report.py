@@ -102,7 +102,7 @@ def header_section(analysis: stats.Analysis) -> list[str]:
         f"unfinished: {len(unfinished)}; skipped (unreadable): {len(analysis.skipped)}",
         f"- Baseline: `{analysis.baseline}`",
         f"- Target: {analysis.target_description}",
-        f"- {protocol_line(analysis.protocols)}",
+        f"- {protocol_line(analysis.protocols, dict(zip(analysis.finals['run'], analysis.finals['task'])))}",
         "- Contents: " + ", ".join(f"[{title}](#{anchor(title)})" for title in sections),
         "",
     ]
