@@ -25,7 +25,6 @@ from flowzoo.benchmark.study.claims import (
     INF,
     SAVING_ZONES,
     ClaimSet,
-    cell_runs,
     ci_text,
     claim_row,
     estimate,
@@ -33,6 +32,7 @@ from flowzoo.benchmark.study.claims import (
     register,
     saving_judge,
 )
+from flowzoo.benchmark.study.cost_claims import gold_changes
 from flowzoo.benchmark.study.zone_claims import effect_claim, paired_claim, zone_verdict
 
 TASK = "tiny_edit"
@@ -65,13 +65,10 @@ def _keeps_source(table: pd.DataFrame, cell: str) -> dict:
              f"the preserve term does not fall ({LABEL})")
     rule = (f"preserve-term change (final - base, gold_gain) of {cell} over seeds: reproduced if its CI lies above "
             f"-{PRESERVE_MARGIN}; contradicted if it lies below -{PRESERVE_MARGIN}; else inconclusive")
-    runs = cell_runs(table, TASK, cell)
-    if runs.empty:
-        return claim_row(claim, rule, "no runs", "not tested")
-    if "gold_gain" not in runs or runs["gold_gain"].notna().sum() < 2:
-        return claim_row(claim, rule, "no preserve term logged (train.gold unset)", "not tested")
-    change = runs["gold_gain"].dropna().to_numpy(float)
-    reward = (runs["final_reward"] - runs["base"]).to_numpy(float)
+    changes = gold_changes(table, TASK, cell)
+    if isinstance(changes, str):
+        return claim_row(claim, rule, changes.replace("gold measure", "preserve term"), "not tested")
+    change, reward = changes
     low, high = bootstrap_ci(change)
     measured = (f"preserve change {change.mean():+.3f} {ci_text(low, high)} beside an edit-reward gain "
                 f"{np.nanmean(reward):+.3f} (n {change.size})")
