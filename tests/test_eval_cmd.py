@@ -36,7 +36,10 @@ def test_a_run_is_evaluated_at_its_final_checkpoint_as_the_runner_did(run, tmp_p
     assert main(["eval", str(run), "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     record = json.loads(out.read_text())
+    samples = record.pop("samples")  # the file keeps every sample's score; the printed line does not
     assert printed == record
+    assert len(samples["scores"]) == len(samples["conditions"]) == record["prompts"] * 4
+    assert sum(samples["scores"]) / len(samples["scores"]) == pytest.approx(record["eval_reward"], abs=1e-6)  # float32 means
     metrics = pd.read_csv(run / "metrics.csv")
     assert record["step"] == 2 and record["finished"] is True
     assert record["checkpoint"] == str(run / "checkpoint.pt")
@@ -138,3 +141,35 @@ def test_an_edit_instruction_on_two_sources_is_two_clusters():
     recorder(torch.tensor([[1.0, 1.0], [0.0, 0.5]]), ["remove the square"] * 2, sources)
     recorder(torch.tensor([[1.0, 1.0], [0.5, 0.5]]), ["remove the square"] * 2, sources)
     assert recorder.interval()["eval_reward_se"] == pytest.approx(0.625)  # the two-prompt case above
+
+
+def test_an_evaluation_pairs_with_an_earlier_one_of_the_same_samples(run, tmp_path, capsys):
+    """The base model's --out, then the trained run --paired-with it: the mean per-sample difference is the
+    difference of the means, its prompt-clustered interval is finite, and pairing with itself gives exactly 0."""
+    base, trained = tmp_path / "base.json", tmp_path / "trained.json"
+    assert main(["eval", str(CONFIG), *FAST, "--out", str(base)]) == 0
+    assert main(["eval", str(run), "--out", str(trained), "--paired-with", str(base)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    a, b = json.loads(trained.read_text()), json.loads(base.read_text())
+    paired = printed["paired"]
+    assert paired["diff"] == pytest.approx(a["eval_reward"] - b["eval_reward"], abs=1e-6)
+    assert paired["ci95"][0] < paired["diff"] < paired["ci95"][1] and paired["se"] > 0
+    assert paired["better"] + paired["worse"] <= paired["samples"] == len(a["samples"]["scores"])
+    assert main(["eval", str(run), "--paired-with", str(trained)]) == 0
+    same = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["paired"]
+    assert same["diff"] == 0 and same["se"] == 0 and same["better"] == same["worse"] == 0
+
+
+def test_a_pairing_that_cannot_pair_is_one_line(run, tmp_path, capsys):
+    base = tmp_path / "base.json"
+    assert main(["eval", str(CONFIG), *FAST, "--out", str(base)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--samples", "2", "--paired-with", str(base)]) == 2
+    assert "--paired-with " in (err := capsys.readouterr().err) and "do not pair with these (16 vs 8 samples" in err
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"eval_reward": 0.5}))
+    assert main(["eval", str(run), "--paired-with", str(bare)]) == 2
+    assert "keeps no per-sample scores" in capsys.readouterr().err
+    assert main(["eval", str(run), "--paired-with", str(tmp_path / "missing.json")]) == 2
+    assert "not a readable `flowzoo eval --out` file" in capsys.readouterr().err
+

@@ -1,4 +1,5 @@
-"""``flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [key=value ...]``: the runner's evaluation.
+"""``flowzoo eval CONFIG_OR_RUN [--steps N] [--samples K] [--out FILE] [--paired-with FILE] [key=value ...]``: the
+runner's evaluation.
 
 * A run directory: its ``config.yaml`` rebuilds the experiment and its ``checkpoint.pt`` (the final one of a finished
   run, else the latest) is loaded through the runner's checkpoint loader, which refuses a corrupt checkpoint or one
@@ -12,9 +13,12 @@ samples from the fixed noise stream ``train.eval_seed``, scored by the config's 
 stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
 ``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag, and
 ``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its normal 95% interval
-(the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). Nothing is
-written into the run directory: an ``--out`` inside any run directory, or the config file evaluated, is refused before
-the evaluation.
+(the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). ``--out`` also
+keeps every sample's condition and score (``samples``); ``--paired-with FILE`` pairs this evaluation with such a file
+of the same prompts, samples and steps (e.g. the base model's, then a trained run's: the same noise, so sample i of one
+is sample i of the other) and adds ``paired``: the mean per-sample difference with its prompt-clustered 95% interval,
+tighter than two unpaired intervals because each prompt's own difficulty cancels. Nothing is written into the run
+directory: an ``--out`` inside any run directory, or the config file evaluated, is refused before the evaluation.
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ class _TagRecorder:
         se = math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(self.prompts)
         return {"eval_reward_se": se, "eval_reward_ci95": [mean - z * se, mean + z * se]}
 
+    def samples(self) -> dict[str, list]:
+        """Every scored sample in evaluation order: its condition (:func:`flowzoo.source_images.condition_key`) and
+        its score; what ``--out`` keeps so that another evaluation can be paired with it (``--paired-with``)."""
+        return {"conditions": list(self.prompts),
+                "scores": [float(v) for out, _ in self.batches for v in out.score.tolist()]}
+
     def by_tag(self) -> dict[str, dict[str, float]]:
         """{tag: {"eval_reward": mean score, "eval/<component>": mean}} when the samples carry two or more tags."""
         totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -85,6 +95,32 @@ class _TagRecorder:
         if None in totals or len(totals) < 2:
             return {}
         return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
+
+
+def paired_difference(samples: dict[str, list], other: dict, where: str, z: float = 1.96) -> dict:
+    """This evaluation minus ``other`` (an ``--out`` record of the same prompts, samples per prompt, steps and
+    evaluation noise: the samples pair one to one), with the standard error of the mean difference clustered by
+    condition as :meth:`_TagRecorder.interval` clusters scores. Pairing removes the prompts' own difficulty from the
+    uncertainty, so a small change of a model is measurable where two unpaired intervals overlap. One-line
+    ConfigError naming ``where`` when ``other`` keeps no samples or they do not pair."""
+    kept = other.get("samples") if isinstance(other, dict) else None
+    if not isinstance(kept, dict) or not isinstance(kept.get("scores"), list):
+        raise ConfigError(f"{where}: keeps no per-sample scores; write it with `flowzoo eval ... --out FILE` (this "
+                          "version) to pair with it")
+    if kept.get("conditions") != samples["conditions"]:
+        n, m = len(samples["conditions"]), len(kept.get("conditions") or [])
+        raise ConfigError(f"{where}: its samples do not pair with these ({m} vs {n} samples, or other prompts or "
+                          "order): evaluate both with the same prompts, --samples and --steps")
+    diffs = [a - b for a, b in zip(samples["scores"], kept["scores"])]
+    mean = sum(diffs) / len(diffs)
+    sums: dict[str, float] = defaultdict(float)
+    for condition, d in zip(samples["conditions"], diffs):
+        sums[condition] += d - mean
+    clusters = len(sums)
+    se = (math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(diffs)
+          if clusters > 1 else math.nan)
+    return {"with": where, "diff": mean, "se": se, "ci95": [mean - z * se, mean + z * se],
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs), "samples": len(diffs)}
 
 
 #: what makes a folder a run directory for ``--out``: its config.yaml and one file training writes beside it
@@ -139,9 +175,11 @@ def _target(path: Path, overrides: Sequence[str]):
 
 def evaluate(
     target: str | Path, steps: int | None = None, samples: int | None = None, out: str | Path | None = None,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[str] = (), paired_with: str | Path | None = None,
 ) -> dict:
-    """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record."""
+    """Evaluate a run's checkpoint or a config's untrained model (module docstring); returns the result record (the
+    ``--out`` file's, which also keeps every sample's score under ``samples``). ``paired_with``: an earlier ``--out``
+    file of the same evaluation; the record then holds ``paired``, this minus that (:func:`paired_difference`)."""
     from flowzoo.benchmark.run.runner import Runner, finished_summary
 
     for flag, value in (("--steps", steps), ("--samples", samples)):
@@ -149,6 +187,13 @@ def evaluate(
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     if out is not None:
         out = check_out_file(Path(out), Path(target))
+    other = None
+    if paired_with is not None:
+        try:
+            other = json.loads(Path(paired_with).read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"--paired-with {str(paired_with)!r}: not a readable `flowzoo eval --out` file "
+                              f"({error.__class__.__name__})") from None
     path = Path(target)
     config, state, checkpoint = _target(path, overrides)
     train = dataclasses.replace(
@@ -187,6 +232,10 @@ def evaluate(
     by_tag = recorder.by_tag()
     if by_tag:
         record["by_tag"] = by_tag
+    kept = recorder.samples()
+    if other is not None:
+        record["paired"] = paired_difference(kept, other, f"--paired-with {paired_with}")
+    record["samples"] = kept
     if out is not None:
         atomic_write_text(out, json.dumps(record, indent=2) + "\n")
     return record
@@ -207,10 +256,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ODE steps (default: the config's train.eval_num_steps)")
     parser.add_argument("--samples", type=at_most(MAX_BATCH), default=None, metavar="K",
                         help="samples per held-out prompt (default: the config's train.eval_samples_per_prompt)")
-    parser.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the result as JSON to FILE, with "
+                        "every sample's score (what --paired-with reads)")
+    parser.add_argument("--paired-with", default=None, metavar="FILE", help="an earlier --out FILE of the same "
+                        "prompts, samples and steps (e.g. the base model's): adds `paired`, this minus that per "
+                        "sample, its mean with a 95%% interval clustered by prompt")
 
 
 def run(args: argparse.Namespace) -> int:
     """``flowzoo eval``: the record as one JSON line."""
-    print(json.dumps(evaluate(args.target, args.steps, args.samples, args.out, args.overrides)))
+    record = evaluate(args.target, args.steps, args.samples, args.out, args.overrides, args.paired_with)
+    print(json.dumps({k: v for k, v in record.items() if k != "samples"}))
     return 0
