@@ -2,6 +2,7 @@
 logged, nothing is written into the run, and bad input is one line (exit 2) before any work."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.run.eval_command import _TagRecorder
+from flowzoo.benchmark.run.eval_command import _TagRecorder, clustered_mean
 from flowzoo.rewards.base import RewardOutput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,8 @@ def test_a_run_is_evaluated_at_its_final_checkpoint_as_the_runner_did(run, tmp_p
     samples = record.pop("samples")  # the file keeps every sample's score; the printed line does not
     assert printed == record
     assert len(samples["scores"]) == len(samples["conditions"]) == record["prompts"] * 4
-    assert sum(samples["scores"]) / len(samples["scores"]) == pytest.approx(record["eval_reward"], abs=1e-6)  # float32 means
+    mean = sum(samples["scores"]) / len(samples["scores"])
+    assert mean == pytest.approx(record["eval_reward"], abs=1e-6)  # the record's mean is float32
     metrics = pd.read_csv(run / "metrics.csv")
     assert record["step"] == 2 and record["finished"] is True
     assert record["checkpoint"] == str(run / "checkpoint.pt")
@@ -158,9 +160,10 @@ def test_an_evaluation_pairs_with_an_earlier_one_of_the_same_samples(run, tmp_pa
     assert main(["eval", str(run), "--paired-with", str(trained)]) == 0
     same = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["paired"]
     assert same["diff"] == 0 and same["se"] == 0 and same["better"] == same["worse"] == 0
+    assert same["with"] == str(trained)
 
 
-def test_a_pairing_that_cannot_pair_is_one_line(run, tmp_path, capsys):
+def test_a_pairing_that_cannot_pair_is_one_line(run, tmp_path, capsys, monkeypatch):
     base = tmp_path / "base.json"
     assert main(["eval", str(CONFIG), *FAST, "--out", str(base)]) == 0
     capsys.readouterr()
@@ -168,8 +171,21 @@ def test_a_pairing_that_cannot_pair_is_one_line(run, tmp_path, capsys):
     assert "--paired-with " in (err := capsys.readouterr().err) and "do not pair with these (16 vs 8 samples" in err
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"eval_reward": 0.5}))
+    from flowzoo.benchmark.run import runner
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a file that keeps no samples is refused before the evaluation")
+
+    monkeypatch.setattr(runner.Runner, "build", no_work)
     assert main(["eval", str(run), "--paired-with", str(bare)]) == 2
     assert "keeps no per-sample scores" in capsys.readouterr().err
     assert main(["eval", str(run), "--paired-with", str(tmp_path / "missing.json")]) == 2
     assert "not a readable `flowzoo eval --out` file" in capsys.readouterr().err
+
+
+def test_the_clustered_standard_error_follows_its_formula():
+    """Two prompts of two samples: mean 3, cluster sums -2 and +2, C / (C - 1) * 8 / N^2 = 1."""
+    assert clustered_mean(["a", "a", "b", "b"], [1.0, 3.0, 2.0, 6.0]) == (3.0, 1.0)
+    mean, se = clustered_mean(["a", "a"], [1.0, 2.0])
+    assert mean == 1.5 and math.isnan(se)  # one cluster: no standard error
 

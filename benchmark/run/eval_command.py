@@ -39,6 +39,23 @@ from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text
 
 
+def clustered_mean(conditions: Sequence[str], values: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its standard error clustered by condition (each distinct condition one cluster):
+    the cluster-robust (Liang-Zeger sandwich) variance of a mean, ``C / (C - 1) * sum_c (sum_{i in c} (v_i -
+    mean))^2 / N^2`` over C conditions and N values. (NaN, NaN) without values; the SE is NaN with fewer than two
+    conditions."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    sums: dict[str, float] = defaultdict(float)
+    for condition, value in zip(conditions, values):
+        sums[condition] += value - mean
+    clusters = len(sums)
+    if clusters < 2:
+        return mean, math.nan
+    return mean, math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(values)
+
+
 class _TagRecorder:
     """The reward, recording each scored batch's output with its metadata (for the per-tag means)."""
 
@@ -64,18 +81,9 @@ class _TagRecorder:
 
         Samples of one condition (its repeats in the prompt list and its samples per prompt) are correlated, so the
         standard error treats each distinct condition as one cluster (the prompt text, joined by its source image for
-        an edit prompt: ``flowzoo.source_images.condition_key``; one instruction on two sources is two clusters): the cluster-robust (Liang-Zeger sandwich)
-        variance of a mean, ``C / (C - 1) * sum_c (sum_{i in c} (s_i - mean))^2 / N^2`` over C prompts and N
-        samples. NaN with fewer than two distinct prompts."""
-        scores = [float(v) for out, _ in self.batches for v in out.score.tolist()]
-        clusters = len(set(self.prompts))
-        if not scores or clusters < 2:
-            return {"eval_reward_se": math.nan, "eval_reward_ci95": [math.nan, math.nan]}
-        mean = sum(scores) / len(scores)
-        sums: dict[str, float] = defaultdict(float)
-        for prompt, score in zip(self.prompts, scores):
-            sums[prompt] += score - mean
-        se = math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(self.prompts)
+        an edit prompt: ``flowzoo.source_images.condition_key``; one instruction on two sources is two clusters):
+        the cluster-robust variance of a mean (:func:`clustered_mean`). NaN with fewer than two distinct prompts."""
+        mean, se = clustered_mean(self.prompts, self.samples()["scores"])
         return {"eval_reward_se": se, "eval_reward_ci95": [mean - z * se, mean + z * se]}
 
     def samples(self) -> dict[str, list]:
@@ -103,24 +111,25 @@ def paired_difference(samples: dict[str, list], other: dict, where: str, z: floa
     condition as :meth:`_TagRecorder.interval` clusters scores. Pairing removes the prompts' own difficulty from the
     uncertainty, so a small change of a model is measurable where two unpaired intervals overlap. One-line
     ConfigError naming ``where`` when ``other`` keeps no samples or they do not pair."""
-    kept = other.get("samples") if isinstance(other, dict) else None
-    if not isinstance(kept, dict) or not isinstance(kept.get("scores"), list):
-        raise ConfigError(f"{where}: keeps no per-sample scores; write it with `flowzoo eval ... --out FILE` (this "
-                          "version) to pair with it")
+    kept = kept_samples(other, where)
     if kept.get("conditions") != samples["conditions"]:
         n, m = len(samples["conditions"]), len(kept.get("conditions") or [])
         raise ConfigError(f"{where}: its samples do not pair with these ({m} vs {n} samples, or other prompts or "
                           "order): evaluate both with the same prompts, --samples and --steps")
     diffs = [a - b for a, b in zip(samples["scores"], kept["scores"])]
-    mean = sum(diffs) / len(diffs)
-    sums: dict[str, float] = defaultdict(float)
-    for condition, d in zip(samples["conditions"], diffs):
-        sums[condition] += d - mean
-    clusters = len(sums)
-    se = (math.sqrt(clusters / (clusters - 1) * sum(v * v for v in sums.values())) / len(diffs)
-          if clusters > 1 else math.nan)
-    return {"with": where, "diff": mean, "se": se, "ci95": [mean - z * se, mean + z * se],
-            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs), "samples": len(diffs)}
+    mean, se = clustered_mean(samples["conditions"], diffs)
+    return {"with": where.removeprefix("--paired-with "), "diff": mean, "se": se,
+            "ci95": [mean - z * se, mean + z * se], "better": sum(d > 0 for d in diffs),
+            "worse": sum(d < 0 for d in diffs), "samples": len(diffs)}
+
+
+def kept_samples(record: object, where: str) -> dict[str, list]:
+    """The per-sample scores an ``--out`` record keeps; one-line ConfigError naming ``where`` when it keeps none."""
+    kept = record.get("samples") if isinstance(record, dict) else None
+    if not isinstance(kept, dict) or not isinstance(kept.get("scores"), list):
+        raise ConfigError(f"{where}: keeps no per-sample scores; write it with `flowzoo eval ... --out FILE` (this "
+                          "version) to pair with it")
+    return kept
 
 
 #: what makes a folder a run directory for ``--out``: its config.yaml and one file training writes beside it
@@ -194,6 +203,7 @@ def evaluate(
         except (OSError, ValueError) as error:
             raise ConfigError(f"--paired-with {str(paired_with)!r}: not a readable `flowzoo eval --out` file "
                               f"({error.__class__.__name__})") from None
+        kept_samples(other, f"--paired-with {paired_with}")  # before the evaluation: a file that cannot pair at all
     path = Path(target)
     config, state, checkpoint = _target(path, overrides)
     train = dataclasses.replace(
