@@ -14,7 +14,7 @@ from tests.synthetic_runs import write_run
 
 SUITES = Path(__file__).resolve().parents[1] / "benchmark" / "suites"
 STEPS = [0, 10, 20, 30, 40]
-TASK = "tiny_edit"
+TASK = "tiny_edit_rare"
 
 
 def test_the_suite_expands_to_its_cells_on_the_edit_tier(tmp_path):
@@ -27,11 +27,18 @@ def test_the_suite_expands_to_its_cells_on_the_edit_tier(tmp_path):
     cells = {c.algorithm_name: c for c in configs if c.seed == 0}
     assert set(cells) == {"flow_grpo", "op_grpo"}
     for config in cells.values():
-        assert config.model.name == "tiny_edit" and config.prompts.source == "tiny_edit"
+        assert config.model.name == "tiny_edit" and config.prompts.source == "files"
+        assert config.prompts.train == config.prompts.test == "benchmark/prompts/tiny_edit_rare.jsonl"
         assert config.train.gold == {"name": "shapes_edit", "edit_weight": 0.0, "preserve_weight": 1.0}
     op = cells["op_grpo"].algorithm
     assert op["off_policy_groups"] * op["replay_k"] / op["group_size"] == pytest.approx(0.25)
     shared = ("lr", "clip_range", "num_steps", "timestep_fraction", "group_size")
+    # the recipe is the rare edit task's config (benchmark/configs/tiny_edit_rare_flow_grpo.yaml), stated before any run
+    import yaml
+
+    recipe = yaml.safe_load((SUITES.parent / "configs" / "tiny_edit_rare_flow_grpo.yaml").read_text())
+    assert {k: cells["flow_grpo"].algorithm[k] for k in shared} == {k: recipe["algorithm"][k] for k in shared}
+    assert cells["flow_grpo"].train.steps == recipe["train"]["steps"]
     assert {k: cells["flow_grpo"].algorithm[k] for k in shared} == {k: op[k] for k in shared}
 
 

@@ -9,9 +9,9 @@ edit reward ``shapes_edit`` is the mean of an ``edit`` term (the asked change is
 preserve term, so the study's gold measure is the preserve term alone (``train.gold: {name: shapes_edit,
 edit_weight: 0, preserve_weight: 1}``; ``gold_gain`` = its final - base change).
 
-Input: the study's run table and paired effects on ``tiny_edit`` (:func:`benchmark.study.verdicts.analyze_study`),
-cells ``flow_grpo`` and ``op_grpo``. Margins (ours, fixed with the rules): :data:`REWARD_MARGIN` 0.05 reward (the
-reuse study's), :data:`PRESERVE_MARGIN` 0.05 of the preserve term (a twentieth of its [0, 1] range). Verdicts from
+Input: the study's run table and paired effects on ``tiny_edit_rare`` (the 4 rare edits;
+:func:`benchmark.study.verdicts.analyze_study`), cells ``flow_grpo`` and ``op_grpo``. Margins (ours, fixed with the
+rules): :data:`REWARD_MARGIN` 0.05 reward (the reuse study's), :data:`PRESERVE_MARGIN` 0.05 of the preserve term (a twentieth of its [0, 1] range). Verdicts from
 where the 95% CI lies against each rule's zones (:mod:`benchmark.study.zone_claims`).
 """
 
@@ -35,8 +35,8 @@ from flowzoo.benchmark.study.claims import (
 from flowzoo.benchmark.study.cost_claims import gold_changes
 from flowzoo.benchmark.study.zone_claims import effect_claim, paired_claim, zone_verdict
 
-TASK = "tiny_edit"
-LABEL = "tiny edit tier"
+TASK = "tiny_edit_rare"
+LABEL = "rare edits, tiny edit tier"
 REWARD_MARGIN = 0.05
 PRESERVE_MARGIN = 0.05
 CELLS = {"flow_grpo": "Flow-GRPO", "op_grpo": "OP-GRPO"}
