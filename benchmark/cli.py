@@ -45,6 +45,8 @@ COMMANDS = (
             "per-step training cost of a suite's cells, measured interleaved in one process (study --timing)"),
     Command("pretrain", "flowzoo.benchmark.run.pretrain_command",
             "pretrain the tiny tier on synthetic data (resumable)"),
+    Command("edit-pairs", "flowzoo.benchmark.prompts.tiny_edit_files",
+            "write tiny edit triples as edit-pair files (PNG sources and a .jsonl) for prompts.source=files"),
     Command("grad-snr", "flowzoo.benchmark.run.grad_snr_command",
             "gradient signal-to-noise of a config's training step at its start weights"),
     Command("perf", "flowzoo.benchmark.perf.command",

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from flowzoo.benchmark.prompts.files import read_prompts
-from flowzoo.benchmark.prompts.tiny_edit_files import main, write_edit_pairs
+from flowzoo.benchmark import cli
+from flowzoo.benchmark.prompts.tiny_edit_files import write_edit_pairs
 from flowzoo.errors import ConfigError
 from flowzoo.models.tiny_data import TRAIN_PROMPT_SEED
 from flowzoo.models.tiny_edit import source_pixels
@@ -40,10 +41,13 @@ def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path, capsys):
         with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
             write_edit_pairs(tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
-    assert main(["--out", str(tmp_path / "o"), "--indices", "1,x"]) == 2
-    assert main(["--out", str(tmp_path / "o"), "--count", "3", "--indices", "5"]) == 2
-    assert "[0, 2]" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path / "o"), "--count", "2", "--name", "two"]) == 0
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["edit-pairs", "--out", str(tmp_path / "o"), "--indices", "1,x"])
+    assert exit_.value.code == 2 and "comma-separated integers, got '1,x'" in capsys.readouterr().err
+    assert cli.main(["edit-pairs", "--out", str(tmp_path / "o"), "--count", "3", "--indices", "5"]) == 2
+    assert "[0, 2]" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert cli.main(["edit-pairs", "--out", str(tmp_path / "o"), "--count", "2", "--name", "two"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "o" / "two.jsonl")
     assert len((tmp_path / "o" / "two.jsonl").read_text().splitlines()) == 2
 
 

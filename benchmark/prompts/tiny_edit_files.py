@@ -6,10 +6,11 @@ or the chosen ``indices`` of them, as one PNG per source image and one ``.jsonl`
 triple's provenance (``stream_seed``, ``index``). The scenes' pixels are multiples of 1/255, so a PNG holds them
 exactly and a model reading the file sees the tensor the ``tiny_edit`` source gives (tested).
 
-This is how a task of a few chosen edits is made (``benchmark/prompts/tiny_edit_rare.jsonl``, docs/tiny.md):
+This is how a task of a few chosen edits is made (``benchmark/prompts/tiny_edit_rare.jsonl``, docs/tiny.md), as
+``flowzoo edit-pairs``:
 
-    python -m flowzoo.benchmark.prompts.tiny_edit_files --split train --count 64 --out DIR
-    python -m flowzoo.benchmark.prompts.tiny_edit_files --split train --count 64 --indices 3,17 --out DIR --name F
+    flowzoo edit-pairs --split train --count 64 --out DIR
+    flowzoo edit-pairs --split train --count 64 --indices 3,17 --out DIR --name F
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -86,28 +86,28 @@ def write_edit_pairs(out: str | Path, split: str = "train", count: int = 64, ind
     return pair_file
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flowzoo.benchmark.prompts.tiny_edit_files",
-                                     description="write tiny edit triples as edit-pair files (PNG sources + .jsonl)")
-    parser.add_argument("--split", default="train", help=f"stream: {', '.join(SPLITS)} (default: train)")
-    parser.add_argument("--count", type=int, default=64, help="the first COUNT triples of the stream (default: 64)")
-    parser.add_argument("--indices", default=None, help="comma-separated indices among them (default: all)")
-    parser.add_argument("--out", required=True, help="folder written: NAME.jsonl and NAME/<index>.png")
-    parser.add_argument("--name", default="pairs", help="pair file and image folder name (default: pairs)")
-    args = parser.parse_args(argv)
+DESCRIPTION = ("The first COUNT triples of a split's stream (or the chosen --indices of them) as NAME.jsonl (prompt,\n"
+               "image, tag, stream_seed, index) and NAME/<index>.png under OUT: what prompts.source=files reads.")
+
+
+def _indices(text: str) -> list[int]:
     try:
-        indices = None if args.indices is None else [int(i) for i in args.indices.split(",") if i.strip()]
+        return [int(i) for i in text.split(",") if i.strip()]
     except ValueError:
-        print(f"error: --indices must be comma-separated integers, got {args.indices!r}", file=sys.stderr)
-        return 2
-    try:
-        path = write_edit_pairs(args.out, args.split, args.count, indices, args.name)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(path)
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``flowzoo edit-pairs``'s arguments."""
+    parser.add_argument("--split", default="train", help=f"the stream: {', '.join(SPLITS)}")
+    parser.add_argument("--count", type=int, default=64, help="the first COUNT triples of the stream")
+    parser.add_argument("--indices", type=_indices, default=None, help="comma-separated indices among them "
+                        "(default: all)")
+    parser.add_argument("--out", required=True, help="folder written: NAME.jsonl and NAME/<index>.png")
+    parser.add_argument("--name", default="pairs", help="the pair file's and image folder's name")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flowzoo edit-pairs``: write the pairs, print the pair file's path."""
+    print(write_edit_pairs(args.out, args.split, args.count, args.indices, args.name))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the command line
-    raise SystemExit(main())
