@@ -43,6 +43,30 @@ def condition_key(prompt: str, metadata: dict | None) -> str:
                       f"got {type(source).__name__}")
 
 
+def portable_condition_key(prompt: str, metadata: dict | None) -> str:
+    """:func:`condition_key` with a source image file named by a digest of its bytes instead of its path: the same
+    for the same prompt and image wherever the file lies (another checkout, another machine), so what is written
+    with it (``flowzoo eval --out``'s samples) pairs across them and holds no machine's paths."""
+    source = source_of(metadata)
+    if isinstance(source, (str, os.PathLike)):
+        return f"{prompt}\x00file:{_file_digest(os.fspath(source))}"
+    return condition_key(prompt, metadata)
+
+
+_DIGESTS: dict[str, str] = {}
+
+
+def _file_digest(path: str) -> str:
+    """The first 16 hex digits of the file's sha256 (cached per path for the process); a missing file is a one-line
+    ConfigError."""
+    if path not in _DIGESTS:
+        try:
+            _DIGESTS[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        except OSError as err:
+            raise ConfigError(f"source image {path!r} cannot be read ({err.strerror})") from None
+    return _DIGESTS[path]
+
+
 def check_image_file(path: Path, where: str) -> None:
     """A one-line ConfigError naming ``where`` unless ``path`` is an image file PIL can identify (its header only: a
     prompt file of thousands of pairs is checked without decoding them)."""

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from flowzoo.benchmark.cli import main
-from flowzoo.benchmark.run.eval_command import _TagRecorder, clustered_mean
+from flowzoo.benchmark.run.eval_command import (_TagRecorder, clustered_interval, clustered_mean,
+                                                fixed_conditions_interval)
+from flowzoo.errors import ConfigError
 from flowzoo.rewards.base import RewardOutput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +131,8 @@ def test_interval_is_the_prompt_clustered_standard_error():
     recorder(torch.tensor([[1.0, 1.0], [0.5, 0.5]]), ["a", "b"], [{}, {}])
     out = recorder.interval()
     assert out["eval_reward_se"] == pytest.approx(0.625)
-    assert out["eval_reward_ci95"] == pytest.approx([1.375 - 1.96 * 0.625, 1.375 + 1.96 * 0.625])
+    # two prompts: Student's t on 1 degree of freedom, 12.706
+    assert out["eval_reward_ci95"] == pytest.approx([1.375 - 12.7062 * 0.625, 1.375 + 12.7062 * 0.625], rel=1e-5)
     one_prompt = _TagRecorder(_Scores())
     one_prompt(torch.ones(2, 2), ["a", "a"], [{}, {}])
     assert all(v != v for v in one_prompt.interval()["eval_reward_ci95"])  # NaN: no spread between prompts to use
@@ -156,6 +159,8 @@ def test_an_evaluation_pairs_with_an_earlier_one_of_the_same_samples(run, tmp_pa
     paired = printed["paired"]
     assert paired["diff"] == pytest.approx(a["eval_reward"] - b["eval_reward"], abs=1e-6)
     assert paired["ci95"][0] < paired["diff"] < paired["ci95"][1] and paired["se"] > 0
+    fixed = paired["ci95_fixed_conditions"]
+    assert paired["clusters"] >= 2 and (math.isnan(paired["se_fixed_conditions"]) or fixed[0] <= paired["diff"] <= fixed[1])
     assert paired["better"] + paired["worse"] <= paired["samples"] == len(a["samples"]["scores"])
     assert main(["eval", str(run), "--paired-with", str(trained)]) == 0
     same = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["paired"]
@@ -189,3 +194,47 @@ def test_the_clustered_standard_error_follows_its_formula():
     mean, se = clustered_mean(["a", "a"], [1.0, 2.0])
     assert mean == 1.5 and math.isnan(se)  # one cluster: no standard error
 
+
+
+def test_the_interval_takes_student_s_t_on_clusters_minus_one():
+    """4 clusters: t(3) = 3.1824, not the normal 1.96 (a clustered SE of few clusters is itself noisy); 256: 1.9693."""
+    conditions = [c for c in "abcd" for _ in range(3)]
+    values = [0.0, 1.0, 2.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 0.0, 0.0, 3.0]
+    mean, se, ci = clustered_interval(conditions, values)
+    assert (mean, se) == clustered_mean(conditions, values)
+    assert ci == pytest.approx([mean - 3.18245 * se, mean + 3.18245 * se], rel=1e-5)
+    many = [str(i) for i in range(256) for _ in range(2)]
+    m, s, c = clustered_interval(many, [float(i % 5) for i in range(512)])
+    assert (c[1] - m) / s == pytest.approx(1.96932, rel=1e-5)
+
+
+def test_the_fixed_conditions_interval_follows_its_formula():
+    """Two conditions of two values: a (1, 3) mean 2 variance 2, b (2, 6) mean 4 variance 8; N 4:
+    se^2 = (1/2)^2 * 2/2 + (1/2)^2 * 8/2 = 1.25; t on N - C = 2 degrees of freedom, 4.3027."""
+    se, ci = fixed_conditions_interval(["a", "a", "b", "b"], [1.0, 3.0, 2.0, 6.0])
+    assert se == pytest.approx(math.sqrt(1.25))
+    assert ci == pytest.approx([3 - 4.30265 * se, 3 + 4.30265 * se], rel=1e-5)
+    # a between-condition difference does not widen it (it is not a source of uncertainty for fixed conditions),
+    # where the clustered interval of the same values is wide
+    shifted = [1.0, 1.1, 5.0, 5.1]
+    assert fixed_conditions_interval(["a", "a", "b", "b"], shifted)[0] == pytest.approx(math.sqrt(0.00125))
+    assert clustered_mean(["a", "a", "b", "b"], shifted)[1] > 1
+    assert math.isnan(fixed_conditions_interval(["a", "a", "b"], [1.0, 2.0, 3.0])[0])  # b has one value
+
+
+def test_an_edit_pair_file_pairs_across_checkouts_by_its_image_bytes(tmp_path):
+    """Two copies of one source image in two folders give one condition key (no path in it); another image with the
+    same name and instruction another key; a tensor source keeps condition_key's digest."""
+    from flowzoo.source_images import condition_key, portable_condition_key
+
+    for folder, value in (("a", b"\x89PNG same"), ("b", b"\x89PNG same"), ("c", b"\x89PNG other")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "0006.png").write_bytes(value)
+    keys = [portable_condition_key("add a red circle", {"source_image": str(tmp_path / f / "0006.png")})
+            for f in "abc"]
+    assert keys[0] == keys[1] != keys[2] and str(tmp_path) not in keys[0]
+    tensor = {"source_image": torch.zeros(3, 2, 2)}
+    assert portable_condition_key("x", tensor) == condition_key("x", tensor)
+    assert portable_condition_key("x", {}) == "x"
+    with pytest.raises(ConfigError, match="cannot be read"):
+        portable_condition_key("x", {"source_image": str(tmp_path / "missing.png")})

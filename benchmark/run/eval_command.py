@@ -12,12 +12,16 @@ runner's evaluation.
 samples from the fixed noise stream ``train.eval_seed``, scored by the config's reward. The result (one JSON line on
 stdout, and in ``--out FILE``) holds ``eval_reward``, every ``eval/<component>`` and, when the prompts carry a
 ``tag`` (the tiny tier's GenEval prompts: colors, counting, two_object, position), the same means per tag, and
-``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its normal 95% interval
-(the evaluation noise is fixed, so this is the uncertainty of the held-out sample, not of training). ``--out`` also
+``eval_reward_se`` / ``eval_reward_ci95``: the mean's standard error clustered by prompt and its 95% interval with
+Student's t quantile on C - 1 degrees of freedom for C prompts (the usual small-sample correction of a clustered
+standard error, Cameron & Miller 2015, sec. VI; 1.97 at 256 prompts, 3.18 at 4) (the evaluation noise is fixed, so
+this is the uncertainty of the held-out sample, not of training). ``--out`` also
 keeps every sample's condition and score (``samples``); ``--paired-with FILE`` pairs this evaluation with such a file
 of the same prompts, samples and steps (e.g. the base model's, then a trained run's: the same noise, so sample i of one
-is sample i of the other) and adds ``paired``: the mean per-sample difference with its prompt-clustered 95% interval,
-tighter than two unpaired intervals because each prompt's own difficulty cancels. Nothing is written into the run
+is sample i of the other) and adds ``paired``: the mean per-sample difference with its prompt-clustered 95% interval
+(for prompts as a sample of a larger set), tighter than two unpaired intervals because each prompt's own difficulty
+cancels, and ``ci95_fixed_conditions``: the interval for these prompts as fixed (a task of a few chosen prompts, whose
+samples differ only in their noise), from the within-prompt spread of the differences. Nothing is written into the run
 directory: an ``--out`` inside any run directory, or the config file evaluated, is refused before the evaluation.
 """
 
@@ -37,6 +41,43 @@ from flowzoo.algorithms.engine.distributed import SingleProcess
 from flowzoo.command_line import MAX_BATCH, MAX_SAMPLING_STEPS, at_most
 from flowzoo.errors import ConfigError
 from flowzoo.io import atomic_write_text
+
+
+def t_quantile(df: int, level: float = 0.95) -> float:
+    """The two-sided ``level`` quantile of Student's t with ``df`` degrees of freedom (NaN below 1)."""
+    if df < 1:
+        return math.nan
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, df))
+
+
+def clustered_interval(conditions: Sequence[str], values: Sequence[float]) -> tuple[float, float, list[float]]:
+    """The mean, its condition-clustered standard error (:func:`clustered_mean`) and its 95% interval on Student's t
+    with C - 1 degrees of freedom for C conditions."""
+    mean, se = clustered_mean(conditions, values)
+    half = t_quantile(len(set(conditions)) - 1) * se
+    return mean, se, [mean - half, mean + half]
+
+
+def fixed_conditions_interval(conditions: Sequence[str], values: Sequence[float]) -> tuple[float, list[float]]:
+    """The standard error of the mean of ``values`` with the conditions held fixed (strata: each condition's share
+    n_c / N of the mean and the sample variance of its own values), ``sqrt(sum_c (n_c / N)^2 s_c^2 / n_c)``, and its
+    95% interval on Student's t with N - C degrees of freedom. NaN when a condition has fewer than two values."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for condition, value in zip(conditions, values):
+        groups[condition].append(value)
+    n = len(values)
+    if not n or min(len(g) for g in groups.values()) < 2:
+        return math.nan, [math.nan, math.nan]
+    mean = sum(values) / n
+    variance = 0.0
+    for group in groups.values():
+        m = sum(group) / len(group)
+        variance += (len(group) / n) ** 2 * sum((v - m) ** 2 for v in group) / (len(group) - 1) / len(group)
+    se = math.sqrt(variance)
+    half = t_quantile(n - len(groups)) * se
+    return se, [mean - half, mean + half]
 
 
 def clustered_mean(conditions: Sequence[str], values: Sequence[float]) -> tuple[float, float]:
@@ -69,26 +110,29 @@ class _TagRecorder:
 
     def __call__(self, samples, prompts, metadata):
         out = self.reward(samples, prompts, metadata)
-        from flowzoo.source_images import condition_key
+        from flowzoo.source_images import portable_condition_key
 
         rows = list(metadata or [{} for _ in prompts])
         self.batches.append((out, rows))
-        self.prompts += [condition_key(prompt, meta) for prompt, meta in zip(prompts, rows)]
+        self.prompts += [portable_condition_key(prompt, meta) for prompt, meta in zip(prompts, rows)]
         return out
 
-    def interval(self, z: float = 1.96) -> dict[str, float]:
-        """The mean score's standard error clustered by condition, and its normal 95% interval.
+    def interval(self) -> dict[str, float]:
+        """The mean score's standard error clustered by condition, and its 95% interval (t on C - 1 degrees of
+        freedom, :func:`clustered_interval`).
 
         Samples of one condition (its repeats in the prompt list and its samples per prompt) are correlated, so the
         standard error treats each distinct condition as one cluster (the prompt text, joined by its source image for
-        an edit prompt: ``flowzoo.source_images.condition_key``; one instruction on two sources is two clusters):
-        the cluster-robust variance of a mean (:func:`clustered_mean`). NaN with fewer than two distinct prompts."""
-        mean, se = clustered_mean(self.prompts, self.samples()["scores"])
-        return {"eval_reward_se": se, "eval_reward_ci95": [mean - z * se, mean + z * se]}
+        an edit prompt: ``flowzoo.source_images.portable_condition_key``; one instruction on two sources is two
+        clusters): the cluster-robust variance of a mean (:func:`clustered_mean`). NaN with fewer than two distinct
+        prompts."""
+        _, se, ci = clustered_interval(self.prompts, self.samples()["scores"])
+        return {"eval_reward_se": se, "eval_reward_ci95": ci}
 
     def samples(self) -> dict[str, list]:
-        """Every scored sample in evaluation order: its condition (:func:`flowzoo.source_images.condition_key`) and
-        its score; what ``--out`` keeps so that another evaluation can be paired with it (``--paired-with``)."""
+        """Every scored sample in evaluation order: its condition
+        (:func:`flowzoo.source_images.portable_condition_key`: a source image file by its bytes' digest, so a file
+        pairs across checkouts and holds no paths) and its score; what ``--out`` keeps so that another evaluation can be paired with it (``--paired-with``)."""
         return {"conditions": list(self.prompts),
                 "scores": [float(v) for out, _ in self.batches for v in out.score.tolist()]}
 
@@ -105,10 +149,12 @@ class _TagRecorder:
         return {tag: {c: sum(v) / len(v) for c, v in cols.items()} for tag, cols in sorted(totals.items())}
 
 
-def paired_difference(samples: dict[str, list], other: dict, where: str, z: float = 1.96) -> dict:
+def paired_difference(samples: dict[str, list], other: dict, where: str) -> dict:
     """This evaluation minus ``other`` (an ``--out`` record of the same prompts, samples per prompt, steps and
     evaluation noise: the samples pair one to one), with the standard error of the mean difference clustered by
-    condition as :meth:`_TagRecorder.interval` clusters scores. Pairing removes the prompts' own difficulty from the
+    condition as :meth:`_TagRecorder.interval` clusters scores (``se``, ``ci95``, over ``clusters`` conditions), and
+    with the conditions held fixed (``se_fixed_conditions``, ``ci95_fixed_conditions``:
+    :func:`fixed_conditions_interval`), the interval for a claim about these prompts only. Pairing removes the prompts' own difficulty from the
     uncertainty, so a small change of a model is measurable where two unpaired intervals overlap. One-line
     ConfigError naming ``where`` when ``other`` keeps no samples or they do not pair."""
     kept = kept_samples(other, where)
@@ -117,9 +163,11 @@ def paired_difference(samples: dict[str, list], other: dict, where: str, z: floa
         raise ConfigError(f"{where}: its samples do not pair with these ({m} vs {n} samples, or other prompts or "
                           "order): evaluate both with the same prompts, --samples and --steps")
     diffs = [a - b for a, b in zip(samples["scores"], kept["scores"])]
-    mean, se = clustered_mean(samples["conditions"], diffs)
-    return {"with": where.removeprefix("--paired-with "), "diff": mean, "se": se,
-            "ci95": [mean - z * se, mean + z * se], "better": sum(d > 0 for d in diffs),
+    mean, se, ci = clustered_interval(samples["conditions"], diffs)
+    fixed_se, fixed_ci = fixed_conditions_interval(samples["conditions"], diffs)
+    return {"with": where.removeprefix("--paired-with "), "diff": mean, "se": se, "ci95": ci,
+            "clusters": len(set(samples["conditions"])), "se_fixed_conditions": fixed_se,
+            "ci95_fixed_conditions": fixed_ci, "better": sum(d > 0 for d in diffs),
             "worse": sum(d < 0 for d in diffs), "samples": len(diffs)}
 
 
