@@ -60,3 +60,18 @@ def test_the_rare_edit_task_file_is_what_its_command_writes(tmp_path):
     for line in (shipped / "tiny_edit_rare.jsonl").read_text().splitlines():
         image = json.loads(line)["image"]
         assert (tmp_path / image).read_bytes() == (shipped / image).read_bytes()
+
+
+def test_the_committed_scan_picks_the_shipped_rare_edits():
+    """The rule fixed before the scan, applied to its committed per-candidate table (reports/example-edit-pilots/scan.csv):
+    the 4 lowest means among the candidates with a sample above 0.5 (ties by index) are the shipped task's triples."""
+    import csv
+
+    with open(ROOT / "reports" / "example-edit-pilots" / "scan.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f)]
+    assert len(rows) == 96 and {int(r["samples"]) for r in rows} == {16}
+    eligible = sorted((float(r["mean"]), int(r["index"])) for r in rows if float(r["highest"]) > 0.5)
+    picked = sorted(index for _, index in eligible[:4])
+    shipped = [json.loads(line)["index"] for line in (ROOT / "benchmark" / "prompts" / "tiny_edit_rare.jsonl")
+               .read_text().splitlines()]
+    assert picked == shipped == [6, 40, 44, 64]
