@@ -75,3 +75,18 @@ def test_the_committed_scan_picks_the_shipped_rare_edits():
     shipped = [json.loads(line)["index"] for line in (ROOT / "benchmark" / "prompts" / "tiny_edit_rare.jsonl")
                .read_text().splitlines()]
     assert picked == shipped == [6, 40, 44, 64]
+
+
+def test_the_edit_pilot_tables_are_what_their_kept_runs_give():
+    """reports/example-edit-pilots: flowzoo pilot-table on the kept run copies gives the committed CSVs' rows."""
+    import pandas as pd
+
+    from flowzoo.benchmark.render.pilot_table import pilot_rows
+
+    pilots = ROOT / "reports" / "example-edit-pilots"
+    for group, reference, table in (("all-edits", "tiny_edit_flow_grpo.yaml", "all_edits_runs.csv"),
+                                    ("rare", "tiny_edit_rare_flow_grpo.yaml", "rare_runs.csv")):
+        rows = pilot_rows(str(pilots / "run-metrics" / group), str(ROOT / "benchmark" / "configs" / reference), 3)
+        committed = pd.read_csv(pilots / table)
+        assert len(rows) == len(committed) and list(rows["variant"]) == list(committed["variant"])
+        assert rows["gain"].round(4).tolist() == committed["gain"].round(4).tolist()
