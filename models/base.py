@@ -32,9 +32,13 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Condition:
-    """Batch-first conditioning tensors of one batch of prompts (text embeddings, class ids, ...)."""
+    """Batch-first conditioning tensors of one batch of prompts (text embeddings, class ids, ...), and ``host``:
+    per-row values kept on the host (a tuple per name, one value a row) that index, repeat and join with the rows,
+    for what a model reads per call without waiting for the device (Qwen-Image's valid prompt lengths: its pipeline
+    reads them once per generation, a read of the mask per transformer call would be one host sync each)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    host: dict[str, tuple] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(next(iter(self.tensors.values())))
@@ -42,18 +46,32 @@ class Condition:
     def index(self, idx: torch.Tensor | slice | Sequence[int]) -> "Condition":
         if not isinstance(idx, (slice, torch.Tensor)):
             idx = torch.as_tensor(list(idx), dtype=torch.long)
-        return Condition({k: v[idx] for k, v in self.tensors.items()})
+        return Condition({k: v[idx] for k, v in self.tensors.items()}, self._host_rows(idx))
+
+    def _host_rows(self, idx: torch.Tensor | slice) -> dict[str, tuple]:
+        """``host`` at the rows ``idx`` selects; dropped (not synced) for an index on a device."""
+        if not self.host:
+            return {}
+        if isinstance(idx, slice):
+            return {k: v[idx] for k, v in self.host.items()}
+        if idx.device.type != "cpu":
+            return {}
+        rows = (idx.nonzero().flatten() if idx.dtype == torch.bool else idx.flatten()).tolist()
+        return {k: tuple(v[i] for i in rows) for k, v in self.host.items()}
 
     def repeat_interleave(self, n: int) -> "Condition":
-        return Condition({k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()})
+        return Condition({k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()},
+                         {k: tuple(x for x in v for _ in range(n)) for k, v in self.host.items()})
 
     @staticmethod
     def cat(conds: Sequence["Condition"]) -> "Condition":
         keys = conds[0].tensors.keys()
-        return Condition({k: torch.cat([c.tensors[k] for c in conds]) for k in keys})
+        host = {k: tuple(x for c in conds for x in c.host[k]) for k in conds[0].host
+                if all(k in c.host for c in conds)}
+        return Condition({k: torch.cat([c.tensors[k] for c in conds]) for k in keys}, host)
 
     def to(self, device: torch.device | str) -> "Condition":
-        return Condition({k: v.to(device) for k, v in self.tensors.items()})
+        return Condition({k: v.to(device) for k, v in self.tensors.items()}, dict(self.host))
 
 
 class FlowModel:

@@ -293,7 +293,8 @@ class DiffusersFlowModel(FlowModel):
         if gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing(self._checkpointing_func())
         # prompt -> embeddings, least recently used evicted first (an SD3 prompt is ~205 x 4096 values)
-        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        # prompt -> (its tensors, its host values: _host_values)
+        self._cache: OrderedDict[str, tuple[dict[str, torch.Tensor], dict]] = OrderedDict()
         self.cache_size = int(cache_size)
 
     def _pipeline_components(self, root: Path) -> dict[str, Any]:
@@ -424,23 +425,31 @@ class DiffusersFlowModel(FlowModel):
         """Batch-first conditioning tensors of ``prompts`` (each adapter calls its pipeline's text encoders)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _encode_prompts")
 
+    def _host_values(self, tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+        """Per-prompt values of a batch of encoded prompts that the condition keeps on the host
+        (:attr:`Condition.host`), read once when the prompts are encoded: none by default."""
+        return {}
+
     def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
         """Text embeddings per prompt, computed once per distinct prompt string and then served from an LRU cache
-        of ``cache_size`` prompts (the empty negative prompt is never evicted)."""
+        of ``cache_size`` prompts (the empty negative prompt is never evicted), with their host values."""
         prompts = [str(p) for p in prompts]
         missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
         if missing:
             with torch.no_grad():
                 tensors = self._encode_prompts(missing)
+            host = self._host_values(tensors)
             for i, prompt in enumerate(missing):
-                self._cache[prompt] = {k: v[i].detach() for k, v in tensors.items()}
+                self._cache[prompt] = ({k: v[i].detach() for k, v in tensors.items()},
+                                       {k: v[i] for k, v in host.items()})
         rows = [self._cache[p] for p in prompts]
         for prompt in dict.fromkeys(prompts):
             self._cache.move_to_end(prompt)
         while len(self._cache) > max(self.cache_size, 1):
             oldest = next(k for k in self._cache if k != self.negative_prompt)
             del self._cache[oldest]
-        return Condition({k: torch.stack([row[k] for row in rows]) for k in rows[0]})
+        return Condition({k: torch.stack([row[k] for row, _ in rows]) for k in rows[0][0]},
+                         {k: tuple(values[k] for _, values in rows) for k in rows[0][1]})
 
     def null_condition(self, n: int) -> Condition:
         return self.encode([self.negative_prompt]).repeat_interleave(n)
@@ -511,7 +520,7 @@ class DiffusersFlowModel(FlowModel):
         timestep = (sigma.to(device=self.device, dtype=torch.float32) * self.num_train_timesteps)
         x = x.to(device=self.device, dtype=self.transformer.dtype)
         cond = Condition({k: v.to(device=self.device, dtype=self.transformer.dtype) if v.is_floating_point() else v
-                          for k, v in cond.tensors.items()})
+                          for k, v in cond.tensors.items()}, cond.host)
         with self._autocast(), self._attention():
             out = self._transformer_forward(x, timestep, cond)
         return at_least_float32(out)  # a half-precision output upcast for the sampler; float64 stays float64

@@ -103,7 +103,7 @@ class TextAndSource(SourceImages):
         rows = self._metadata_rows(prompts, metadata)
         text = self._text_condition(prompts)
         sources = torch.stack([self._source_tensor(p, m) for p, m in zip(prompts, rows)])
-        return Condition({**text.tensors, self.source_key: sources})
+        return Condition({**text.tensors, self.source_key: sources}, text.host)
 
     def _text_condition(self, prompts: list[str]):
         """The prompts' text embeddings alone (the base adapter's encode: cached per prompt)."""
@@ -118,4 +118,4 @@ class TextAndSource(SourceImages):
         from flowzoo.models.base import Condition
 
         null = self.null_condition(len(cond))
-        return Condition({**null.tensors, self.source_key: cond.tensors[self.source_key]})
+        return Condition({**null.tensors, self.source_key: cond.tensors[self.source_key]}, null.host)

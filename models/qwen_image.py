@@ -44,6 +44,8 @@ from flowzoo.models.flux import check_square_resolution, pipeline_shift
 #: how a call's shorter prompts treat their padding (QwenImageModel's ``text_padding``): ``masked`` (diffusers >= 0.37,
 #: the pipeline today) or ``attended`` (what the Flow-GRPO release ran: module docstring)
 TEXT_PADDINGS = ("masked", "attended")
+#: the host value (Condition.host) holding each row's valid prompt length
+TEXT_LENGTH = "text_length"
 
 #: Flow-GRPO's Qwen-Image LoRA targets (yifan123/flow_grpo scripts/train_qwenimage.py:410-423 at 27b6ef8;
 #: LoraConfig(r=64, lora_alpha=128, init_lora_weights="gaussian"), :424-429): the joint attention and both streams'
@@ -148,9 +150,28 @@ class QwenImageModel(DiffusersFlowModel):
         mask = torch.nn.functional.pad(mask.long(), (0, pad))
         return {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
 
+    def _host_values(self, tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+        """Each prompt's valid length (``text_length``), read from its mask once when it is encoded, as the pipeline
+        reads its masks once per generation: each transformer call then trims to its rows' longest without a host
+        sync."""
+        return {TEXT_LENGTH: tensors["prompt_embeds_mask"].sum(dim=1).tolist()}
+
+    def _text_length(self, cond: Condition) -> int:
+        """The longest valid prompt of the call's rows: from the condition's host values, or (a condition built
+        without them) read from the mask, one host sync."""
+        lengths = cond.host.get(TEXT_LENGTH)
+        if lengths is None:
+            return self._read_text_length(cond.tensors["prompt_embeds_mask"])
+        return max(max(lengths), 1)
+
+    @staticmethod
+    def _read_text_length(mask: torch.Tensor) -> int:
+        """The longest valid prompt of a mask, read from the device (a host sync)."""
+        return max(int(mask.sum(dim=1).max()), 1)
+
     def _transformer_forward(self, x: torch.Tensor, timestep: torch.Tensor, cond: Condition) -> torch.Tensor:
         mask = cond.tensors["prompt_embeds_mask"]
-        length = max(int(mask.sum(dim=1).max()), 1)  # the longest valid prompt of the batch
+        length = self._text_length(cond)  # the longest valid prompt of the batch
         return self.transformer(
             hidden_states=x,
             timestep=timestep / 1000,

@@ -46,7 +46,7 @@ from flowzoo.models import register
 from flowzoo.models.base import Condition
 from flowzoo.models.edit_sources import SourceImages
 from flowzoo.models.footprint import Footprint
-from flowzoo.models.qwen_image import QWEN_IMAGE_ARCH, QwenImageModel
+from flowzoo.models.qwen_image import QWEN_IMAGE_ARCH, TEXT_LENGTH, QwenImageModel
 
 #: Qwen-Image-Edit's transformer, text encoder and VAE are Qwen-Image's (Qwen/Qwen-Image-Edit transformer/config.json:
 #: 60 blocks, 24 x 128 heads; text_encoder Qwen2.5-VL-7B-Instruct with its vision tower, which Qwen-Image also loads);
@@ -58,6 +58,8 @@ QWEN_IMAGE_EDIT_ARCH = dataclasses.replace(
 
 #: the keys of the negative prompt's embeddings (read with each row's source image) in an edit condition
 NEGATIVE = {"prompt_embeds": "negative_prompt_embeds", "prompt_embeds_mask": "negative_prompt_embeds_mask"}
+#: the negative branch's valid prompt lengths in the condition's host values
+NEGATIVE_LENGTH = "negative_text_length"
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,9 +111,10 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
         return {"processor": image_only_processor(folder)}
 
     # ---- the condition ------------------------------------------------------------------------------------
-    def _vl_prompt(self, prompt: str, metadata: dict | None) -> dict[str, torch.Tensor]:
+    def _vl_prompt(self, prompt: str, metadata: dict | None) -> tuple[dict[str, torch.Tensor], int]:
         """One prompt read by Qwen2.5-VL with its source image (the pipeline's ``encode_prompt``), padded to
-        ``max_sequence_length``; longer is a one-line ConfigError."""
+        ``max_sequence_length``, and its valid length (read once here, not at each transformer call); longer is a
+        one-line ConfigError."""
         resized, _ = self._resized_source(prompt, metadata)
         if isinstance(resized, torch.Tensor):  # [1, C, H, W] in [0, 1] -> the 8-bit image the processor expects
             processor = self.pipe.image_processor
@@ -121,22 +124,26 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
         if embeds.shape[1] > self.max_sequence_length:
             raise ConfigError(f"{self.name} prompt {prompt!r} with its source image is {embeds.shape[1]} tokens, over "
                               f"max_sequence_length {self.max_sequence_length}; raise max_sequence_length")
-        return {k: v[0].detach() for k, v in self._padded(embeds, mask).items()}
+        padded = self._padded(embeds, mask)
+        return {k: v[0].detach() for k, v in padded.items()}, int(padded["prompt_embeds_mask"][0].sum())
 
-    def _edit_row(self, prompt: str, metadata: dict | None) -> dict[str, torch.Tensor]:
-        text = self._cached(metadata, lambda: self._vl_prompt(prompt, metadata), "prompt", prompt)
-        negative = self._cached(metadata, lambda: self._vl_prompt(self.negative_prompt, metadata), "prompt",
-                                self.negative_prompt)
-        return {**text, **{NEGATIVE[k]: v for k, v in negative.items()},
-                "image_latents": self._source_latents(prompt, metadata)}
+    def _edit_row(self, prompt: str, metadata: dict | None) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        text, length = self._cached(metadata, lambda: self._vl_prompt(prompt, metadata), "prompt", prompt)
+        negative, negative_length = self._cached(metadata, lambda: self._vl_prompt(self.negative_prompt, metadata),
+                                                 "prompt", self.negative_prompt)
+        return ({**text, **{NEGATIVE[k]: v for k, v in negative.items()},
+                 "image_latents": self._source_latents(prompt, metadata)},
+                {TEXT_LENGTH: length, NEGATIVE_LENGTH: negative_length})
 
     def encode(self, prompts: Sequence[str], metadata: Sequence[dict] | None = None) -> Condition:
         """Per row: the instruction read with its source image (``prompt_embeds``, ``prompt_embeds_mask``), the
         negative prompt read with it (``negative_prompt_embeds``, ``negative_prompt_embeds_mask``) and the source's
-        packed latents (``image_latents``); a prompt without a source image is a one-line ConfigError."""
+        packed latents (``image_latents``), with both prompts' valid lengths on the host (read once per encoding);
+        a prompt without a source image is a one-line ConfigError."""
         prompts = [str(p) for p in prompts]
         rows = [self._edit_row(p, m) for p, m in zip(prompts, self._metadata_rows(prompts, metadata))]
-        return Condition({k: torch.stack([row[k] for row in rows]) for k in rows[0]})
+        return Condition({k: torch.stack([row[k] for row, _ in rows]) for k in rows[0][0]},
+                         {k: tuple(lengths[k] for _, lengths in rows) for k in rows[0][1]})
 
     def null_condition(self, n: int) -> Condition:
         raise ConfigError(f"{self.name} has no condition without a source image: the negative prompt is read with "
@@ -145,7 +152,8 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
     def unconditional(self, cond: Condition) -> Condition:
         """The negative prompt read with each row's own source image, and that image's latents (the pipeline's
         negative branch)."""
-        return Condition({**cond.tensors, **{k: cond.tensors[n] for k, n in NEGATIVE.items()}})
+        host = {TEXT_LENGTH: cond.host[NEGATIVE_LENGTH]} if NEGATIVE_LENGTH in cond.host else {}
+        return Condition({**cond.tensors, **{k: cond.tensors[n] for k, n in NEGATIVE.items()}}, host)
 
     # ---- the network --------------------------------------------------------------------------------------
     def _img_shapes(self) -> list[tuple[int, int, int]]:

@@ -174,3 +174,29 @@ def test_every_algorithm_trains_a_step(model, restore_lora, algorithm):
     from tests.adapter_training import check_training
 
     check_training(model, algorithm)
+
+
+def test_transformer_calls_read_no_mask_with_the_host_lengths(model, restore_lora, monkeypatch):
+    """Each prompt's valid length is read once when it is encoded and rides on the condition's host values, so a
+    sampling loop with true CFG and a training step (OP-GRPO's replay included) never read a mask from the device
+    per transformer call; a condition without them reads it (one sync) and gives the same velocity."""
+    from flowzoo.models.base import Condition
+    from tests.adapter_training import check_training
+
+    cond = model.encode(PROMPTS)
+    assert cond.host["text_length"] == tuple(cond.tensors["prompt_embeds_mask"].sum(dim=1).tolist())
+    assert len(set(cond.host["text_length"])) == 2  # the prompts differ in length: the call trims to the longer
+    x = torch.randn(2, *model.latent_shape, generator=torch.Generator().manual_seed(0))
+    sigma = torch.full((2,), 0.7)
+    with torch.no_grad():
+        without_host = model.velocity(x, sigma, Condition(dict(cond.tensors)), 4.0)
+
+    def no_read(mask):
+        raise AssertionError("a transformer call read the mask from the device")
+
+    monkeypatch.setattr(QwenImageModel, "_read_text_length", staticmethod(no_read))
+    with torch.no_grad():
+        assert torch.equal(model.velocity(x, sigma, cond, 4.0), without_host)
+        assert torch.allclose(model.velocity(x[1:], sigma[1:], cond.index([1]), 4.0), without_host[1:], atol=1e-5)
+    for algorithm in ("flow_grpo", "op_grpo"):
+        check_training(model, algorithm)

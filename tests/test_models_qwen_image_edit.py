@@ -320,3 +320,26 @@ def test_sharded_two_process_rehearsal(edit_dir, tmp_path, monkeypatch):
         config.write_text(yaml.safe_dump(data, sort_keys=False))
         problems = scale_rehearsal.rehearse(config, tmp_path / "flow_grpo_fast")
     assert not problems, "\n".join(problems)
+
+
+def test_transformer_calls_read_no_mask_with_the_host_lengths(model, pipe, files, at_target_size, restore_lora,
+                                                               monkeypatch):
+    """The instruction's and the negative prompt's valid lengths are read once when a row is encoded and ride on the
+    condition's host values (the negative's become the text lengths of CFG's branch), so sampling with true CFG and a
+    training step never read a mask from the device per transformer call; the sample still reproduces the pipeline."""
+    from flowzoo.models.qwen_image import QwenImageModel
+    from tests.adapter_training import check_training
+
+    cond = model.encode(PROMPTS, files)
+    assert cond.host["text_length"] == tuple(cond.tensors["prompt_embeds_mask"].sum(dim=1).tolist())
+    assert cond.host["negative_text_length"] == tuple(cond.tensors["negative_prompt_embeds_mask"].sum(dim=1).tolist())
+    assert model.unconditional(cond).host == {"text_length": cond.host["negative_text_length"]}
+
+    def no_read(mask):
+        raise AssertionError("a transformer call read the mask from the device")
+
+    monkeypatch.setattr(QwenImageModel, "_read_text_length", staticmethod(no_read))
+    x1 = model.initial_noise([torch.Generator().manual_seed(s) for s in (1, 2)])
+    x, _ = sample(model, x1, 2, 4.0, files)
+    torch.testing.assert_close(x, pipeline_call(pipe, x1, 2, 4.0, "latent"), atol=1e-5, rtol=0)
+    check_training(model, "op_grpo", PROMPTS, [{SOURCE_IMAGE: s} for s in SOURCES])
