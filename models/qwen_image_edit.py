@@ -113,7 +113,7 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
     # ---- the condition ------------------------------------------------------------------------------------
     def _vl_prompt(self, prompt: str, metadata: dict | None) -> tuple[dict[str, torch.Tensor], int]:
         """One prompt read by Qwen2.5-VL with its source image (the pipeline's ``encode_prompt``), padded to
-        ``max_sequence_length``, and its valid length (read once here, not at each transformer call); longer is a
+        ``max_sequence_length``, and its valid length (its width before the padding, known on the host); longer is a
         one-line ConfigError."""
         resized, _ = self._resized_source(prompt, metadata)
         if isinstance(resized, torch.Tensor):  # [1, C, H, W] in [0, 1] -> the 8-bit image the processor expects
@@ -124,8 +124,8 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
         if embeds.shape[1] > self.max_sequence_length:
             raise ConfigError(f"{self.name} prompt {prompt!r} with its source image is {embeds.shape[1]} tokens, over "
                               f"max_sequence_length {self.max_sequence_length}; raise max_sequence_length")
-        padded = self._padded(embeds, mask)
-        return {k: v[0].detach() for k, v in padded.items()}, int(padded["prompt_embeds_mask"][0].sum())
+        # one prompt: the pipeline pads it to its own length, so its valid length is the width (no device read)
+        return {k: v[0].detach() for k, v in self._padded(embeds, mask).items()}, int(embeds.shape[1])
 
     def _edit_row(self, prompt: str, metadata: dict | None) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         text, length = self._cached(metadata, lambda: self._vl_prompt(prompt, metadata), "prompt", prompt)
