@@ -133,6 +133,14 @@ def _mapped(stage: Path, out: Path) -> Iterator[None]:
         raise OSError(error.errno, error.strerror, str(out) + name[len(str(stage)):]) from error
 
 
+def file_digest(path: str | os.PathLike) -> str:
+    """The first 16 hex digits of a file's sha256: what identifies a file by its bytes (a pretrain checkpoint's
+    ``--init`` file, an edit prompt's source image in ``flowzoo eval --out``)."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda f: f.write(text))
 

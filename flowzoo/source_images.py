@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flowzoo.errors import ConfigError
+from flowzoo.io import file_digest
 
 #: the metadata key of a prompt's source image
 SOURCE_IMAGE = "source_image"
@@ -61,7 +62,7 @@ def _file_digest(path: str) -> str:
     ConfigError."""
     if path not in _DIGESTS:
         try:
-            _DIGESTS[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+            _DIGESTS[path] = file_digest(path)
         except OSError as err:
             raise ConfigError(f"source image {path!r} cannot be read ({err.strerror})") from None
     return _DIGESTS[path]

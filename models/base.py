@@ -64,6 +64,12 @@ class Condition:
                          {k: tuple(x for x in v for _ in range(n)) for k, v in self.host.items()})
 
     @staticmethod
+    def stack(rows: Sequence[tuple[dict[str, torch.Tensor], dict]]) -> "Condition":
+        """The condition of per-prompt rows, each (its tensors, its host values), in order."""
+        return Condition({k: torch.stack([tensors[k] for tensors, _ in rows]) for k in rows[0][0]},
+                         {k: tuple(host[k] for _, host in rows) for k in rows[0][1]})
+
+    @staticmethod
     def cat(conds: Sequence["Condition"]) -> "Condition":
         keys = conds[0].tensors.keys()
         host = {k: tuple(x for c in conds for x in c.host[k]) for k in conds[0].host

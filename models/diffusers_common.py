@@ -448,8 +448,7 @@ class DiffusersFlowModel(FlowModel):
         while len(self._cache) > max(self.cache_size, 1):
             oldest = next(k for k in self._cache if k != self.negative_prompt)
             del self._cache[oldest]
-        return Condition({k: torch.stack([row[k] for row, _ in rows]) for k in rows[0][0]},
-                         {k: tuple(values[k] for _, values in rows) for k in rows[0][1]})
+        return Condition.stack(rows)
 
     def null_condition(self, n: int) -> Condition:
         return self.encode([self.negative_prompt]).repeat_interleave(n)

@@ -142,8 +142,7 @@ class QwenImageEditModel(SourceImages, QwenImageModel):
         a prompt without a source image is a one-line ConfigError."""
         prompts = [str(p) for p in prompts]
         rows = [self._edit_row(p, m) for p, m in zip(prompts, self._metadata_rows(prompts, metadata))]
-        return Condition({k: torch.stack([row[k] for row, _ in rows]) for k in rows[0][0]},
-                         {k: tuple(lengths[k] for _, lengths in rows) for k in rows[0][1]})
+        return Condition.stack(rows)
 
     def null_condition(self, n: int) -> Condition:
         raise ConfigError(f"{self.name} has no condition without a source image: the negative prompt is read with "

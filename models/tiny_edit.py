@@ -30,7 +30,6 @@ these newly added input channels are initialized to zero").
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Sequence
 
@@ -155,11 +154,6 @@ def edit_arch(data: str, arch: dict | None, init: str | Path | None) -> TinyArch
     if TinyArch.from_dict({**base, "source_channels": 3}) != merged:
         raise ConfigError(f"pretrain: arch {arch} conflicts with the --init weights' arch {base}")
     return merged
-
-
-def file_digest(path: str | Path) -> str:
-    """The first 16 hex digits of a file's sha256 (what a pretrain checkpoint records of its ``--init`` file)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 @torch.no_grad()

@@ -37,12 +37,12 @@ import numpy as np
 import torch
 
 from flowzoo.errors import ConfigError
-from flowzoo.io import atomic_torch_save, atomic_write_text
+from flowzoo.io import atomic_torch_save, atomic_write_text, file_digest
 from flowzoo.streams import TINY_PRETRAIN_BATCH
 from flowzoo.models.shipped import refuse_shipped
 from flowzoo.models.tiny import TinyArch, build_networks, save_weights, shipped_weights, text_embeddings, transformer_velocity
 from flowzoo.models.tiny_data import DATASETS, PRETRAIN_DATA_SEED, sample_batch
-from flowzoo.models.tiny_edit import EDIT_DATA, edit_arch, file_digest, init_from_text_to_image
+from flowzoo.models.tiny_edit import EDIT_DATA, edit_arch, init_from_text_to_image
 from flowzoo.models.tiny_edit_data import edit_batch
 
 #: what ``--data`` takes: the text-to-image data sets and the edit tier's

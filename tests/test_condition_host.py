@@ -31,3 +31,10 @@ def test_a_value_not_every_part_has_is_dropped_and_none_is_the_default():
     joined = Condition.cat([_cond([3]), Condition({"e": torch.zeros(1, 1)})])
     assert joined.host == {}
     assert Condition({"e": torch.zeros(2, 1)}).index([1]).host == {}
+
+
+def test_stack_builds_a_condition_from_per_prompt_rows():
+    rows = [({"e": torch.tensor([1.0])}, {"length": 4}), ({"e": torch.tensor([2.0])}, {"length": 9})]
+    cond = Condition.stack(rows)
+    assert cond.tensors["e"].tolist() == [[1.0], [2.0]] and cond.host == {"length": (4, 9)}
+    assert Condition.stack([({"e": torch.tensor([1.0])}, {})]).host == {}

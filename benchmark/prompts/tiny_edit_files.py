@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from flowzoo.errors import ConfigError
+from flowzoo.io import atomic_write, atomic_write_text
 
 #: the tiny edit source's splits -> their stream seeds (models.tiny_data: training, held-out evaluation, validation)
 SPLITS = ("train", "test", "validation")
@@ -35,17 +34,6 @@ def split_seed(split: str) -> int:
     if split not in seeds:
         raise ConfigError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
     return seeds[split]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_edit_pairs(out: str | Path, split: str = "train", count: int = 64, indices: Sequence[int] | None = None,
@@ -75,14 +63,11 @@ def write_edit_pairs(out: str | Path, split: str = "train", count: int = 64, ind
         text, meta = prompts[i]
         pixels = (meta["source_image"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
         image = root / name / f"{i:04d}.png"
-        with tempfile.SpooledTemporaryFile() as buffer:
-            Image.fromarray(pixels).save(buffer, format="PNG")
-            buffer.seek(0)
-            _atomic_write(image, buffer.read())
+        atomic_write(image, lambda f: Image.fromarray(pixels).save(f, format="PNG"), mode="wb")
         lines.append(json.dumps({"prompt": text, "image": f"{name}/{image.name}", "tag": meta["tag"],
                                  "stream_seed": seed, "index": i}))
     pair_file = root / f"{name}.jsonl"
-    _atomic_write(pair_file, ("\n".join(lines) + "\n").encode())
+    atomic_write_text(pair_file, "\n".join(lines) + "\n")
     return pair_file
 
 

@@ -132,7 +132,8 @@ class _TagRecorder:
     def samples(self) -> dict[str, list]:
         """Every scored sample in evaluation order: its condition
         (:func:`flowzoo.source_images.portable_condition_key`: a source image file by its bytes' digest, so a file
-        pairs across checkouts and holds no paths) and its score; what ``--out`` keeps so that another evaluation can be paired with it (``--paired-with``)."""
+        pairs across checkouts and holds no paths) and its score; what ``--out`` keeps so that another evaluation
+        can be paired with it (``--paired-with``)."""
         return {"conditions": list(self.prompts),
                 "scores": [float(v) for out, _ in self.batches for v in out.score.tolist()]}
 
